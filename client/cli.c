@@ -1,0 +1,615 @@
+/* cli.c - the embps command-line client: table administration, pulls and
+ * pushes from the shell, stats. Formats are DESIGN.md's contract: binary
+ * files are little-endian int64 ids and float32 row-major values; pulled
+ * rows print as "id<TAB>v v v" with %.9g, which reads back to the identical
+ * float32. Every failure prints one line naming the problem and exits 1
+ * (2 for a command line that does not parse). */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embps/embps.h"
+#include "util.h"
+
+static const char usage[] =
+    "usage: embps [--servers H:P[,H:P...]] [--token-file F] [--timeout-ms N]"
+    " COMMAND ...\n"
+    "  create-table NAME --dim D (--rows N | --dynamic)\n"
+    "               [--optimizer sgd|adagrad|adam|ftrl] [--lr X] [--eps X]\n"
+    "               [--beta1 X] [--beta2 X] [--initial-accumulator X]\n"
+    "               [--l1 X] [--l2 X] [--lr-power X] [--weight-decay X]\n"
+    "               [--init zeros|constant:V|uniform:A|normal:STD]\n"
+    "               [--seed S] [--padding-id ID]\n"
+    "  drop-table NAME\n"
+    "  tables [--json]\n"
+    "  pull NAME (--ids 1,2,3 | --ids-file F) [--out F] [--json]\n"
+    "  push NAME (--indices 1,2,2 --values v,v,... |\n"
+    "             --indices-file F --values-file F)\n"
+    "  stats [--json]\n"
+    "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
+    "to $EMBPS_TOKEN_FILE.\n";
+
+static int die(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int die(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("embps: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return code;
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+  fputs("embps: ", stderr);
+  fprintf(stderr, fmt, arg);
+  fputs(" (see embps --help)\n", stderr);
+  return 2;
+}
+
+/* ------------------------------------------------------------ parsing */
+
+static int parse_i64(const char *s, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  if (*s == '-')
+    return -1;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_double(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+/* A comma-separated list of int64; *out malloc'd. */
+static int parse_ids(const char *s, int64_t **out, size_t *n) {
+  size_t cap = 1;
+  for (const char *p = s; *p; p++)
+    cap += *p == ',';
+  int64_t *v = malloc(cap * sizeof *v);
+  if (!v)
+    return -1;
+  char *copy = strdup(s), *save = NULL;
+  size_t k = 0;
+  for (char *tok = strtok_r(copy, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    if (parse_i64(tok, &v[k])) {
+      fprintf(stderr, "embps: \"%s\" is not an integer id\n", tok);
+      free(copy);
+      free(v);
+      return -1;
+    }
+    k++;
+  }
+  free(copy);
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+/* A comma-separated list of floats (non-finite ones parse; the server
+ * refuses them by name). */
+static int parse_values(const char *s, float **out, size_t *n) {
+  size_t cap = 1;
+  for (const char *p = s; *p; p++)
+    cap += *p == ',';
+  float *v = malloc(cap * sizeof *v);
+  if (!v)
+    return -1;
+  char *copy = strdup(s), *save = NULL;
+  size_t k = 0;
+  for (char *tok = strtok_r(copy, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    char *end;
+    v[k] = strtof(tok, &end);
+    if (end == tok || *end) {
+      fprintf(stderr, "embps: \"%s\" is not a number\n", tok);
+      free(copy);
+      free(v);
+      return -1;
+    }
+    k++;
+  }
+  free(copy);
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+/* Reads a binary file of elements of `size` bytes. */
+static int read_array(const char *path, size_t size, void **out, size_t *n) {
+  char *data;
+  size_t len;
+  int rc = embps_read_file(path, &data, &len);
+  if (rc)
+    return die(1, "cannot read %s: %s", path, strerror(-rc));
+  if (len % size) {
+    free(data);
+    return die(1, "%s: %zu bytes is not a whole number of %zu-byte values",
+               path, len, size);
+  }
+  *out = data;
+  *n = len / size;
+  return 0;
+}
+
+static int write_file(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return die(1, "cannot write %s: %s", path, strerror(errno));
+  size_t w = fwrite(data, 1, len, f);
+  if (fclose(f) != 0 || w != len)
+    return die(1, "cannot write %s: %s", path, strerror(errno));
+  return 0;
+}
+
+/* ------------------------------------------------------------ commands */
+
+typedef struct {
+  embps_client_t *client;
+  int argc;
+  char **argv;
+} cmd_t;
+
+static int server_error(embps_client_t *c, int rc) {
+  return die(1, "%s", embps_client_last_error(c)[0]
+                          ? embps_client_last_error(c)
+                          : embps_strerror(rc));
+}
+
+static int parse_init(const char *s, embps_table_spec_t *spec) {
+  const char *colon = strchr(s, ':');
+  size_t len = colon ? (size_t)(colon - s) : strlen(s);
+  double v = 0;
+  if (colon && parse_double(colon + 1, &v))
+    return -1;
+  if (len == 5 && !strncmp(s, "zeros", 5) && !colon)
+    spec->init = EMBPS_INIT_ZEROS;
+  else if (len == 8 && !strncmp(s, "constant", 8) && colon)
+    spec->init = EMBPS_INIT_CONSTANT;
+  else if (len == 7 && !strncmp(s, "uniform", 7) && colon)
+    spec->init = EMBPS_INIT_UNIFORM;
+  else if (len == 6 && !strncmp(s, "normal", 6) && colon)
+    spec->init = EMBPS_INIT_NORMAL;
+  else
+    return -1;
+  spec->init_value = v;
+  return 0;
+}
+
+static int cmd_create(cmd_t *cmd) {
+  if (cmd->argc < 1)
+    return usage_error("%s", "create-table needs a NAME");
+  const char *name = cmd->argv[0];
+  /* the optimizer decides the defaults, so find it first */
+  embps_optimizer_t opt = EMBPS_OPT_SGD;
+  for (int i = 1; i + 1 < cmd->argc; i++)
+    if (!strcmp(cmd->argv[i], "--optimizer") &&
+        embps_optimizer_parse(cmd->argv[i + 1], &opt))
+      return usage_error("unknown optimizer \"%s\"", cmd->argv[i + 1]);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, name, 0, opt);
+  if (strlen(name) >= sizeof spec.name)
+    return usage_error("table name \"%s\" is too long", name);
+  int have_dim = 0, have_rows = 0;
+  for (int i = 1; i < cmd->argc; i++) {
+    const char *a = cmd->argv[i];
+    if (!strcmp(a, "--dynamic")) {
+      spec.dynamic = 1;
+      continue;
+    }
+    if (i + 1 >= cmd->argc)
+      return usage_error("%s needs a value", a);
+    const char *v = cmd->argv[++i];
+    uint64_t u;
+    int64_t s;
+    double *d = NULL;
+    if (!strcmp(a, "--dim")) {
+      if (parse_u64(v, &u) || u > UINT32_MAX)
+        return usage_error("--dim \"%s\" is not a dimension", v);
+      spec.dim = (uint32_t)u;
+      have_dim = 1;
+    } else if (!strcmp(a, "--rows")) {
+      if (parse_u64(v, &u))
+        return usage_error("--rows \"%s\" is not a row count", v);
+      spec.rows = u;
+      have_rows = 1;
+    } else if (!strcmp(a, "--optimizer")) {
+      continue; /* handled above */
+    } else if (!strcmp(a, "--seed")) {
+      if (parse_u64(v, &u))
+        return usage_error("--seed \"%s\" is not a number", v);
+      spec.seed = u;
+    } else if (!strcmp(a, "--padding-id")) {
+      if (parse_i64(v, &s))
+        return usage_error("--padding-id \"%s\" is not an id", v);
+      spec.has_padding = 1;
+      spec.padding_id = s;
+    } else if (!strcmp(a, "--sync-workers")) {
+      if (parse_u64(v, &u) || u > UINT32_MAX)
+        return usage_error("--sync-workers \"%s\" is not a count", v);
+      spec.sync_workers = (uint32_t)u;
+    } else if (!strcmp(a, "--init")) {
+      if (parse_init(v, &spec))
+        return usage_error("--init \"%s\" is not zeros|constant:V|uniform:A|"
+                           "normal:STD", v);
+    } else {
+      if (!strcmp(a, "--lr"))
+        d = &spec.lr;
+      else if (!strcmp(a, "--eps"))
+        d = &spec.eps;
+      else if (!strcmp(a, "--beta1"))
+        d = &spec.beta1;
+      else if (!strcmp(a, "--beta2"))
+        d = &spec.beta2;
+      else if (!strcmp(a, "--initial-accumulator"))
+        d = &spec.initial_accumulator;
+      else if (!strcmp(a, "--l1"))
+        d = &spec.l1;
+      else if (!strcmp(a, "--l2"))
+        d = &spec.l2;
+      else if (!strcmp(a, "--lr-power"))
+        d = &spec.lr_power;
+      else if (!strcmp(a, "--weight-decay"))
+        d = &spec.weight_decay;
+      else
+        return usage_error("unknown option %s for create-table", a);
+      if (parse_double(v, d))
+        return usage_error("\"%s\" is not a number", v);
+    }
+  }
+  if (!have_dim)
+    return usage_error("%s", "create-table needs --dim D");
+  if (have_rows == spec.dynamic)
+    return usage_error("%s", "create-table needs exactly one of --rows N "
+                       "and --dynamic");
+  int rc = embps_create_table(cmd->client, &spec);
+  return rc ? server_error(cmd->client, rc) : 0;
+}
+
+static int cmd_drop(cmd_t *cmd) {
+  if (cmd->argc != 1)
+    return usage_error("%s", "drop-table takes one NAME");
+  int rc = embps_drop_table(cmd->client, cmd->argv[0]);
+  return rc ? server_error(cmd->client, rc) : 0;
+}
+
+static int has_flag(cmd_t *cmd, const char *flag) {
+  for (int i = 0; i < cmd->argc; i++)
+    if (!strcmp(cmd->argv[i], flag))
+      return 1;
+  return 0;
+}
+
+static void print_spec_json(const embps_table_spec_t *s) {
+  printf("\"name\": \"%s\", \"dim\": %u, ", s->name, s->dim);
+  if (s->dynamic)
+    printf("\"dynamic\": true, ");
+  else
+    printf("\"rows\": %" PRIu64 ", ", s->rows);
+  printf("\"optimizer\": \"%s\", \"lr\": %.9g", embps_optimizer_name(s->optimizer),
+         s->lr);
+}
+
+static int cmd_tables(cmd_t *cmd) {
+  int json = has_flag(cmd, "--json");
+  for (int i = 0; i < cmd->argc; i++)
+    if (strcmp(cmd->argv[i], "--json"))
+      return usage_error("unknown option %s for tables", cmd->argv[i]);
+  embps_table_info_t *v;
+  size_t n;
+  int rc = embps_list_tables(cmd->client, &v, &n);
+  if (rc)
+    return server_error(cmd->client, rc);
+  if (json) {
+    printf("[");
+    for (size_t i = 0; i < n; i++) {
+      printf("%s{", i ? ", " : "");
+      print_spec_json(&v[i].spec);
+      printf(", \"rows_allocated\": %" PRIu64 ", \"bytes_used\": %" PRIu64
+             ", \"pushes\": %" PRIu64 ", \"pulls\": %" PRIu64 "}",
+             v[i].rows_allocated, v[i].bytes_used, v[i].pushes, v[i].pulls);
+    }
+    printf("]\n");
+  } else {
+    printf("%-24s %8s %14s %-8s %14s %14s\n", "NAME", "DIM", "ROWS",
+           "OPTIM", "ALLOCATED", "BYTES");
+    for (size_t i = 0; i < n; i++) {
+      char rows[32];
+      if (v[i].spec.dynamic)
+        snprintf(rows, sizeof rows, "dynamic");
+      else
+        snprintf(rows, sizeof rows, "%" PRIu64, v[i].spec.rows);
+      printf("%-24s %8u %14s %-8s %14" PRIu64 " %14" PRIu64 "\n",
+             v[i].spec.name, v[i].spec.dim, rows,
+             embps_optimizer_name(v[i].spec.optimizer), v[i].rows_allocated,
+             v[i].bytes_used);
+    }
+  }
+  free(v);
+  return 0;
+}
+
+/* Looks up the table's dim (one describe round trip). */
+static int table_dim(cmd_t *cmd, const char *name, uint32_t *dim) {
+  embps_table_info_t info;
+  int rc = embps_describe_table(cmd->client, name, &info);
+  if (rc)
+    return server_error(cmd->client, rc);
+  *dim = info.spec.dim;
+  return 0;
+}
+
+static int cmd_pull(cmd_t *cmd) {
+  if (cmd->argc < 1)
+    return usage_error("%s", "pull needs a table NAME");
+  const char *name = cmd->argv[0], *ids_arg = NULL, *ids_file = NULL,
+             *out_file = NULL;
+  int json = 0;
+  for (int i = 1; i < cmd->argc; i++) {
+    const char *a = cmd->argv[i];
+    if (!strcmp(a, "--json")) {
+      json = 1;
+      continue;
+    }
+    if (i + 1 >= cmd->argc)
+      return usage_error("%s needs a value", a);
+    if (!strcmp(a, "--ids"))
+      ids_arg = cmd->argv[++i];
+    else if (!strcmp(a, "--ids-file"))
+      ids_file = cmd->argv[++i];
+    else if (!strcmp(a, "--out"))
+      out_file = cmd->argv[++i];
+    else
+      return usage_error("unknown option %s for pull", a);
+  }
+  if (!ids_arg == !ids_file)
+    return usage_error("%s", "pull needs exactly one of --ids and --ids-file");
+  int64_t *ids;
+  size_t n;
+  if (ids_arg ? parse_ids(ids_arg, &ids, &n)
+              : read_array(ids_file, sizeof *ids, (void **)&ids, &n))
+    return ids_arg ? 2 : 1;
+  uint32_t dim;
+  int rc = table_dim(cmd, name, &dim);
+  float *rows = rc ? NULL : malloc((n ? n : 1) * dim * sizeof *rows);
+  if (!rc && !rows)
+    rc = die(1, "out of memory for %zu rows", n);
+  if (!rc) {
+    int prc = embps_pull(cmd->client, name, ids, n, rows, dim);
+    if (prc)
+      rc = server_error(cmd->client, prc);
+  }
+  if (!rc && out_file) {
+    rc = write_file(out_file, rows, n * dim * sizeof *rows);
+  } else if (!rc && json) {
+    printf("{\"table\": \"%s\", \"dim\": %u, \"rows\": [", name, dim);
+    for (size_t i = 0; i < n; i++) {
+      printf("%s{\"id\": %" PRId64 ", \"values\": [", i ? ", " : "", ids[i]);
+      for (uint32_t j = 0; j < dim; j++)
+        printf("%s%.9g", j ? ", " : "", (double)rows[i * dim + j]);
+      printf("]}");
+    }
+    printf("]}\n");
+  } else if (!rc) {
+    for (size_t i = 0; i < n; i++) {
+      printf("%" PRId64 "\t", ids[i]);
+      for (uint32_t j = 0; j < dim; j++)
+        printf("%s%.9g", j ? " " : "", (double)rows[i * dim + j]);
+      putchar('\n');
+    }
+  }
+  free(ids);
+  free(rows);
+  return rc;
+}
+
+static int cmd_push(cmd_t *cmd) {
+  if (cmd->argc < 1)
+    return usage_error("%s", "push needs a table NAME");
+  const char *name = cmd->argv[0], *ia = NULL, *va = NULL, *ifile = NULL,
+             *vfile = NULL;
+  for (int i = 1; i < cmd->argc; i++) {
+    const char *a = cmd->argv[i];
+    if (i + 1 >= cmd->argc)
+      return usage_error("%s needs a value", a);
+    const char *v = cmd->argv[++i];
+    if (!strcmp(a, "--indices"))
+      ia = v;
+    else if (!strcmp(a, "--values"))
+      va = v;
+    else if (!strcmp(a, "--indices-file"))
+      ifile = v;
+    else if (!strcmp(a, "--values-file"))
+      vfile = v;
+    else
+      return usage_error("unknown option %s for push", a);
+  }
+  if (!((ia && va && !ifile && !vfile) || (ifile && vfile && !ia && !va)))
+    return usage_error("%s", "push needs --indices and --values, or "
+                       "--indices-file and --values-file");
+  int64_t *idx = NULL;
+  float *vals = NULL;
+  size_t n = 0, nv = 0;
+  int rc;
+  if (ia)
+    rc = parse_ids(ia, &idx, &n) || parse_values(va, &vals, &nv) ? 2 : 0;
+  else
+    rc = read_array(ifile, sizeof *idx, (void **)&idx, &n) ||
+                 read_array(vfile, sizeof *vals, (void **)&vals, &nv)
+             ? 1
+             : 0;
+  uint32_t dim = 0;
+  if (!rc)
+    rc = table_dim(cmd, name, &dim);
+  if (!rc && nv != n * dim)
+    rc = die(1, "push has %zu indices but %zu values (expected %zu x %u)", n,
+             nv, n, dim);
+  if (!rc) {
+    int prc = embps_push(cmd->client, name, idx, n, vals, dim, 0);
+    if (prc)
+      rc = server_error(cmd->client, prc);
+  }
+  free(idx);
+  free(vals);
+  return rc;
+}
+
+static int cmd_stats(cmd_t *cmd) {
+  int json = has_flag(cmd, "--json");
+  for (int i = 0; i < cmd->argc; i++)
+    if (strcmp(cmd->argv[i], "--json"))
+      return usage_error("unknown option %s for stats", cmd->argv[i]);
+  embps_server_stats_t *s;
+  size_t n;
+  int rc = embps_stats(cmd->client, &s, &n);
+  if (rc)
+    return server_error(cmd->client, rc);
+  if (json)
+    printf("[");
+  for (size_t i = 0; i < n; i++) {
+    const embps_server_stats_t *x = &s[i];
+    if (json) {
+      printf("%s{\"address\": \"%s\", \"version\": \"%s\", "
+             "\"cluster_index\": %u, \"cluster_size\": %u, "
+             "\"io_threads\": %u, \"shards\": %u, \"uptime_ms\": %" PRIu64
+             ", \"connections\": %" PRIu64 ", \"requests\": %" PRIu64
+             ", \"pulls\": %" PRIu64 ", \"pushes\": %" PRIu64
+             ", \"pull_rows\": %" PRIu64 ", \"push_rows\": %" PRIu64
+             ", \"errors\": %" PRIu64 ", \"bytes_in\": %" PRIu64
+             ", \"bytes_out\": %" PRIu64 ", \"tables\": [",
+             i ? ", " : "", x->address, x->version, x->cluster_index,
+             x->cluster_size, x->io_threads, x->shards, x->uptime_ms,
+             x->connections, x->requests, x->pulls, x->pushes, x->pull_rows,
+             x->push_rows, x->errors, x->bytes_in, x->bytes_out);
+      for (size_t t = 0; t < x->n_tables; t++) {
+        printf("%s{", t ? ", " : "");
+        print_spec_json(&x->tables[t].spec);
+        printf(", \"rows_allocated\": %" PRIu64 ", \"bytes_used\": %" PRIu64
+               ", \"step\": %" PRIu64 "}",
+               x->tables[t].rows_allocated, x->tables[t].bytes_used,
+               x->tables[t].step);
+      }
+      printf("]}");
+    } else {
+      printf("server %s (embps %s, slot %u of %u, %u io threads, %u shards, "
+             "up %.1f s)\n", x->address, x->version, x->cluster_index,
+             x->cluster_size, x->io_threads, x->shards,
+             (double)x->uptime_ms / 1000);
+      printf("  connections %" PRIu64 "  requests %" PRIu64 "  errors %" PRIu64
+             "\n", x->connections, x->requests, x->errors);
+      printf("  pulls %" PRIu64 " (%" PRIu64 " rows)  pushes %" PRIu64
+             " (%" PRIu64 " unique rows)\n", x->pulls, x->pull_rows,
+             x->pushes, x->push_rows);
+      printf("  bytes in %" PRIu64 "  out %" PRIu64 "\n", x->bytes_in,
+             x->bytes_out);
+      for (size_t t = 0; t < x->n_tables; t++)
+        printf("  table %-20s dim %-5u %-8s rows %" PRIu64 "  bytes %" PRIu64
+               "  step %" PRIu64 "\n", x->tables[t].spec.name,
+               x->tables[t].spec.dim,
+               embps_optimizer_name(x->tables[t].spec.optimizer),
+               x->tables[t].rows_allocated, x->tables[t].bytes_used,
+               x->tables[t].step);
+    }
+  }
+  if (json)
+    printf("]\n");
+  embps_stats_free(s, n);
+  return 0;
+}
+
+typedef struct {
+  const char *name;
+  int (*run)(cmd_t *cmd);
+} command_t;
+
+static const command_t commands[] = {
+    {"create-table", cmd_create}, {"drop-table", cmd_drop},
+    {"tables", cmd_tables},       {"pull", cmd_pull},
+    {"push", cmd_push},           {"stats", cmd_stats},
+};
+
+int main(int argc, char **argv) {
+  embps_client_options_t opts = {0};
+  char *token = NULL;
+  int i = 1;
+  for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help")) {
+      fputs(usage, stdout);
+      return 0;
+    }
+    if (!strcmp(a, "--version")) {
+      printf("embps %s (protocol %d)\n", EMBPS_VERSION_STRING,
+             EMBPS_PROTOCOL_VERSION);
+      return 0;
+    }
+    if (i + 1 >= argc)
+      return usage_error("%s needs a value", a);
+    const char *v = argv[++i];
+    if (!strcmp(a, "--servers")) {
+      opts.servers = v;
+    } else if (!strcmp(a, "--token-file")) {
+      size_t len;
+      int rc = embps_read_file(v, &token, &len);
+      if (rc)
+        return die(1, "cannot read --token-file %s: %s", v, strerror(-rc));
+      while (len && (token[len - 1] == '\n' || token[len - 1] == '\r'))
+        token[--len] = 0;
+      opts.token = token;
+    } else if (!strcmp(a, "--timeout-ms")) {
+      uint64_t ms;
+      if (parse_u64(v, &ms) || ms == 0 || ms > INT32_MAX)
+        return usage_error("--timeout-ms \"%s\" is not a positive number", v);
+      opts.timeout_ms = (int)ms;
+    } else {
+      return usage_error("unknown option %s", a);
+    }
+  }
+  if (i >= argc) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  const command_t *cmd = NULL;
+  for (size_t k = 0; k < sizeof commands / sizeof *commands; k++)
+    if (!strcmp(argv[i], commands[k].name))
+      cmd = &commands[k];
+  if (!cmd)
+    return usage_error("unknown command \"%s\"", argv[i]);
+  char err[512];
+  embps_client_t *client;
+  int rc = embps_client_create(&opts, &client, err, sizeof err);
+  free(token);
+  if (rc)
+    return die(1, "%s", err);
+  cmd_t c = {client, argc - i - 1, argv + i + 1};
+  rc = cmd->run(&c);
+  embps_client_destroy(client);
+  return rc;
+}

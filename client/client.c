@@ -1,0 +1,1206 @@
+/* client.c - libembps: connections, routing, fan-out, tickets.
+ *
+ * No background thread: a client owns one non-blocking socket per server
+ * and makes progress only inside embps_wait() (and the blocking calls built
+ * on it), with one poll() over every socket that both writes queued request
+ * frames and reads replies. Reading while writing matters: a server that
+ * applies backpressure stops reading until we read its replies.
+ *
+ * A call becomes a ticket with one part per server it involves; each part is
+ * a request frame with its own request id, queued on that server's
+ * connection. Replies are matched to parts by id, so many tickets may be in
+ * flight on one connection. Pull parts copy their rows into the ticket's
+ * unique-row buffer; once every part is in, the rows are expanded back to the
+ * caller's order.
+ *
+ * Push atomicity across servers: everything a server could refuse (dims,
+ * counts, non-finite values, ranges) is checked here first, against a cached
+ * description of the table, so a push is sent to all servers or to none.
+ * Every push is sent to every server, even with no rows for it, so each
+ * server's step counter (Adam's t) stays the same as the table's.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "embps/embps.h"
+#include "merge.h"
+#include "util.h"
+#include "wire.h"
+
+#define MAX_REPLY_BYTES (1u << 30)
+#define DEFAULT_TIMEOUT_MS 30000
+#define MAX_SERVERS 1024
+
+typedef struct part part_t;
+
+typedef struct out_buf {
+  uint8_t *buf;
+  size_t len, off;
+  struct out_buf *next;
+} out_buf_t;
+
+typedef struct {
+  char host[256];
+  int port;
+  char addr[300];
+  int fd;
+  out_buf_t *out_head, *out_tail;
+  part_t *pending_head, *pending_tail; /* sent, awaiting a reply */
+  uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
+  size_t hdr_got;
+  embps_frame_header_t h;
+  uint8_t *body;
+  size_t body_got;
+} conn_t;
+
+typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH } op_t;
+
+struct part {
+  embps_ticket_t *t;
+  uint32_t server;
+  uint32_t req_id;
+  uint32_t *pos; /* pull: positions in the ticket's unique list */
+  size_t n;
+  embps_msg_t reply; /* OP_SIMPLE/OP_HELLO: the decoded reply */
+  int has_reply;
+  part_t *next;
+};
+
+struct embps_ticket {
+  op_t op;
+  int result;
+  char error[EMBPS_MESSAGE_MAX + 64];
+  uint32_t n_parts, n_done;
+  part_t *parts;
+  uint32_t dim;
+  /* pull */
+  float *out;
+  size_t n;
+  int64_t *uniq;
+  uint32_t *inverse;
+  float *urows; /* n_unique x dim; == out when ids were all distinct */
+  size_t n_unique;
+  /* push: merged copies when EMBPS_PUSH_MERGE */
+  int64_t *m_idx;
+  float *m_vals;
+};
+
+typedef struct {
+  char name[EMBPS_TABLE_NAME_MAX];
+  embps_table_spec_t spec;
+} cached_table_t;
+
+struct embps_client {
+  conn_t *conns;
+  uint32_t n;
+  char token[EMBPS_TOKEN_MAX];
+  size_t token_len;
+  int timeout_ms;
+  uint32_t next_req_id;
+  uint64_t client_id, seq;
+  char last_error[EMBPS_MESSAGE_MAX + 128];
+  cached_table_t *tables;
+  size_t n_tables;
+  embps_dedup_t dedup;
+};
+
+/* ------------------------------------------------------------ errors */
+
+static int set_error(embps_client_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int set_error(embps_client_t *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+const char *embps_client_last_error(const embps_client_t *c) {
+  return c ? c->last_error : "no client";
+}
+
+size_t embps_client_n_servers(const embps_client_t *c) { return c->n; }
+
+static void ticket_fail(embps_ticket_t *t, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void ticket_fail(embps_ticket_t *t, int code, const char *fmt, ...) {
+  if (t->result)
+    return; /* the first error is the one reported */
+  t->result = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->error, sizeof t->error, fmt, ap);
+  va_end(ap);
+}
+
+/* ------------------------------------------------------------ tickets */
+
+static embps_ticket_t *ticket_new(op_t op, uint32_t n_parts) {
+  embps_ticket_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return NULL;
+  t->op = op;
+  t->n_parts = n_parts;
+  t->parts = calloc(n_parts ? n_parts : 1, sizeof *t->parts);
+  if (!t->parts) {
+    free(t);
+    return NULL;
+  }
+  for (uint32_t i = 0; i < n_parts; i++)
+    t->parts[i].t = t;
+  return t;
+}
+
+static void ticket_free(embps_ticket_t *t) {
+  if (!t)
+    return;
+  for (uint32_t i = 0; i < t->n_parts; i++) {
+    free(t->parts[i].pos);
+    if (t->parts[i].has_reply)
+      embps_msg_free(&t->parts[i].reply);
+  }
+  free(t->parts);
+  free(t->uniq);
+  free(t->inverse);
+  if (t->urows != t->out)
+    free(t->urows);
+  free(t->m_idx);
+  free(t->m_vals);
+  free(t);
+}
+
+static void part_done(part_t *p) { p->t->n_done++; }
+
+/* ------------------------------------------------------------ connections */
+
+/* Drops a connection: every part waiting on it fails with code. */
+static void conn_fail(conn_t *k, int code, const char *why) {
+  if (k->fd >= 0)
+    close(k->fd);
+  k->fd = -1;
+  for (out_buf_t *o = k->out_head, *next; o; o = next) {
+    next = o->next;
+    free(o->buf);
+    free(o);
+  }
+  k->out_head = k->out_tail = NULL;
+  for (part_t *p = k->pending_head, *next; p; p = next) {
+    next = p->next;
+    p->next = NULL;
+    ticket_fail(p->t, code, "%s: %s", k->addr, why);
+    part_done(p);
+  }
+  k->pending_head = k->pending_tail = NULL;
+  free(k->body);
+  k->body = NULL;
+  k->hdr_got = k->body_got = 0;
+}
+
+static int connect_fd(conn_t *k, int timeout_ms, char *why, size_t why_len) {
+  char port[16];
+  snprintf(port, sizeof port, "%d", k->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(k->host, port, &hints, &res);
+  if (rc) {
+    snprintf(why, why_len, "cannot resolve %s: %s", k->host, gai_strerror(rc));
+    return EMBPS_ECONN;
+  }
+  int err = ECONNREFUSED;
+  for (struct addrinfo *a = res; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 || errno == EINPROGRESS) {
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      int n = poll(&pfd, 1, timeout_ms);
+      socklen_t sl = sizeof err;
+      if (n == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) == 0 &&
+          err == 0) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        freeaddrinfo(res);
+        k->fd = fd;
+        return 0;
+      }
+      if (n == 0)
+        err = ETIMEDOUT;
+    } else {
+      err = errno;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  snprintf(why, why_len, "cannot connect to %s: %s", k->addr, strerror(err));
+  return EMBPS_ECONN;
+}
+
+/* Queues a frame (taking it) on connection k, with p awaiting its reply. */
+static void conn_send(conn_t *k, uint8_t *frame, size_t len, part_t *p) {
+  out_buf_t *o = malloc(sizeof *o);
+  if (!o) {
+    free(frame);
+    ticket_fail(p->t, -ENOMEM, "out of memory");
+    part_done(p);
+    return;
+  }
+  o->buf = frame;
+  o->len = len;
+  o->off = 0;
+  o->next = NULL;
+  if (k->out_tail)
+    k->out_tail->next = o;
+  else
+    k->out_head = o;
+  k->out_tail = o;
+  p->next = NULL;
+  if (k->pending_tail)
+    k->pending_tail->next = p;
+  else
+    k->pending_head = p;
+  k->pending_tail = p;
+}
+
+/* Writes as much of k's queue as the socket takes. */
+static void conn_write(conn_t *k) {
+  while (k->out_head) {
+    struct iovec iov[16];
+    int n = 0;
+    for (out_buf_t *o = k->out_head; o && n < 16; o = o->next, n++) {
+      iov[n].iov_base = o->buf + o->off;
+      iov[n].iov_len = o->len - o->off;
+    }
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        conn_fail(k, EMBPS_ECONN, strerror(errno));
+      return;
+    }
+    size_t left = (size_t)w;
+    while (left && k->out_head) {
+      out_buf_t *o = k->out_head;
+      size_t take = o->len - o->off;
+      if (take > left)
+        take = left;
+      o->off += take;
+      left -= take;
+      if (o->off == o->len) {
+        k->out_head = o->next;
+        if (!k->out_head)
+          k->out_tail = NULL;
+        free(o->buf);
+        free(o);
+      }
+    }
+  }
+}
+
+/* Handles one reply frame for part p (body freed by the caller). */
+static void deliver(conn_t *k, part_t *p, const embps_frame_header_t *h,
+                    const uint8_t *body) {
+  embps_ticket_t *t = p->t;
+  embps_msg_t m;
+  int rc = embps_msg_unpack(h->kind, body, h->meta_len, &m);
+  if (rc) {
+    ticket_fail(t, EMBPS_EPROTO, "%s: reply of kind %u does not decode",
+                k->addr, h->kind);
+    return;
+  }
+  if (h->kind == EMBPS_KIND_ERROR) {
+    ticket_fail(t, m.u.error.code, "%s", m.u.error.message);
+    return;
+  }
+  const uint8_t *bulk = body + embps_bulk_offset(h->meta_len);
+  size_t bulk_len = h->body_len - embps_bulk_offset(h->meta_len);
+  switch (t->op) {
+  case OP_PULL: {
+    uint32_t dim = t->dim;
+    if (h->kind != (EMBPS_KIND_PULL | EMBPS_KIND_REPLY) ||
+        m.u.pull_reply.n_rows != p->n || m.u.pull_reply.dim != dim ||
+        bulk_len != p->n * dim * sizeof(float)) {
+      ticket_fail(t, EMBPS_EPROTO, "%s: pull reply does not match the "
+                  "request", k->addr);
+      break;
+    }
+    const float *rows = (const float *)bulk;
+    for (size_t i = 0; i < p->n; i++)
+      memcpy(t->urows + (size_t)p->pos[i] * dim, rows + i * dim,
+             dim * sizeof(float));
+    break;
+  }
+  case OP_PUSH:
+    if (h->kind != (EMBPS_KIND_PUSH | EMBPS_KIND_REPLY))
+      ticket_fail(t, EMBPS_EPROTO, "%s: unexpected reply to a push", k->addr);
+    break;
+  default:
+    p->reply = m;
+    p->has_reply = 1;
+    return; /* kept: the caller reads it */
+  }
+  embps_msg_free(&m);
+}
+
+/* Reads whatever is available on k and delivers complete frames. */
+static void conn_read(conn_t *k) {
+  for (;;) {
+    uint8_t *dst;
+    size_t want;
+    if (!k->body) {
+      dst = k->hdr + k->hdr_got;
+      want = EMBPS_FRAME_HEADER_LEN - k->hdr_got;
+    } else {
+      dst = k->body + k->body_got;
+      want = k->h.body_len - k->body_got;
+    }
+    ssize_t r = want ? read(k->fd, dst, want) : 0;
+    if (want && r < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        conn_fail(k, EMBPS_ECONN, strerror(errno));
+      return;
+    }
+    if (want && r == 0) {
+      conn_fail(k, EMBPS_ECONN, "server closed the connection");
+      return;
+    }
+    if (!k->body) {
+      k->hdr_got += (size_t)r;
+      if (k->hdr_got < EMBPS_FRAME_HEADER_LEN)
+        continue;
+      int rc = embps_frame_header_decode(k->hdr, MAX_REPLY_BYTES, &k->h);
+      if (rc) {
+        conn_fail(k, EMBPS_EPROTO, "malformed reply frame");
+        return;
+      }
+      k->body = malloc(k->h.body_len ? k->h.body_len : 1);
+      if (!k->body) {
+        conn_fail(k, -ENOMEM, "out of memory for a reply");
+        return;
+      }
+      k->body_got = 0;
+    } else {
+      k->body_got += (size_t)r;
+    }
+    if (k->body_got < k->h.body_len)
+      continue;
+    /* a whole frame: find its part (replies mostly come in order) */
+    part_t *prev = NULL, *p = k->pending_head;
+    while (p && p->req_id != k->h.req_id) {
+      prev = p;
+      p = p->next;
+    }
+    if (p) {
+      if (prev)
+        prev->next = p->next;
+      else
+        k->pending_head = p->next;
+      if (k->pending_tail == p)
+        k->pending_tail = prev;
+      p->next = NULL;
+      deliver(k, p, &k->h, k->body);
+      part_done(p);
+    } else if (k->h.kind == EMBPS_KIND_ERROR && k->h.req_id == 0) {
+      /* a connection-level refusal (e.g. --max-connections) */
+      embps_msg_t m;
+      char why[EMBPS_MESSAGE_MAX] = "connection refused by server";
+      int code = EMBPS_ECONN;
+      if (embps_msg_unpack(k->h.kind, k->body, k->h.meta_len, &m) == 0) {
+        snprintf(why, sizeof why, "%s", m.u.error.message);
+        code = m.u.error.code;
+      }
+      free(k->body);
+      k->body = NULL;
+      conn_fail(k, code, why);
+      return;
+    } /* else: the reply of a ticket abandoned after a timeout */
+    free(k->body);
+    k->body = NULL;
+    k->hdr_got = k->body_got = 0;
+  }
+}
+
+/* One round of I/O on every connection; waits at most timeout_ms. */
+static int progress(embps_client_t *c, int timeout_ms) {
+  struct pollfd stack[16];
+  struct pollfd *pfd = c->n <= 16 ? stack : malloc(c->n * sizeof *pfd);
+  if (!pfd)
+    return -ENOMEM;
+  uint32_t nf = 0;
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    if (k->fd < 0 || (!k->out_head && !k->pending_head))
+      continue;
+    if (k->out_head)
+      conn_write(k); /* optimistic: usually the socket takes it all */
+    if (k->fd < 0)
+      continue;
+    pfd[nf].fd = k->fd;
+    pfd[nf].events = POLLIN | (k->out_head ? POLLOUT : 0);
+    pfd[nf].revents = 0;
+    nf++;
+  }
+  int n = nf ? poll(pfd, nf, timeout_ms) : 0;
+  if (n > 0) {
+    for (uint32_t j = 0; j < nf; j++) {
+      if (!pfd[j].revents)
+        continue;
+      conn_t *k = NULL;
+      for (uint32_t i = 0; i < c->n; i++)
+        if (c->conns[i].fd == pfd[j].fd)
+          k = &c->conns[i];
+      if (!k)
+        continue;
+      if (pfd[j].revents & (POLLIN | POLLHUP | POLLERR))
+        conn_read(k);
+      if (k->fd >= 0 && (pfd[j].revents & POLLOUT))
+        conn_write(k);
+    }
+  }
+  if (pfd != stack)
+    free(pfd);
+  return 0;
+}
+
+/* Abandons parts still pending (after a timeout): their late replies will
+ * find no part and be dropped. */
+static void ticket_abandon(embps_client_t *c, embps_ticket_t *t) {
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    part_t *prev = NULL;
+    for (part_t *p = k->pending_head, *next; p; p = next) {
+      next = p->next;
+      if (p->t == t) {
+        if (prev)
+          prev->next = next;
+        else
+          k->pending_head = next;
+        if (k->pending_tail == p)
+          k->pending_tail = prev;
+      } else {
+        prev = p;
+      }
+    }
+  }
+}
+
+/* Runs I/O until t completes or the client's timeout passes. */
+static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
+  uint64_t deadline = embps_now_ns() + (uint64_t)c->timeout_ms * 1000000ULL;
+  while (t->n_done < t->n_parts) {
+    uint64_t now = embps_now_ns();
+    if (now >= deadline) {
+      ticket_abandon(c, t);
+      ticket_fail(t, EMBPS_ETIMEDOUT, "no reply within %d ms", c->timeout_ms);
+      break;
+    }
+    int ms = (int)((deadline - now + 999999) / 1000000);
+    int rc = progress(c, ms);
+    if (rc) {
+      ticket_abandon(c, t);
+      ticket_fail(t, rc, "%s", embps_strerror(rc));
+      break;
+    }
+  }
+  return t->result;
+}
+
+/* Queues the frame for message m (bulk filled by fill) to server s. */
+static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
+                    const embps_msg_t *m, const void *bulk, size_t bulk_len);
+
+static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
+  embps_ticket_t *t = ticket_new(OP_HELLO, 1);
+  if (!t)
+    return -ENOMEM;
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_HELLO;
+  m.u.hello.version = EMBPS_PROTOCOL_VERSION;
+  memcpy(m.u.hello.token, c->token, c->token_len);
+  m.u.hello.token_len = c->token_len;
+  t->parts[0].server = index;
+  int rc = send_msg(c, index, &t->parts[0], &m, NULL, 0);
+  if (!rc)
+    rc = ticket_run(c, t);
+  if (!rc) {
+    const embps_hello_reply_t *r = &t->parts[0].reply.u.hello_reply;
+    if (r->cluster_size != c->n || r->cluster_index != index) {
+      rc = EMBPS_EWRONGSERVER;
+      snprintf(t->error, sizeof t->error, "%s is server %u of a cluster of "
+               "%u, but the client lists it as server %u of %u", k->addr,
+               r->cluster_index, r->cluster_size, index, c->n);
+    }
+  }
+  if (rc)
+    set_error(c, rc, "%s", t->error);
+  ticket_free(t);
+  return rc;
+}
+
+/* Makes sure server s is connected (reconnecting after a failure). */
+static int ensure_conn(embps_client_t *c, uint32_t s) {
+  conn_t *k = &c->conns[s];
+  if (k->fd >= 0)
+    return 0;
+  char why[400];
+  int rc = connect_fd(k, c->timeout_ms, why, sizeof why);
+  if (rc)
+    return set_error(c, rc, "%s", why);
+  rc = hello(c, k, s);
+  if (rc && k->fd >= 0)
+    conn_fail(k, rc, "hello failed");
+  return rc;
+}
+
+static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
+                    const embps_msg_t *m, const void *bulk, size_t bulk_len) {
+  if (m->kind != EMBPS_KIND_HELLO) {
+    int rc = ensure_conn(c, s);
+    if (rc)
+      return rc;
+  }
+  uint8_t *frame;
+  size_t len, off;
+  p->server = s;
+  p->req_id = ++c->next_req_id;
+  int rc = embps_frame_build(m, p->req_id, bulk_len, &frame, &len, &off);
+  if (rc)
+    return set_error(c, rc, "%s", embps_strerror(rc));
+  if (bulk_len)
+    memcpy(frame + off, bulk, bulk_len);
+  conn_send(&c->conns[s], frame, len, p);
+  return 0;
+}
+
+/* ------------------------------------------------------------ create */
+
+static int parse_servers(embps_client_t *c, const char *list, char *err,
+                         size_t err_len) {
+  uint32_t n = 1;
+  for (const char *p = list; *p; p++)
+    n += *p == ',';
+  if (n > MAX_SERVERS) {
+    snprintf(err, err_len, "more than %d servers", MAX_SERVERS);
+    return EMBPS_EINVAL;
+  }
+  c->conns = calloc(n, sizeof *c->conns);
+  if (!c->conns)
+    return -ENOMEM;
+  const char *p = list;
+  for (uint32_t i = 0; i < n; i++) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[300];
+    conn_t *k = &c->conns[i];
+    k->fd = -1;
+    if (len == 0 || len >= sizeof item) {
+      snprintf(err, err_len, "bad server list \"%s\"", list);
+      return EMBPS_EINVAL;
+    }
+    memcpy(item, p, len);
+    item[len] = 0;
+    if (embps_parse_hostport(item, k->host, sizeof k->host, &k->port)) {
+      snprintf(err, err_len, "\"%s\" is not HOST:PORT", item);
+      return EMBPS_EINVAL;
+    }
+    snprintf(k->addr, sizeof k->addr, "%s", item);
+    c->n++;
+    p = end ? end + 1 : p + len;
+  }
+  return 0;
+}
+
+static int load_token(embps_client_t *c, const char *token, char *err,
+                      size_t err_len) {
+  if (token) {
+    size_t n = strlen(token);
+    if (n > EMBPS_TOKEN_MAX) {
+      snprintf(err, err_len, "token longer than %d bytes", EMBPS_TOKEN_MAX);
+      return EMBPS_EINVAL;
+    }
+    memcpy(c->token, token, n);
+    c->token_len = n;
+    return 0;
+  }
+  const char *path = getenv("EMBPS_TOKEN_FILE");
+  if (!path || !*path)
+    return 0;
+  char *data;
+  size_t len;
+  int rc = embps_read_file(path, &data, &len);
+  if (rc) {
+    snprintf(err, err_len, "EMBPS_TOKEN_FILE %s: %s", path, strerror(-rc));
+    return rc;
+  }
+  while (len && (data[len - 1] == '\n' || data[len - 1] == '\r'))
+    len--;
+  if (len > EMBPS_TOKEN_MAX) {
+    free(data);
+    snprintf(err, err_len, "token in %s longer than %d bytes", path,
+             EMBPS_TOKEN_MAX);
+    return EMBPS_EINVAL;
+  }
+  memcpy(c->token, data, len);
+  c->token_len = len;
+  free(data);
+  return 0;
+}
+
+int embps_client_create(const embps_client_options_t *opts,
+                        embps_client_t **out, char *errbuf,
+                        size_t errbuf_len) {
+  char local[512];
+  if (!errbuf) {
+    errbuf = local;
+    errbuf_len = sizeof local;
+  }
+  errbuf[0] = 0;
+  *out = NULL;
+  embps_client_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    snprintf(errbuf, errbuf_len, "out of memory");
+    return -ENOMEM;
+  }
+  embps_dedup_init(&c->dedup);
+  const char *servers = opts && opts->servers ? opts->servers : NULL;
+  if (!servers)
+    servers = getenv("EMBPS_SERVERS");
+  if (!servers || !*servers)
+    servers = "127.0.0.1:7070";
+  c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
+                                               : DEFAULT_TIMEOUT_MS;
+  int rc = parse_servers(c, servers, errbuf, errbuf_len);
+  if (!rc)
+    rc = load_token(c, opts ? opts->token : NULL, errbuf, errbuf_len);
+  if (!rc && getrandom(&c->client_id, sizeof c->client_id, 0) !=
+                 (ssize_t)sizeof c->client_id)
+    c->client_id = embps_now_ns() ^ ((uint64_t)getpid() << 32);
+  c->client_id |= 1; /* 0 means "no exactly-once" on the wire */
+  for (uint32_t i = 0; !rc && i < c->n; i++) {
+    rc = ensure_conn(c, i);
+    if (rc)
+      snprintf(errbuf, errbuf_len, "%s", c->last_error);
+  }
+  if (rc) {
+    embps_client_destroy(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+void embps_client_destroy(embps_client_t *c) {
+  if (!c)
+    return;
+  for (uint32_t i = 0; i < c->n; i++)
+    conn_fail(&c->conns[i], EMBPS_ECONN, "client destroyed");
+  free(c->conns);
+  free(c->tables);
+  embps_dedup_close(&c->dedup);
+  free(c);
+}
+
+/* ------------------------------------------------------------ simple ops */
+
+/* Sends m to every server (or only server `only` if < n) and waits. On
+ * success *out is the ticket, holding one reply per part (caller frees). */
+static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
+                     embps_ticket_t **out) {
+  uint32_t n = only < c->n ? 1 : c->n;
+  embps_ticket_t *t = ticket_new(OP_SIMPLE, n);
+  if (!t)
+    return set_error(c, -ENOMEM, "out of memory");
+  int rc = 0;
+  for (uint32_t i = 0; i < n && !rc; i++) {
+    rc = send_msg(c, only < c->n ? only : i, &t->parts[i], m, NULL, 0);
+    if (rc) /* parts never sent count as done */
+      t->n_done += n - i;
+  }
+  int run = ticket_run(c, t);
+  if (!rc)
+    rc = run;
+  if (rc) {
+    if (t->error[0])
+      set_error(c, rc, "%s", t->error);
+    ticket_free(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+static void forget_table(embps_client_t *c, const char *name) {
+  for (size_t i = 0; i < c->n_tables; i++) {
+    if (strcmp(c->tables[i].name, name) == 0) {
+      c->tables[i] = c->tables[--c->n_tables];
+      return;
+    }
+  }
+}
+
+int embps_create_table(embps_client_t *c, const embps_table_spec_t *spec) {
+  char why[256];
+  int rc = embps_table_spec_check(spec, why, sizeof why);
+  if (rc)
+    return set_error(c, rc, "%s", why);
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_CREATE;
+  m.u.spec = *spec;
+  embps_ticket_t *t;
+  rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (rc)
+    return rc;
+  forget_table(c, spec->name);
+  ticket_free(t);
+  return 0;
+}
+
+int embps_drop_table(embps_client_t *c, const char *name) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_DROP;
+  if (!name || strlen(name) >= sizeof m.u.name || !*name)
+    return set_error(c, EMBPS_EINVAL, "bad table name");
+  strcpy(m.u.name, name);
+  forget_table(c, name);
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (!rc)
+    ticket_free(t);
+  return rc;
+}
+
+static void add_counters(embps_table_info_t *sum, const embps_table_info_t *x) {
+  sum->rows_allocated += x->rows_allocated;
+  sum->bytes_used += x->bytes_used;
+  sum->pushes += x->pushes;
+  sum->pulls += x->pulls;
+  if (x->step > sum->step)
+    sum->step = x->step;
+}
+
+int embps_describe_table(embps_client_t *c, const char *name,
+                         embps_table_info_t *out) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_DESCRIBE;
+  if (!name || !*name || strlen(name) >= sizeof m.u.name)
+    return set_error(c, EMBPS_EINVAL, "bad table name");
+  strcpy(m.u.name, name);
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (rc)
+    return rc;
+  *out = t->parts[0].reply.u.info;
+  for (uint32_t i = 1; i < t->n_parts; i++)
+    add_counters(out, &t->parts[i].reply.u.info);
+  ticket_free(t);
+  return 0;
+}
+
+int embps_list_tables(embps_client_t *c, embps_table_info_t **out,
+                      size_t *n) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_LIST;
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (rc)
+    return rc;
+  /* server 0's list, with the others' counters added by name */
+  embps_msg_t *first = &t->parts[0].reply;
+  for (uint32_t i = 1; i < t->n_parts; i++) {
+    const embps_msg_t *r = &t->parts[i].reply;
+    for (size_t a = 0; a < first->u.list.n; a++)
+      for (size_t b = 0; b < r->u.list.n; b++)
+        if (!strcmp(first->u.list.v[a].spec.name, r->u.list.v[b].spec.name))
+          add_counters(&first->u.list.v[a], &r->u.list.v[b]);
+  }
+  *out = first->u.list.v;
+  *n = first->u.list.n;
+  first->u.list.v = NULL; /* handed to the caller */
+  first->u.list.n = 0;
+  ticket_free(t);
+  return 0;
+}
+
+int embps_stats(embps_client_t *c, embps_server_stats_t **out,
+                size_t *n_servers) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_STATS;
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (rc)
+    return rc;
+  embps_server_stats_t *v = calloc(c->n, sizeof *v);
+  if (!v) {
+    ticket_free(t);
+    return set_error(c, -ENOMEM, "out of memory");
+  }
+  for (uint32_t i = 0; i < c->n; i++) {
+    v[i] = t->parts[i].reply.u.stats;
+    snprintf(v[i].address, sizeof v[i].address, "%.63s", c->conns[i].addr);
+    t->parts[i].reply.u.stats.tables = NULL; /* handed to the caller */
+    t->parts[i].reply.u.stats.n_tables = 0;
+  }
+  ticket_free(t);
+  *out = v;
+  *n_servers = c->n;
+  return 0;
+}
+
+void embps_stats_free(embps_server_stats_t *s, size_t n_servers) {
+  if (!s)
+    return;
+  for (size_t i = 0; i < n_servers; i++)
+    free(s[i].tables);
+  free(s);
+}
+
+/* The cached spec of a table (fetched once per client). */
+static int table_spec(embps_client_t *c, const char *name,
+                      const embps_table_spec_t **out) {
+  for (size_t i = 0; i < c->n_tables; i++) {
+    if (strcmp(c->tables[i].name, name) == 0) {
+      *out = &c->tables[i].spec;
+      return 0;
+    }
+  }
+  embps_table_info_t info;
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_DESCRIBE;
+  if (strlen(name) >= sizeof m.u.name)
+    return set_error(c, EMBPS_EINVAL, "table name too long");
+  strcpy(m.u.name, name);
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, 0, &t);
+  if (rc)
+    return rc;
+  info = t->parts[0].reply.u.info;
+  ticket_free(t);
+  cached_table_t *v = realloc(c->tables, (c->n_tables + 1) * sizeof *v);
+  if (!v)
+    return set_error(c, -ENOMEM, "out of memory");
+  c->tables = v;
+  snprintf(v[c->n_tables].name, sizeof v[c->n_tables].name, "%s", name);
+  v[c->n_tables].spec = info.spec;
+  *out = &v[c->n_tables++].spec;
+  return 0;
+}
+
+/* ------------------------------------------------------------ pull */
+
+/* Splits positions 0..n-1 of ids by owning server into the ticket's parts
+ * (pos arrays). With one server, part 0 gets them all. */
+static int split_by_server(embps_client_t *c, embps_ticket_t *t,
+                           const int64_t *ids, size_t n) {
+  uint32_t K = c->n;
+  size_t *count = calloc(K, sizeof *count);
+  uint32_t *owner = K > 1 ? malloc(n * sizeof *owner) : NULL;
+  if (!count || (K > 1 && n && !owner)) {
+    free(count);
+    free(owner);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t s = K > 1 ? embps_route(ids[i], K) : 0;
+    if (owner)
+      owner[i] = s;
+    count[s]++;
+  }
+  int rc = 0;
+  for (uint32_t s = 0; s < K && !rc; s++) {
+    t->parts[s].pos = malloc((count[s] ? count[s] : 1) * sizeof(uint32_t));
+    if (!t->parts[s].pos)
+      rc = -ENOMEM;
+  }
+  for (size_t i = 0; i < n && !rc; i++) {
+    part_t *p = &t->parts[owner ? owner[i] : 0];
+    p->pos[p->n++] = (uint32_t)i;
+  }
+  free(count);
+  free(owner);
+  return rc;
+}
+
+/* Sends one request per part in parts [0, n_parts) whose bulk is built by
+ * build(part, buffer). Parts not sent are marked done; returns the first
+ * error. */
+typedef void (*bulk_fill_t)(const embps_ticket_t *t, const part_t *p,
+                            const void *ctx, uint8_t *dst);
+
+static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
+                      size_t (*bulk_len)(const part_t *p, uint32_t dim),
+                      bulk_fill_t fill, const void *ctx, int send_empty) {
+  int rc = 0;
+  for (uint32_t s = 0; s < t->n_parts; s++) {
+    part_t *p = &t->parts[s];
+    if (rc || (!p->n && !send_empty)) {
+      part_done(p);
+      continue;
+    }
+    if (m->kind == EMBPS_KIND_PULL)
+      m->u.pull.n_ids = (uint32_t)p->n;
+    else
+      m->u.push.n = (uint32_t)p->n;
+    rc = ensure_conn(c, s);
+    if (rc) {
+      ticket_fail(t, rc, "%s", c->last_error);
+      part_done(p);
+      continue;
+    }
+    uint8_t *frame;
+    size_t len, off;
+    p->server = s;
+    p->req_id = ++c->next_req_id;
+    rc = embps_frame_build(m, p->req_id, bulk_len(p, t->dim), &frame, &len,
+                           &off);
+    if (rc) {
+      ticket_fail(t, rc, "%s", embps_strerror(rc));
+      part_done(p);
+      continue;
+    }
+    fill(t, p, ctx, frame + off);
+    conn_send(&c->conns[s], frame, len, p);
+  }
+  return rc;
+}
+
+static size_t pull_bulk_len(const part_t *p, uint32_t dim) {
+  return p->n * sizeof(int64_t);
+}
+
+static void pull_fill(const embps_ticket_t *t, const part_t *p,
+                      const void *ctx, uint8_t *dst) {
+  int64_t *ids = (int64_t *)dst;
+  for (size_t i = 0; i < p->n; i++)
+    ids[i] = t->uniq[p->pos[i]];
+}
+
+static int check_name(embps_client_t *c, const char *table) {
+  if (!table || !*table || strlen(table) >= EMBPS_TABLE_NAME_MAX)
+    return set_error(c, EMBPS_EINVAL, "bad table name");
+  return 0;
+}
+
+int embps_pull_async(embps_client_t *c, const char *table,
+                     const int64_t *ids, size_t n, float *out, uint32_t dim,
+                     embps_ticket_t **ticket) {
+  *ticket = NULL;
+  int rc = check_name(c, table);
+  if (rc)
+    return rc;
+  if (dim == 0 || dim > EMBPS_DIM_MAX || n > UINT32_MAX)
+    return set_error(c, EMBPS_EINVAL, "bad dim or count");
+  embps_ticket_t *t = ticket_new(OP_PULL, c->n);
+  if (!t)
+    return set_error(c, -ENOMEM, "out of memory");
+  t->out = out;
+  t->n = n;
+  t->dim = dim;
+  t->uniq = malloc((n ? n : 1) * sizeof *t->uniq);
+  t->inverse = malloc((n ? n : 1) * sizeof *t->inverse);
+  int64_t k = t->uniq && t->inverse
+                  ? embps_dedup_ids(&c->dedup, ids, n, t->uniq, t->inverse)
+                  : -ENOMEM;
+  if (k >= 0) {
+    t->n_unique = (size_t)k;
+    t->urows = (size_t)k == n ? out
+                              : malloc((k ? (size_t)k : 1) * dim * sizeof(float));
+    if (!t->urows)
+      k = -ENOMEM;
+  }
+  if (k >= 0)
+    k = split_by_server(c, t, t->uniq, t->n_unique);
+  if (k < 0) {
+    ticket_free(t);
+    return set_error(c, -ENOMEM, "out of memory");
+  }
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PULL;
+  strcpy(m.u.pull.table, table);
+  m.u.pull.dim = dim;
+  send_parts(c, t, &m, pull_bulk_len, pull_fill, NULL, 0);
+  *ticket = t;
+  return 0;
+}
+
+int embps_pull(embps_client_t *c, const char *table, const int64_t *ids,
+               size_t n, float *out, uint32_t dim) {
+  embps_ticket_t *t;
+  int rc = embps_pull_async(c, table, ids, n, out, dim, &t);
+  return rc ? rc : embps_wait(c, t);
+}
+
+/* ------------------------------------------------------------ push */
+
+typedef struct {
+  const int64_t *idx;
+  const float *vals;
+} push_src_t;
+
+static size_t push_bulk_len(const part_t *p, uint32_t dim) {
+  return p->n * (sizeof(int64_t) + dim * sizeof(float));
+}
+
+static void push_fill(const embps_ticket_t *t, const part_t *p,
+                      const void *ctx, uint8_t *dst) {
+  const push_src_t *src = ctx;
+  uint32_t dim = t->dim;
+  int64_t *idx = (int64_t *)dst;
+  float *vals = (float *)(dst + p->n * sizeof(int64_t));
+  if (!p->pos) { /* one server: the arrays as they are */
+    memcpy(idx, src->idx, p->n * sizeof *idx);
+    memcpy(vals, src->vals, p->n * dim * sizeof *vals);
+    return;
+  }
+  for (size_t i = 0; i < p->n; i++) {
+    idx[i] = src->idx[p->pos[i]];
+    memcpy(vals + i * dim, src->vals + (size_t)p->pos[i] * dim,
+           dim * sizeof *vals);
+  }
+}
+
+/* Everything a server could refuse, checked before anything is sent. */
+static int check_push(embps_client_t *c, const embps_table_spec_t *s,
+                      const int64_t *idx, size_t n, const float *vals,
+                      uint32_t dim) {
+  if (dim != s->dim)
+    return set_error(c, EMBPS_EDIM, "table \"%s\" has dim %u, the request "
+                     "has dim %u", s->name, s->dim, dim);
+  for (size_t i = 0; i < n; i++) {
+    if (!s->dynamic && (uint64_t)idx[i] >= s->rows)
+      return set_error(c, EMBPS_ERANGE, "index %lld out of range [0, %llu) "
+                       "of table \"%s\"", (long long)idx[i],
+                       (unsigned long long)s->rows, s->name);
+    const float *r = vals + i * dim;
+    for (uint32_t j = 0; j < dim; j++)
+      if (!isfinite(r[j]))
+        return set_error(c, EMBPS_ENONFINITE, "non-finite gradient value at "
+                         "position %zu (index %lld)", i, (long long)idx[i]);
+  }
+  return 0;
+}
+
+static int push_async(embps_client_t *c, const char *table,
+                      const int64_t *indices, size_t n, const float *values,
+                      uint32_t dim, unsigned flags, uint64_t step,
+                      embps_ticket_t **ticket) {
+  *ticket = NULL;
+  int rc = check_name(c, table);
+  if (rc)
+    return rc;
+  if (dim == 0 || dim > EMBPS_DIM_MAX || n > UINT32_MAX)
+    return set_error(c, EMBPS_EINVAL, "bad dim or count");
+  if (c->n > 1) { /* cross-server atomicity needs the checks up front */
+    const embps_table_spec_t *spec = NULL;
+    rc = table_spec(c, table, &spec);
+    if (!rc)
+      rc = check_push(c, spec, indices, n, values, dim);
+    if (rc)
+      return rc;
+  }
+  embps_ticket_t *t = ticket_new(OP_PUSH, c->n);
+  if (!t)
+    return set_error(c, -ENOMEM, "out of memory");
+  t->dim = dim;
+  push_src_t src = {indices, values};
+  if (flags & EMBPS_PUSH_MERGE) {
+    t->m_idx = malloc((n ? n : 1) * sizeof *t->m_idx);
+    t->m_vals = malloc((n ? n : 1) * dim * sizeof *t->m_vals);
+    int64_t k = t->m_idx && t->m_vals
+                    ? embps_merge_rows(&c->dedup, indices, values, n, dim,
+                                       t->m_idx, t->m_vals)
+                    : -ENOMEM;
+    if (k < 0) {
+      ticket_free(t);
+      return set_error(c, -ENOMEM, "out of memory");
+    }
+    n = (size_t)k;
+    src.idx = t->m_idx;
+    src.vals = t->m_vals;
+  }
+  if (c->n > 1) {
+    if (split_by_server(c, t, src.idx, n)) {
+      ticket_free(t);
+      return set_error(c, -ENOMEM, "out of memory");
+    }
+  } else {
+    t->parts[0].n = n;
+  }
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PUSH;
+  strcpy(m.u.push.table, table);
+  m.u.push.dim = dim;
+  m.u.push.client_id = c->client_id;
+  m.u.push.seq = ++c->seq;
+  m.u.push.step = step;
+  send_parts(c, t, &m, push_bulk_len, push_fill, &src, 1);
+  *ticket = t;
+  return 0;
+}
+
+int embps_push_async(embps_client_t *c, const char *table,
+                     const int64_t *indices, size_t n, const float *values,
+                     uint32_t dim, unsigned flags, embps_ticket_t **ticket) {
+  return push_async(c, table, indices, n, values, dim, flags, 0, ticket);
+}
+
+int embps_push(embps_client_t *c, const char *table, const int64_t *indices,
+               size_t n, const float *values, uint32_t dim, unsigned flags) {
+  embps_ticket_t *t;
+  int rc = push_async(c, table, indices, n, values, dim, flags, 0, &t);
+  return rc ? rc : embps_wait(c, t);
+}
+
+int embps_push_step(embps_client_t *c, const char *table,
+                    const int64_t *indices, size_t n, const float *values,
+                    uint32_t dim, unsigned flags, uint64_t step) {
+  embps_ticket_t *t;
+  int rc = push_async(c, table, indices, n, values, dim, flags, step, &t);
+  return rc ? rc : embps_wait(c, t);
+}
+
+/* ------------------------------------------------------------ wait */
+
+int embps_wait(embps_client_t *c, embps_ticket_t *t) {
+  if (!t)
+    return set_error(c, EMBPS_EINVAL, "no ticket");
+  int rc = ticket_run(c, t);
+  if (!rc && t->op == OP_PULL && t->urows != t->out)
+    embps_lookup(t->urows, t->dim, t->inverse, t->n, t->out);
+  if (rc)
+    set_error(c, rc, "%s", t->error[0] ? t->error : embps_strerror(rc));
+  ticket_free(t);
+  return rc;
+}

@@ -1,0 +1,115 @@
+/* merge.c - see merge.h. */
+#include "merge.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embps/embps.h"
+#include "route.h"
+
+#define EMPTY UINT32_MAX
+
+void embps_dedup_init(embps_dedup_t *d) {
+  d->slots = NULL;
+  d->cap = 0;
+}
+
+void embps_dedup_close(embps_dedup_t *d) {
+  free(d->slots);
+  embps_dedup_init(d);
+}
+
+/* Sizes the table for n keys at load <= 1/2 and clears it. */
+static int prepare(embps_dedup_t *d, size_t n) {
+  size_t want = 16;
+  while (want < 2 * n)
+    want <<= 1;
+  if (want > d->cap) {
+    uint32_t *s = malloc(want * sizeof *s);
+    if (!s)
+      return -ENOMEM;
+    free(d->slots);
+    d->slots = s;
+    d->cap = want;
+  }
+  memset(d->slots, 0xff, want * sizeof *d->slots);
+  return (int)__builtin_ctzll(want);
+}
+
+int64_t embps_dedup_ids(embps_dedup_t *d, const int64_t *ids, size_t n,
+                        int64_t *unique_out, uint32_t *inverse_out) {
+  int bits = prepare(d, n);
+  if (bits < 0)
+    return bits;
+  const uint64_t mask = (1ULL << bits) - 1;
+  uint32_t *slots = d->slots;
+  uint32_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    int64_t id = ids[i];
+    uint64_t h = embps_mix64((uint64_t)id) & mask;
+    for (;;) {
+      uint32_t s = slots[h];
+      if (s == EMPTY) {
+        slots[h] = k;
+        unique_out[k] = id;
+        if (inverse_out)
+          inverse_out[i] = k;
+        k++;
+        break;
+      }
+      if (unique_out[s] == id) {
+        if (inverse_out)
+          inverse_out[i] = s;
+        break;
+      }
+      h = (h + 1) & mask;
+    }
+  }
+  return k;
+}
+
+int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
+                         const float *vals, size_t n, uint32_t dim,
+                         int64_t *uidx, float *uvals) {
+  int bits = prepare(d, n);
+  if (bits < 0)
+    return bits;
+  const uint64_t mask = (1ULL << bits) - 1;
+  uint32_t *slots = d->slots;
+  uint32_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    int64_t id = idx[i];
+    const float *src = vals + i * (size_t)dim;
+    uint64_t h = embps_mix64((uint64_t)id) & mask;
+    for (;;) {
+      uint32_t s = slots[h];
+      if (s == EMPTY) {
+        slots[h] = k;
+        uidx[k] = id;
+        float *dst = uvals + (size_t)k * dim;
+        if (dst != src)
+          memmove(dst, src, (size_t)dim * sizeof(float));
+        k++;
+        break;
+      }
+      if (uidx[s] == id) {
+        float *dst = uvals + (size_t)s * dim;
+        for (uint32_t j = 0; j < dim; j++)
+          dst[j] += src[j];
+        break;
+      }
+      h = (h + 1) & mask;
+    }
+  }
+  return k;
+}
+
+int64_t embps_unique(const int64_t *ids, size_t n, int64_t *unique_out,
+                     uint32_t *inverse_out) {
+  embps_dedup_t d;
+  embps_dedup_init(&d);
+  int64_t k = embps_dedup_ids(&d, ids, n, unique_out, inverse_out);
+  embps_dedup_close(&d);
+  return k;
+}

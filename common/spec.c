@@ -1,0 +1,139 @@
+/* spec.c - table specs: defaults, validation and optimizer names. The server
+ * runs embps_table_spec_check() on every create, the client before sending. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "embps/embps.h"
+
+static const char *const optimizer_names[] = {"sgd", "adagrad", "adam",
+                                              "ftrl"};
+
+const char *embps_optimizer_name(embps_optimizer_t opt) {
+  if ((unsigned)opt < sizeof optimizer_names / sizeof *optimizer_names)
+    return optimizer_names[opt];
+  return "unknown";
+}
+
+int embps_optimizer_parse(const char *s, embps_optimizer_t *out) {
+  for (unsigned i = 0; i < sizeof optimizer_names / sizeof *optimizer_names;
+       i++) {
+    if (strcmp(s, optimizer_names[i]) == 0) {
+      *out = (embps_optimizer_t)i;
+      return 0;
+    }
+  }
+  return EMBPS_EINVAL;
+}
+
+void embps_table_spec_init(embps_table_spec_t *spec, const char *name,
+                           uint32_t dim, embps_optimizer_t optimizer) {
+  memset(spec, 0, sizeof *spec);
+  if (name)
+    snprintf(spec->name, sizeof spec->name, "%s", name);
+  spec->dim = dim;
+  spec->optimizer = optimizer;
+  spec->lr = 0.01;
+  spec->beta1 = 0.9;
+  spec->beta2 = 0.999;
+  spec->lr_power = -0.5;
+  switch (optimizer) {
+  case EMBPS_OPT_ADAGRAD:
+    spec->eps = 1e-10;
+    break;
+  case EMBPS_OPT_ADAM:
+    spec->eps = 1e-8;
+    break;
+  case EMBPS_OPT_FTRL:
+    spec->initial_accumulator = 0.1;
+    break;
+  default:
+    break;
+  }
+  spec->init = EMBPS_INIT_ZEROS;
+}
+
+static int refuse(char *why, size_t why_len, const char *fmt, ...) {
+  if (why && why_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+  }
+  return EMBPS_EPARAM;
+}
+
+static int name_ok(const char *name) {
+  size_t n = strnlen(name, EMBPS_TABLE_NAME_MAX);
+  if (n == 0 || n >= EMBPS_TABLE_NAME_MAX)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
+      return 0;
+  }
+  return 1;
+}
+
+int embps_table_spec_check(const embps_table_spec_t *s, char *why,
+                           size_t why_len) {
+  if (!name_ok(s->name))
+    return refuse(why, why_len,
+                  "table name must be 1-127 characters of [A-Za-z0-9_.-]");
+  if (s->dim == 0 || s->dim > EMBPS_DIM_MAX)
+    return refuse(why, why_len, "dim %u out of range [1, %u]", s->dim,
+                  EMBPS_DIM_MAX);
+  if (s->dynamic && s->rows)
+    return refuse(why, why_len, "a table is either --rows N or --dynamic");
+  if (!s->dynamic && s->rows == 0)
+    return refuse(why, why_len, "a dense table needs rows > 0");
+  if (!s->dynamic && s->rows > (1ULL << 40))
+    return refuse(why, why_len, "rows %llu too large for a dense table "
+                  "(max 2^40; use --dynamic)", (unsigned long long)s->rows);
+  if ((unsigned)s->optimizer > EMBPS_OPT_FTRL)
+    return refuse(why, why_len, "unknown optimizer %u", (unsigned)s->optimizer);
+  const double params[] = {s->lr, s->eps, s->beta1, s->beta2,
+                           s->initial_accumulator, s->l1, s->l2, s->lr_power,
+                           s->weight_decay, s->init_value};
+  for (size_t i = 0; i < sizeof params / sizeof *params; i++)
+    if (!isfinite(params[i]))
+      return refuse(why, why_len, "table parameters must be finite");
+  if (s->lr <= 0)
+    return refuse(why, why_len, "lr must be > 0 (got %g)", s->lr);
+  if (s->eps < 0)
+    return refuse(why, why_len, "eps must be >= 0 (got %g)", s->eps);
+  if (s->beta1 < 0 || s->beta1 >= 1)
+    return refuse(why, why_len, "beta1 must be in [0, 1) (got %g)", s->beta1);
+  if (s->beta2 < 0 || s->beta2 >= 1)
+    return refuse(why, why_len, "beta2 must be in [0, 1) (got %g)", s->beta2);
+  if (s->initial_accumulator < 0)
+    return refuse(why, why_len, "initial-accumulator must be >= 0 (got %g)",
+                  s->initial_accumulator);
+  if (s->optimizer == EMBPS_OPT_FTRL && s->initial_accumulator <= 0)
+    return refuse(why, why_len, "ftrl needs initial-accumulator > 0 (got %g)",
+                  s->initial_accumulator);
+  if (s->l1 < 0 || s->l2 < 0)
+    return refuse(why, why_len, "l1 and l2 must be >= 0");
+  if (s->lr_power > 0)
+    return refuse(why, why_len, "lr-power must be <= 0 (got %g)", s->lr_power);
+  if (s->weight_decay < 0)
+    return refuse(why, why_len, "weight-decay must be >= 0 (got %g)",
+                  s->weight_decay);
+  if ((unsigned)s->init > EMBPS_INIT_NORMAL)
+    return refuse(why, why_len, "unknown init %u", (unsigned)s->init);
+  if ((s->init == EMBPS_INIT_UNIFORM || s->init == EMBPS_INIT_NORMAL) &&
+      s->init_value < 0)
+    return refuse(why, why_len, "init scale must be >= 0");
+  if (s->dtype != EMBPS_DTYPE_F32)
+    return refuse(why, why_len, "unknown dtype %u", (unsigned)s->dtype);
+  if (s->sync_workers > 4096)
+    return refuse(why, why_len, "sync-workers %u too large (max 4096)",
+                  s->sync_workers);
+  if (s->has_padding && !s->dynamic &&
+      (s->padding_id < 0 || (uint64_t)s->padding_id >= s->rows))
+    return refuse(why, why_len, "padding id %lld outside [0, %llu)",
+                  (long long)s->padding_id, (unsigned long long)s->rows);
+  return 0;
+}

@@ -1,0 +1,81 @@
+/* util.c - see util.h. */
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "embps/embps.h"
+
+uint64_t embps_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+int embps_parse_hostport(const char *s, char *host, size_t cap, int *port) {
+  const char *colon;
+  const char *h = s;
+  size_t hl;
+  if (s[0] == '[') {
+    const char *end = strchr(s, ']');
+    if (!end || end[1] != ':')
+      return EMBPS_EINVAL;
+    h = s + 1;
+    hl = (size_t)(end - h);
+    colon = end + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon)
+      return EMBPS_EINVAL;
+    hl = (size_t)(colon - s);
+  }
+  if (hl == 0 || hl >= cap)
+    return EMBPS_EINVAL;
+  char *endp;
+  errno = 0;
+  long p = strtol(colon + 1, &endp, 10);
+  if (errno || *endp || endp == colon + 1 || p < 0 || p > 65535)
+    return EMBPS_EINVAL;
+  memcpy(host, h, hl);
+  host[hl] = 0;
+  *port = (int)p;
+  return 0;
+}
+
+int embps_read_file(const char *path, char **data, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return -errno;
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n + 65536 + 1 > cap) {
+      size_t ncap = cap ? cap * 2 : 65536 + 1;
+      char *nb = realloc(buf, ncap);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return -ENOMEM;
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    size_t got = fread(buf + n, 1, cap - n - 1, f);
+    n += got;
+    if (got == 0)
+      break;
+  }
+  int err = ferror(f) ? -EIO : 0;
+  fclose(f);
+  if (err) {
+    free(buf);
+    return err;
+  }
+  buf[n] = 0;
+  *data = buf;
+  *len = n;
+  return 0;
+}

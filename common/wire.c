@@ -1,0 +1,550 @@
+/* wire.c - embps_msg_t <-> protobuf-c (see wire.h). Decoding copies every
+ * field into fixed-size C storage and checks its bounds, so nothing after
+ * this layer sees a protobuf pointer or an unbounded string. */
+#include "wire.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embps.pb-c.h"
+
+/* ---- table specs ---- */
+
+static void spec_to_pb(const embps_table_spec_t *s, Embps__TableSpec *p) {
+  embps__table_spec__init(p);
+  p->name = (char *)s->name;
+  p->dim = s->dim;
+#define SET_(field, value)                                                     \
+  do {                                                                         \
+    p->has_##field = 1;                                                        \
+    p->field = (value);                                                        \
+  } while (0)
+  SET_(rows, s->rows);
+  SET_(dynamic, s->dynamic != 0);
+  SET_(optimizer, (uint32_t)s->optimizer);
+  SET_(lr, s->lr);
+  SET_(eps, s->eps);
+  SET_(beta1, s->beta1);
+  SET_(beta2, s->beta2);
+  SET_(initial_accumulator, s->initial_accumulator);
+  SET_(l1, s->l1);
+  SET_(l2, s->l2);
+  SET_(lr_power, s->lr_power);
+  SET_(weight_decay, s->weight_decay);
+  SET_(init, (uint32_t)s->init);
+  SET_(init_value, s->init_value);
+  SET_(seed, s->seed);
+  SET_(has_padding, s->has_padding != 0);
+  SET_(padding_id, s->padding_id);
+  SET_(dtype, (uint32_t)s->dtype);
+  SET_(sync_workers, s->sync_workers);
+#undef SET_
+}
+
+static int copy_name(char *dst, const char *src) {
+  size_t n = src ? strlen(src) : 0;
+  if (n == 0 || n >= EMBPS_TABLE_NAME_MAX)
+    return EMBPS_EPROTO;
+  memcpy(dst, src, n + 1);
+  return 0;
+}
+
+/* Missing optional fields take the optimizer's defaults. */
+static int spec_from_pb(const Embps__TableSpec *p, embps_table_spec_t *s) {
+  embps_optimizer_t opt = p->has_optimizer ? (embps_optimizer_t)p->optimizer
+                                           : EMBPS_OPT_SGD;
+  embps_table_spec_init(s, NULL, p->dim, opt);
+  if (copy_name(s->name, p->name))
+    return EMBPS_EPROTO;
+#define GET_(field)                                                            \
+  do {                                                                         \
+    if (p->has_##field)                                                        \
+      s->field = p->field;                                                     \
+  } while (0)
+  GET_(rows);
+  GET_(dynamic);
+  GET_(lr);
+  GET_(eps);
+  GET_(beta1);
+  GET_(beta2);
+  GET_(initial_accumulator);
+  GET_(l1);
+  GET_(l2);
+  GET_(lr_power);
+  GET_(weight_decay);
+  GET_(init_value);
+  GET_(seed);
+  GET_(has_padding);
+  GET_(padding_id);
+  GET_(sync_workers);
+#undef GET_
+  if (p->has_init)
+    s->init = (embps_init_t)p->init;
+  if (p->has_dtype)
+    s->dtype = (embps_dtype_t)p->dtype;
+  return 0;
+}
+
+static void info_to_pb(const embps_table_info_t *i, Embps__TableInfo *p,
+                       Embps__TableSpec *sp) {
+  embps__table_info__init(p);
+  spec_to_pb(&i->spec, sp);
+  p->spec = sp;
+  p->has_rows_allocated = p->has_bytes_used = p->has_pushes = p->has_pulls =
+      p->has_step = 1;
+  p->rows_allocated = i->rows_allocated;
+  p->bytes_used = i->bytes_used;
+  p->pushes = i->pushes;
+  p->pulls = i->pulls;
+  p->step = i->step;
+}
+
+static int info_from_pb(const Embps__TableInfo *p, embps_table_info_t *i) {
+  memset(i, 0, sizeof *i);
+  if (!p->spec || spec_from_pb(p->spec, &i->spec))
+    return EMBPS_EPROTO;
+  i->rows_allocated = p->rows_allocated;
+  i->bytes_used = p->bytes_used;
+  i->pushes = p->pushes;
+  i->pulls = p->pulls;
+  i->step = p->step;
+  return 0;
+}
+
+/* Packs a list of infos into freshly allocated protobuf views. */
+typedef struct {
+  Embps__TableInfo *infos;
+  Embps__TableSpec *specs;
+  Embps__TableInfo **ptrs;
+} info_views_t;
+
+static int views_make(info_views_t *v, const embps_table_info_t *src,
+                      size_t n) {
+  v->infos = calloc(n ? n : 1, sizeof *v->infos);
+  v->specs = calloc(n ? n : 1, sizeof *v->specs);
+  v->ptrs = calloc(n ? n : 1, sizeof *v->ptrs);
+  if (!v->infos || !v->specs || !v->ptrs) {
+    free(v->infos);
+    free(v->specs);
+    free(v->ptrs);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    info_to_pb(&src[i], &v->infos[i], &v->specs[i]);
+    v->ptrs[i] = &v->infos[i];
+  }
+  return 0;
+}
+
+static void views_free(info_views_t *v) {
+  free(v->infos);
+  free(v->specs);
+  free(v->ptrs);
+}
+
+static int infos_from_pb(Embps__TableInfo **src, size_t n,
+                         embps_table_info_t **out) {
+  *out = calloc(n ? n : 1, sizeof **out);
+  if (!*out)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    if (info_from_pb(src[i], &(*out)[i])) {
+      free(*out);
+      *out = NULL;
+      return EMBPS_EPROTO;
+    }
+  }
+  return 0;
+}
+
+/* ---- generic pack: build the protobuf view of m, then size or pack it ---- */
+
+/* Calls protobuf's packer on the view of m: with out == NULL it returns the
+ * packed size, otherwise it packs into out. */
+static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
+  size_t r = 0;
+#define RUN_(type, var) (out ? embps__##type##__pack(&var, out)                \
+                             : embps__##type##__get_packed_size(&var))
+  switch (m->kind) {
+  case EMBPS_KIND_HELLO: {
+    Embps__Hello p = EMBPS__HELLO__INIT;
+    p.version = m->u.hello.version;
+    if (m->u.hello.token_len) {
+      p.has_token = 1;
+      p.token.data = (uint8_t *)m->u.hello.token;
+      p.token.len = m->u.hello.token_len;
+    }
+    r = RUN_(hello, p);
+    break;
+  }
+  case EMBPS_KIND_HELLO | EMBPS_KIND_REPLY: {
+    Embps__HelloReply p = EMBPS__HELLO_REPLY__INIT;
+    p.version = m->u.hello_reply.version;
+    p.has_cluster_size = p.has_cluster_index = p.has_max_frame_bytes = 1;
+    p.cluster_size = m->u.hello_reply.cluster_size;
+    p.cluster_index = m->u.hello_reply.cluster_index;
+    p.max_frame_bytes = m->u.hello_reply.max_frame_bytes;
+    p.server_version = (char *)m->u.hello_reply.server_version;
+    r = RUN_(hello_reply, p);
+    break;
+  }
+  case EMBPS_KIND_ERROR: {
+    Embps__Error p = EMBPS__ERROR__INIT;
+    p.code = m->u.error.code;
+    p.message = (char *)m->u.error.message;
+    r = RUN_(error, p);
+    break;
+  }
+  case EMBPS_KIND_CREATE: {
+    Embps__CreateTable p = EMBPS__CREATE_TABLE__INIT;
+    Embps__TableSpec s;
+    spec_to_pb(&m->u.spec, &s);
+    p.spec = &s;
+    r = RUN_(create_table, p);
+    break;
+  }
+  case EMBPS_KIND_DROP: {
+    Embps__DropTable p = EMBPS__DROP_TABLE__INIT;
+    p.name = (char *)m->u.name;
+    r = RUN_(drop_table, p);
+    break;
+  }
+  case EMBPS_KIND_DESCRIBE: {
+    Embps__DescribeTable p = EMBPS__DESCRIBE_TABLE__INIT;
+    p.name = (char *)m->u.name;
+    r = RUN_(describe_table, p);
+    break;
+  }
+  case EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY: {
+    Embps__TableInfo p;
+    Embps__TableSpec s;
+    info_to_pb(&m->u.info, &p, &s);
+    r = RUN_(table_info, p);
+    break;
+  }
+  case EMBPS_KIND_LIST | EMBPS_KIND_REPLY: {
+    Embps__TableList p = EMBPS__TABLE_LIST__INIT;
+    info_views_t v;
+    if (views_make(&v, m->u.list.v, m->u.list.n))
+      return 0;
+    p.n_tables = m->u.list.n;
+    p.tables = v.ptrs;
+    r = RUN_(table_list, p);
+    views_free(&v);
+    break;
+  }
+  case EMBPS_KIND_PULL: {
+    Embps__Pull p = EMBPS__PULL__INIT;
+    p.table = (char *)m->u.pull.table;
+    p.n_ids = m->u.pull.n_ids;
+    p.dim = m->u.pull.dim;
+    r = RUN_(pull, p);
+    break;
+  }
+  case EMBPS_KIND_PULL | EMBPS_KIND_REPLY: {
+    Embps__PullReply p = EMBPS__PULL_REPLY__INIT;
+    p.n_rows = m->u.pull_reply.n_rows;
+    p.dim = m->u.pull_reply.dim;
+    r = RUN_(pull_reply, p);
+    break;
+  }
+  case EMBPS_KIND_PUSH: {
+    Embps__Push p = EMBPS__PUSH__INIT;
+    const embps_push_t *q = &m->u.push;
+    p.table = (char *)q->table;
+    p.n = q->n;
+    p.dim = q->dim;
+    p.has_dense_rows = p.has_client_id = p.has_seq = p.has_step = 1;
+    p.dense_rows = q->dense_rows;
+    p.client_id = q->client_id;
+    p.seq = q->seq;
+    p.step = q->step;
+    r = RUN_(push, p);
+    break;
+  }
+  case EMBPS_KIND_PUSH | EMBPS_KIND_REPLY: {
+    Embps__PushReply p = EMBPS__PUSH_REPLY__INIT;
+    p.applied = m->u.push_reply.applied != 0;
+    p.has_n_unique = p.has_duplicate = 1;
+    p.n_unique = m->u.push_reply.n_unique;
+    p.duplicate = m->u.push_reply.duplicate != 0;
+    r = RUN_(push_reply, p);
+    break;
+  }
+  case EMBPS_KIND_STATS | EMBPS_KIND_REPLY: {
+    const embps_server_stats_t *s = &m->u.stats;
+    Embps__StatsReply p = EMBPS__STATS_REPLY__INIT;
+    info_views_t v;
+    if (views_make(&v, s->tables, s->n_tables))
+      return 0;
+#define STAT_(f)                                                               \
+  do {                                                                         \
+    p.has_##f = 1;                                                             \
+    p.f = s->f;                                                                \
+  } while (0)
+    STAT_(cluster_size);
+    STAT_(cluster_index);
+    STAT_(io_threads);
+    STAT_(shards);
+    STAT_(uptime_ms);
+    STAT_(connections);
+    STAT_(requests);
+    STAT_(pulls);
+    STAT_(pushes);
+    STAT_(pull_rows);
+    STAT_(push_rows);
+    STAT_(errors);
+    STAT_(bytes_in);
+    STAT_(bytes_out);
+#undef STAT_
+    p.version = (char *)s->version;
+    p.n_tables = s->n_tables;
+    p.tables = v.ptrs;
+    r = RUN_(stats_reply, p);
+    views_free(&v);
+    break;
+  }
+  case EMBPS_KIND_LIST:
+  case EMBPS_KIND_STATS:
+  case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_DROP | EMBPS_KIND_REPLY: {
+    Embps__Ack p = EMBPS__ACK__INIT;
+    r = RUN_(ack, p);
+    break;
+  }
+  default:
+    break;
+  }
+#undef RUN_
+  return r;
+}
+
+size_t embps_msg_size(const embps_msg_t *m) { return pack_or_size(m, NULL); }
+
+void embps_msg_pack(const embps_msg_t *m, uint8_t *out) {
+  pack_or_size(m, out);
+}
+
+/* ---- unpack ---- */
+
+static int bounded_copy(char *dst, size_t cap, const char *src) {
+  size_t n = src ? strlen(src) : 0;
+  if (n >= cap)
+    return EMBPS_EPROTO;
+  memcpy(dst, src ? src : "", n + 1);
+  return 0;
+}
+
+int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
+                     embps_msg_t *m) {
+  memset(m, 0, sizeof *m);
+  m->kind = kind;
+  int rc = EMBPS_EPROTO;
+#define UNPACK_(type, var)                                                     \
+  __typeof__(embps__##type##__unpack(NULL, 0, NULL)) var =                    \
+      embps__##type##__unpack(NULL, len, meta);                                \
+  if (!var)                                                                    \
+    return EMBPS_EPROTO
+#define FREE_(type, var) embps__##type##__free_unpacked(var, NULL)
+  switch (kind) {
+  case EMBPS_KIND_HELLO: {
+    UNPACK_(hello, p);
+    rc = 0;
+    m->u.hello.version = p->version;
+    if (p->has_token) {
+      if (p->token.len > EMBPS_TOKEN_MAX)
+        rc = EMBPS_EPROTO;
+      else {
+        memcpy(m->u.hello.token, p->token.data, p->token.len);
+        m->u.hello.token_len = p->token.len;
+      }
+    }
+    FREE_(hello, p);
+    break;
+  }
+  case EMBPS_KIND_HELLO | EMBPS_KIND_REPLY: {
+    UNPACK_(hello_reply, p);
+    m->u.hello_reply.version = p->version;
+    m->u.hello_reply.cluster_size = p->cluster_size;
+    m->u.hello_reply.cluster_index = p->cluster_index;
+    m->u.hello_reply.max_frame_bytes = p->max_frame_bytes;
+    snprintf(m->u.hello_reply.server_version,
+             sizeof m->u.hello_reply.server_version, "%s",
+             p->server_version ? p->server_version : "");
+    rc = 0;
+    FREE_(hello_reply, p);
+    break;
+  }
+  case EMBPS_KIND_ERROR: {
+    UNPACK_(error, p);
+    m->u.error.code = p->code;
+    snprintf(m->u.error.message, sizeof m->u.error.message, "%s",
+             p->message ? p->message : "");
+    rc = 0;
+    FREE_(error, p);
+    break;
+  }
+  case EMBPS_KIND_CREATE: {
+    UNPACK_(create_table, p);
+    rc = p->spec ? spec_from_pb(p->spec, &m->u.spec) : EMBPS_EPROTO;
+    FREE_(create_table, p);
+    break;
+  }
+  case EMBPS_KIND_DROP: {
+    UNPACK_(drop_table, p);
+    rc = copy_name(m->u.name, p->name);
+    FREE_(drop_table, p);
+    break;
+  }
+  case EMBPS_KIND_DESCRIBE: {
+    UNPACK_(describe_table, p);
+    rc = copy_name(m->u.name, p->name);
+    FREE_(describe_table, p);
+    break;
+  }
+  case EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY: {
+    UNPACK_(table_info, p);
+    rc = info_from_pb(p, &m->u.info);
+    FREE_(table_info, p);
+    break;
+  }
+  case EMBPS_KIND_LIST | EMBPS_KIND_REPLY: {
+    UNPACK_(table_list, p);
+    rc = infos_from_pb(p->tables, p->n_tables, &m->u.list.v);
+    m->u.list.n = rc ? 0 : p->n_tables;
+    FREE_(table_list, p);
+    break;
+  }
+  case EMBPS_KIND_PULL: {
+    UNPACK_(pull, p);
+    rc = copy_name(m->u.pull.table, p->table);
+    m->u.pull.n_ids = p->n_ids;
+    m->u.pull.dim = p->dim;
+    FREE_(pull, p);
+    break;
+  }
+  case EMBPS_KIND_PULL | EMBPS_KIND_REPLY: {
+    UNPACK_(pull_reply, p);
+    m->u.pull_reply.n_rows = p->n_rows;
+    m->u.pull_reply.dim = p->dim;
+    rc = 0;
+    FREE_(pull_reply, p);
+    break;
+  }
+  case EMBPS_KIND_PUSH: {
+    UNPACK_(push, p);
+    embps_push_t *q = &m->u.push;
+    rc = copy_name(q->table, p->table);
+    q->n = p->n;
+    q->dim = p->dim;
+    q->dense_rows = p->dense_rows;
+    q->client_id = p->client_id;
+    q->seq = p->seq;
+    q->step = p->step;
+    FREE_(push, p);
+    break;
+  }
+  case EMBPS_KIND_PUSH | EMBPS_KIND_REPLY: {
+    UNPACK_(push_reply, p);
+    m->u.push_reply.applied = p->applied;
+    m->u.push_reply.n_unique = p->n_unique;
+    m->u.push_reply.duplicate = p->duplicate;
+    rc = 0;
+    FREE_(push_reply, p);
+    break;
+  }
+  case EMBPS_KIND_STATS | EMBPS_KIND_REPLY: {
+    UNPACK_(stats_reply, p);
+    embps_server_stats_t *s = &m->u.stats;
+#define STAT_(f) s->f = p->f
+    STAT_(cluster_size);
+    STAT_(cluster_index);
+    STAT_(io_threads);
+    STAT_(shards);
+    STAT_(uptime_ms);
+    STAT_(connections);
+    STAT_(requests);
+    STAT_(pulls);
+    STAT_(pushes);
+    STAT_(pull_rows);
+    STAT_(push_rows);
+    STAT_(errors);
+    STAT_(bytes_in);
+    STAT_(bytes_out);
+#undef STAT_
+    rc = bounded_copy(s->version, sizeof s->version, p->version);
+    if (!rc)
+      rc = infos_from_pb(p->tables, p->n_tables, &s->tables);
+    s->n_tables = rc ? 0 : p->n_tables;
+    FREE_(stats_reply, p);
+    break;
+  }
+  case EMBPS_KIND_LIST:
+  case EMBPS_KIND_STATS:
+  case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_DROP | EMBPS_KIND_REPLY: {
+    UNPACK_(ack, p);
+    rc = 0;
+    FREE_(ack, p);
+    break;
+  }
+  default:
+    return EMBPS_EKIND;
+  }
+#undef UNPACK_
+#undef FREE_
+  if (rc)
+    embps_msg_free(m);
+  return rc;
+}
+
+void embps_msg_free(embps_msg_t *m) {
+  if (m->kind == (EMBPS_KIND_LIST | EMBPS_KIND_REPLY)) {
+    free(m->u.list.v);
+    m->u.list.v = NULL;
+    m->u.list.n = 0;
+  } else if (m->kind == (EMBPS_KIND_STATS | EMBPS_KIND_REPLY)) {
+    free(m->u.stats.tables);
+    m->u.stats.tables = NULL;
+    m->u.stats.n_tables = 0;
+  }
+}
+
+/* ---- frames ---- */
+
+int embps_frame_build(const embps_msg_t *m, uint32_t req_id, size_t bulk_len,
+                      uint8_t **frame, size_t *frame_len, size_t *bulk_off) {
+  size_t meta_len = embps_msg_size(m);
+  size_t off = embps_bulk_offset(meta_len);
+  size_t body = off + bulk_len;
+  if (body > UINT32_MAX)
+    return EMBPS_EFRAMESIZE;
+  uint8_t *f = malloc(EMBPS_FRAME_HEADER_LEN + body);
+  if (!f)
+    return -ENOMEM;
+  embps_frame_header_t h = {.body_len = (uint32_t)body,
+                            .meta_len = (uint32_t)meta_len,
+                            .req_id = req_id,
+                            .kind = m->kind};
+  embps_frame_header_encode(&h, f);
+  embps_msg_pack(m, f + EMBPS_FRAME_HEADER_LEN);
+  memset(f + EMBPS_FRAME_HEADER_LEN + meta_len, 0, off - meta_len);
+  *frame = f;
+  *frame_len = EMBPS_FRAME_HEADER_LEN + body;
+  if (bulk_off)
+    *bulk_off = EMBPS_FRAME_HEADER_LEN + off;
+  return 0;
+}
+
+int embps_frame_error(uint32_t req_id, int code, const char *message,
+                      uint8_t **frame, size_t *frame_len) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_ERROR;
+  m.u.error.code = code;
+  snprintf(m.u.error.message, sizeof m.u.error.message, "%s",
+           message ? message : embps_strerror(code));
+  return embps_frame_build(&m, req_id, 0, frame, frame_len, NULL);
+}

@@ -1,0 +1,100 @@
+/* wire.h - the messages of the embps protocol as plain C structs, and their
+ * protobuf encoding. This is the only module that names protobuf-c's
+ * generated symbols; everything else speaks embps_msg_t.
+ *
+ * A frame = header (frame.h) + packed message + padding + bulk. Bulk layouts:
+ *   PULL        n_ids x int64 ids
+ *   PULL reply  n_rows x dim x float32
+ *   PUSH        n x int64 indices, then n x dim x float32 values
+ */
+#ifndef EMBPS_WIRE_H
+#define EMBPS_WIRE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embps/embps.h"
+#include "frame.h"
+
+#define EMBPS_TOKEN_MAX 256
+#define EMBPS_MESSAGE_MAX 512
+
+typedef struct {
+  uint32_t version;
+  size_t token_len;
+  char token[EMBPS_TOKEN_MAX];
+} embps_hello_t;
+
+typedef struct {
+  uint32_t version, cluster_size, cluster_index;
+  uint64_t max_frame_bytes;
+  char server_version[32];
+} embps_hello_reply_t;
+
+typedef struct {
+  int32_t code;
+  char message[EMBPS_MESSAGE_MAX];
+} embps_error_t;
+
+typedef struct {
+  char table[EMBPS_TABLE_NAME_MAX];
+  uint32_t n_ids, dim;
+} embps_pull_t;
+
+typedef struct {
+  uint32_t n_rows, dim;
+} embps_pull_reply_t;
+
+typedef struct {
+  char table[EMBPS_TABLE_NAME_MAX];
+  uint32_t n, dim;
+  uint64_t dense_rows, client_id, seq, step;
+} embps_push_t;
+
+typedef struct {
+  int applied, duplicate;
+  uint32_t n_unique;
+} embps_push_reply_t;
+
+typedef struct {
+  uint16_t kind; /* enum embps_kind, with EMBPS_KIND_REPLY for replies */
+  union {
+    embps_hello_t hello;             /* HELLO */
+    embps_hello_reply_t hello_reply; /* HELLO | REPLY */
+    embps_error_t error;             /* ERROR */
+    embps_table_spec_t spec;         /* CREATE */
+    char name[EMBPS_TABLE_NAME_MAX]; /* DROP, DESCRIBE */
+    embps_table_info_t info;         /* DESCRIBE | REPLY */
+    struct {
+      embps_table_info_t *v; /* malloc'd, freed by embps_msg_free */
+      size_t n;
+    } list;                          /* LIST | REPLY */
+    embps_pull_t pull;
+    embps_pull_reply_t pull_reply;
+    embps_push_t push;
+    embps_push_reply_t push_reply;
+    embps_server_stats_t stats;      /* STATS | REPLY; tables malloc'd */
+  } u;                               /* CREATE|DROP|LIST|STATS replies: none */
+} embps_msg_t;
+
+/* Packed size of m's meta, or 0 for an unknown kind. */
+size_t embps_msg_size(const embps_msg_t *m);
+/* Packs m into out (embps_msg_size(m) bytes). */
+void embps_msg_pack(const embps_msg_t *m, uint8_t *out);
+/* Decodes the meta of a frame of `kind` into m. Returns 0, EMBPS_EKIND for a
+ * kind with no message, or EMBPS_EPROTO for bytes that do not decode or
+ * fields out of their bounds. On success release m with embps_msg_free. */
+int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
+                     embps_msg_t *m);
+void embps_msg_free(embps_msg_t *m);
+
+/* Allocates a whole frame for m with room for bulk_len bulk bytes:
+ * *frame (malloc'd, *frame_len bytes) holds the header and meta, and
+ * *frame + *bulk_off is where the caller writes the bulk (8-byte aligned).
+ * Returns 0 or -ENOMEM. */
+int embps_frame_build(const embps_msg_t *m, uint32_t req_id, size_t bulk_len,
+                      uint8_t **frame, size_t *frame_len, size_t *bulk_off);
+
+/* An error frame for `code` with a printf-style message. */
+int embps_frame_error(uint32_t req_id, int code, const char *message,
+                      uint8_t **frame, size_t *frame_len);
+#endif

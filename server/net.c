@@ -1,0 +1,745 @@
+/* net.c - sockets and event loops (the threading model is in server.h).
+ *
+ * Accepting: the main loop polls a non-blocking listening socket and deals
+ * accepted fds round-robin to the I/O threads (Debian's libuv 1.44 has no
+ * SO_REUSEPORT flag, and round-robin balances better than a shared socket).
+ *
+ * Reading: small frames are parsed out of a per-connection staging buffer;
+ * once a frame's header is known, its body gets an exact-size buffer, and
+ * when most of a body is still to come libuv reads straight into it, so
+ * bulk arrays are copied once, by the kernel.
+ *
+ * Ordering: replies may leave out of order (each carries its request id),
+ * but a connection's requests take effect in order: pushes enter the apply
+ * FIFO as they arrive, and any other request waits until the connection's
+ * earlier pushes are applied, so a pull sees the pushes sent before it.
+ *
+ * Backpressure: a connection stops being read while it has more than
+ * WRITE_HIGH bytes of replies unsent or more than INFLIGHT_MAX requests
+ * unanswered, and resumes below half of that.
+ *
+ * Shutdown (SIGTERM/SIGINT): stop accepting and reading, finish every
+ * request already read, flush replies, close, stop the apply thread. */
+#define _GNU_SOURCE /* accept4 */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "server.h"
+
+#define STAGE_LEN (32u << 10)
+#define WRITE_HIGH (64u << 20)
+#define INFLIGHT_MAX 1024u
+#define SWEEP_MS 200
+
+typedef struct io_thread io_thread_t;
+
+struct embps_conn {
+  uv_tcp_t tcp;
+  io_thread_t *io;
+  embps_conn_t *prev, *next;
+  uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
+  size_t hdr_got;
+  embps_request_t *cur; /* frame being read, body allocated */
+  size_t body_got;
+  uint8_t *stage;
+  int authed, reading, closing, close_after_write, dead;
+  size_t write_pending;
+  uint32_t in_flight; /* pushes at the apply thread */
+  uint32_t n_waiting;
+  embps_request_t *wait_head, *wait_tail;
+  uint64_t last_active_ns;
+};
+
+struct io_thread {
+  embps_server_t *srv;
+  uv_loop_t loop;
+  uv_async_t wake;
+  uv_timer_t sweep;
+  pthread_t tid;
+  pthread_mutex_t mu;
+  int *fds;
+  size_t n_fds, cap_fds;
+  embps_request_t *done_head, *done_tail;
+  int draining, stopped;
+  embps_conn_t *conns;
+  embps_scratch_t scratch;
+};
+
+typedef struct {
+  embps_server_t srv;
+  uv_loop_t loop;
+  uv_poll_t listen_poll;
+  uv_signal_t sig_term, sig_int;
+  int listen_fd;
+  io_thread_t *io;
+  uint32_t next_io;
+  atomic_uint open_conns;
+} net_t;
+
+static net_t *the_net; /* one server per process */
+
+typedef struct {
+  uv_write_t w;
+  uint8_t *buf;
+  size_t len;
+} write_req_t;
+
+static void conn_close(embps_conn_t *c);
+static void conn_resume_maybe(embps_conn_t *c);
+static void run_waiting(embps_conn_t *c);
+
+/* ------------------------------------------------------------ writing */
+
+static void on_write(uv_write_t *w, int status) {
+  write_req_t *wr = (write_req_t *)w;
+  embps_conn_t *c = w->data;
+  c->write_pending -= wr->len;
+  free(wr->buf);
+  free(wr);
+  if (status < 0 && !c->closing) {
+    LOG_DEBUG("write failed: %s", uv_strerror(status));
+    conn_close(c);
+    return;
+  }
+  if (c->close_after_write && c->write_pending == 0)
+    conn_close(c);
+  else
+    conn_resume_maybe(c);
+}
+
+/* Sends req's reply (taking it) and frees req. */
+static void send_reply(embps_conn_t *c, embps_request_t *req) {
+  uint8_t *buf = req->reply;
+  size_t len = req->reply_len;
+  req->reply = NULL;
+  embps_request_free(req);
+  if (c->closing) {
+    free(buf);
+    return;
+  }
+  if (!buf || !len) { /* could not even build an error frame */
+    free(buf);
+    conn_close(c);
+    return;
+  }
+  write_req_t *wr = malloc(sizeof *wr);
+  if (!wr) {
+    free(buf);
+    conn_close(c);
+    return;
+  }
+  wr->buf = buf;
+  wr->len = len;
+  wr->w.data = c;
+  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+  c->write_pending += len;
+  atomic_fetch_add_explicit(&c->io->srv->counters.bytes_out, len,
+                            memory_order_relaxed);
+  int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+  if (rc) {
+    c->write_pending -= len;
+    free(buf);
+    free(wr);
+    conn_close(c);
+  }
+}
+
+/* ------------------------------------------------------------ requests */
+
+static void run_request(embps_conn_t *c, embps_request_t *req) {
+  embps_server_t *srv = c->io->srv;
+  switch (embps_dispatch(srv, req, &c->authed, &c->io->scratch)) {
+  case EMBPS_DISPATCH_DEFERRED:
+    c->in_flight++;
+    break;
+  case EMBPS_DISPATCH_CLOSE:
+    c->close_after_write = 1;
+    if (c->reading) {
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      c->reading = 0;
+    }
+    send_reply(c, req);
+    break;
+  case EMBPS_DISPATCH_REPLY:
+    send_reply(c, req);
+    break;
+  }
+}
+
+/* A request must wait while earlier requests of its connection wait, or
+ * while earlier pushes are being applied (unless it is a push itself, which
+ * the apply FIFO orders anyway). */
+static int must_wait(const embps_conn_t *c, const embps_request_t *req) {
+  return c->wait_head ||
+         (c->in_flight && req->hdr.kind != EMBPS_KIND_PUSH);
+}
+
+static void handle_frame(embps_conn_t *c, embps_request_t *req) {
+  req->conn = c;
+  if (must_wait(c, req)) {
+    req->next = NULL;
+    if (c->wait_tail)
+      c->wait_tail->next = req;
+    else
+      c->wait_head = req;
+    c->wait_tail = req;
+    c->n_waiting++;
+    return;
+  }
+  run_request(c, req);
+}
+
+static void run_waiting(embps_conn_t *c) {
+  while (c->wait_head && !c->closing && !c->close_after_write) {
+    embps_request_t *req = c->wait_head;
+    if (c->in_flight && req->hdr.kind != EMBPS_KIND_PUSH)
+      return;
+    c->wait_head = req->next;
+    if (!c->wait_head)
+      c->wait_tail = NULL;
+    c->n_waiting--;
+    run_request(c, req);
+  }
+}
+
+/* ------------------------------------------------------------ reading */
+
+static void fail_frame(embps_conn_t *c, int code, const char *msg) {
+  embps_request_t *req = calloc(1, sizeof *req);
+  if (!req) {
+    conn_close(c);
+    return;
+  }
+  req->conn = c;
+  embps_request_fail(c->io->srv, req, code, "%s", msg);
+  c->close_after_write = 1;
+  if (c->reading) {
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+  }
+  send_reply(c, req);
+}
+
+static void frame_complete(embps_conn_t *c) {
+  embps_request_t *req = c->cur;
+  c->cur = NULL;
+  c->hdr_got = 0;
+  c->body_got = 0;
+  handle_frame(c, req);
+}
+
+/* A header is complete: check it, then allocate the request and body. */
+static int start_frame(embps_conn_t *c) {
+  embps_server_t *srv = c->io->srv;
+  embps_frame_header_t h;
+  int rc = embps_frame_header_decode(c->hdr, srv->cfg.max_frame_bytes, &h);
+  if (rc == EMBPS_EFRAMESIZE) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "frame of %u bytes exceeds --max-frame-bytes "
+             "%llu", h.body_len, (unsigned long long)srv->cfg.max_frame_bytes);
+    fail_frame(c, rc, msg);
+    return -1;
+  }
+  if (rc) {
+    fail_frame(c, rc, "malformed frame header (not the embps protocol?)");
+    return -1;
+  }
+  embps_request_t *req = calloc(1, sizeof *req);
+  uint8_t *body = req ? malloc(h.body_len ? h.body_len : 1) : NULL;
+  if (!body) {
+    free(req);
+    fail_frame(c, EMBPS_ENOMEM, "out of memory for a request");
+    return -1;
+  }
+  req->hdr = h;
+  req->body = body;
+  c->cur = req;
+  c->body_got = 0;
+  if (h.body_len == 0)
+    frame_complete(c);
+  return 0;
+}
+
+/* Parses bytes read into the staging buffer. */
+static void consume(embps_conn_t *c, const uint8_t *p, size_t n) {
+  while (n && !c->closing && !c->close_after_write) {
+    if (!c->cur) {
+      size_t take = EMBPS_FRAME_HEADER_LEN - c->hdr_got;
+      if (take > n)
+        take = n;
+      memcpy(c->hdr + c->hdr_got, p, take);
+      c->hdr_got += take;
+      p += take;
+      n -= take;
+      if (c->hdr_got == EMBPS_FRAME_HEADER_LEN && start_frame(c))
+        return;
+    } else {
+      size_t take = c->cur->hdr.body_len - c->body_got;
+      if (take > n)
+        take = n;
+      memcpy(c->cur->body + c->body_got, p, take);
+      c->body_got += take;
+      p += take;
+      n -= take;
+      if (c->body_got == c->cur->hdr.body_len)
+        frame_complete(c);
+    }
+  }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  embps_conn_t *c = h->data;
+  if (c->cur && c->cur->hdr.body_len - c->body_got >= STAGE_LEN) {
+    buf->base = (char *)c->cur->body + c->body_got;
+    buf->len = c->cur->hdr.body_len - c->body_got;
+  } else {
+    buf->base = (char *)c->stage;
+    buf->len = STAGE_LEN;
+  }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  embps_conn_t *c = s->data;
+  if (nread < 0) {
+    if (nread != UV_EOF)
+      LOG_DEBUG("read failed: %s", uv_strerror((int)nread));
+    /* the peer is gone: nobody can read the replies still owed */
+    conn_close(c);
+    return;
+  }
+  if (nread == 0)
+    return;
+  c->last_active_ns = embps_now_ns();
+  atomic_fetch_add_explicit(&c->io->srv->counters.bytes_in, (uint64_t)nread,
+                            memory_order_relaxed);
+  if ((uint8_t *)buf->base == c->stage) {
+    consume(c, c->stage, (size_t)nread);
+  } else {
+    c->body_got += (size_t)nread;
+    if (c->body_got == c->cur->hdr.body_len)
+      frame_complete(c);
+  }
+  if (c->reading && (c->write_pending > WRITE_HIGH ||
+                     c->in_flight + c->n_waiting > INFLIGHT_MAX)) {
+    uv_read_stop(s);
+    c->reading = 0;
+  }
+}
+
+static void conn_resume_maybe(embps_conn_t *c) {
+  if (c->reading || c->closing || c->close_after_write || c->io->draining)
+    return;
+  if (c->write_pending <= WRITE_HIGH / 2 &&
+      c->in_flight + c->n_waiting <= INFLIGHT_MAX / 2) {
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+      c->reading = 1;
+  }
+}
+
+/* ------------------------------------------------------------ connections */
+
+static void conn_free(embps_conn_t *c) {
+  free(c->stage);
+  free(c);
+}
+
+static void on_close(uv_handle_t *h) {
+  embps_conn_t *c = h->data;
+  io_thread_t *io = c->io;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    io->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  atomic_fetch_sub(&the_net->open_conns, 1);
+  atomic_fetch_sub(&io->srv->counters.connections, 1);
+  if (c->cur)
+    embps_request_free(c->cur);
+  c->cur = NULL;
+  while (c->wait_head) {
+    embps_request_t *r = c->wait_head;
+    c->wait_head = r->next;
+    embps_request_free(r);
+  }
+  if (c->in_flight)
+    c->dead = 1; /* freed when the apply thread hands back the last one */
+  else
+    conn_free(c);
+}
+
+static void conn_close(embps_conn_t *c) {
+  if (c->closing)
+    return;
+  c->closing = 1;
+  c->reading = 0;
+  uv_close((uv_handle_t *)&c->tcp, on_close);
+}
+
+static void conn_open(io_thread_t *io, int fd) {
+  embps_conn_t *c = calloc(1, sizeof *c);
+  if (c)
+    c->stage = malloc(STAGE_LEN);
+  if (!c || !c->stage) {
+    free(c);
+    close(fd);
+    atomic_fetch_sub(&the_net->open_conns, 1);
+    return;
+  }
+  c->io = io;
+  c->tcp.data = c;
+  uv_tcp_init(&io->loop, &c->tcp);
+  if (uv_tcp_open(&c->tcp, fd)) {
+    close(fd);
+    c->closing = 1;
+    atomic_fetch_add(&io->srv->counters.connections, 1);
+    uv_close((uv_handle_t *)&c->tcp, on_close);
+    return;
+  }
+  c->next = io->conns;
+  if (io->conns)
+    io->conns->prev = c;
+  io->conns = c;
+  atomic_fetch_add(&io->srv->counters.connections, 1);
+  uv_tcp_nodelay(&c->tcp, 1);
+  c->last_active_ns = embps_now_ns();
+  c->reading = 1;
+  uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+/* A finished push from the apply thread, back on its connection's loop. */
+static void push_done(embps_request_t *req) {
+  embps_conn_t *c = req->conn;
+  c->in_flight--;
+  if (c->dead) {
+    embps_request_free(req);
+    if (!c->in_flight)
+      conn_free(c);
+    return;
+  }
+  send_reply(c, req);
+  if (!c->in_flight)
+    run_waiting(c);
+  conn_resume_maybe(c);
+}
+
+/* ------------------------------------------------------------ I/O thread */
+
+static int conn_idle(const embps_conn_t *c) {
+  return !c->in_flight && !c->wait_head && !c->write_pending && !c->cur;
+}
+
+static void drain_check(io_thread_t *io) {
+  if (!io->draining || io->stopped)
+    return;
+  for (embps_conn_t *c = io->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->reading) {
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      c->reading = 0;
+    }
+    if (!c->in_flight && !c->wait_head && !c->write_pending)
+      conn_close(c);
+  }
+  if (!io->conns) {
+    io->stopped = 1;
+    uv_close((uv_handle_t *)&io->wake, NULL);
+    uv_close((uv_handle_t *)&io->sweep, NULL);
+  }
+}
+
+static void on_wake(uv_async_t *a) {
+  io_thread_t *io = a->data;
+  pthread_mutex_lock(&io->mu);
+  embps_request_t *done = io->done_head;
+  io->done_head = io->done_tail = NULL;
+  int *fds = io->fds;
+  size_t n_fds = io->n_fds;
+  io->fds = NULL;
+  io->n_fds = io->cap_fds = 0;
+  pthread_mutex_unlock(&io->mu);
+  for (size_t i = 0; i < n_fds; i++) {
+    if (io->draining) {
+      close(fds[i]);
+      atomic_fetch_sub(&the_net->open_conns, 1);
+    } else {
+      conn_open(io, fds[i]);
+    }
+  }
+  free(fds);
+  while (done) {
+    embps_request_t *next = done->next;
+    done->next = NULL;
+    push_done(done);
+    done = next;
+  }
+  drain_check(io);
+}
+
+static void on_sweep(uv_timer_t *t) {
+  io_thread_t *io = t->data;
+  uint32_t idle_s = io->srv->cfg.idle_timeout_s;
+  if (idle_s) {
+    uint64_t now = embps_now_ns();
+    for (embps_conn_t *c = io->conns, *next; c; c = next) {
+      next = c->next;
+      if (!c->closing && conn_idle(c) &&
+          now - c->last_active_ns > (uint64_t)idle_s * 1000000000ULL) {
+        LOG_DEBUG("closing a connection idle for %us", idle_s);
+        conn_close(c);
+      }
+    }
+  }
+  drain_check(io);
+}
+
+static void *io_main(void *arg) {
+  io_thread_t *io = arg;
+  uv_run(&io->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+void embps_net_complete(embps_request_t *req) {
+  io_thread_t *io = req->conn->io;
+  pthread_mutex_lock(&io->mu);
+  req->next = NULL;
+  if (io->done_tail)
+    io->done_tail->next = req;
+  else
+    io->done_head = req;
+  io->done_tail = req;
+  pthread_mutex_unlock(&io->mu);
+  uv_async_send(&io->wake);
+}
+
+/* ------------------------------------------------------------ main loop */
+
+static void deal_fd(net_t *net, int fd) {
+  io_thread_t *io = &net->io[net->next_io++ % net->srv.cfg.io_threads];
+  pthread_mutex_lock(&io->mu);
+  if (io->n_fds == io->cap_fds) {
+    size_t cap = io->cap_fds ? 2 * io->cap_fds : 16;
+    int *v = realloc(io->fds, cap * sizeof *v);
+    if (!v) {
+      pthread_mutex_unlock(&io->mu);
+      close(fd);
+      atomic_fetch_sub(&net->open_conns, 1);
+      return;
+    }
+    io->fds = v;
+    io->cap_fds = cap;
+  }
+  io->fds[io->n_fds++] = fd;
+  pthread_mutex_unlock(&io->mu);
+  uv_async_send(&io->wake);
+}
+
+/* Over --max-connections: say so in one error frame, then close. */
+static void refuse_fd(net_t *net, int fd) {
+  uint8_t *frame;
+  size_t len;
+  char msg[96];
+  snprintf(msg, sizeof msg, "server has reached --max-connections %u",
+           net->srv.cfg.max_connections);
+  if (embps_frame_error(0, EMBPS_ELIMIT, msg, &frame, &len) == 0) {
+    ssize_t w = send(fd, frame, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    free(frame);
+  }
+  close(fd);
+}
+
+static void on_listen(uv_poll_t *p, int status, int events) {
+  net_t *net = p->data;
+  if (status < 0)
+    return;
+  for (;;) {
+    int fd = accept4(net->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        LOG_WARN("accept: %s", strerror(errno));
+      return;
+    }
+    if (atomic_fetch_add(&net->open_conns, 1) >= net->srv.cfg.max_connections) {
+      atomic_fetch_sub(&net->open_conns, 1);
+      LOG_WARN("refusing a connection: --max-connections %u reached",
+               net->srv.cfg.max_connections);
+      refuse_fd(net, fd);
+      continue;
+    }
+    deal_fd(net, fd);
+  }
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  net_t *net = s->data;
+  LOG_INFO("signal %d: finishing in-flight requests, then exiting", signum);
+  uv_poll_stop(&net->listen_poll);
+  uv_close((uv_handle_t *)&net->listen_poll, NULL);
+  uv_close((uv_handle_t *)&net->sig_term, NULL);
+  uv_close((uv_handle_t *)&net->sig_int, NULL);
+  for (uint32_t i = 0; i < net->srv.cfg.io_threads; i++) {
+    io_thread_t *io = &net->io[i];
+    pthread_mutex_lock(&io->mu);
+    io->draining = 1;
+    pthread_mutex_unlock(&io->mu);
+    uv_async_send(&io->wake);
+  }
+}
+
+/* Binds and listens; returns the fd or -1 with a logged reason. */
+static int listen_on(const embps_server_config_t *cfg, int *port_out) {
+  char port[16];
+  snprintf(port, sizeof port, "%d", cfg->listen_port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(cfg->listen_host, port, &hints, &res);
+  if (rc) {
+    LOG_ERROR("cannot resolve %s: %s", cfg->listen_host, gai_strerror(rc));
+    return -1;
+  }
+  int fd = -1, err = 0;
+  for (struct addrinfo *a = res; a; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                a->ai_protocol);
+    if (fd < 0)
+      continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0)
+      break;
+    err = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    LOG_ERROR("cannot listen on %s:%d: %s", cfg->listen_host,
+              cfg->listen_port, strerror(err));
+    return -1;
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  *port_out = ntohs(ss.ss_family == AF_INET6
+                        ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                        : ((struct sockaddr_in *)&ss)->sin_port);
+  return fd;
+}
+
+/* Writes the port to path via a temporary file and rename, so a reader
+ * never sees a partial number. */
+static int write_port_file(const char *path, int port) {
+  char tmp[1100];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f)
+    return -1;
+  fprintf(f, "%d\n", port);
+  if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+static int io_start(net_t *net, io_thread_t *io) {
+  io->srv = &net->srv;
+  pthread_mutex_init(&io->mu, NULL);
+  embps_table_scratch_init(&io->scratch.table);
+  embps_dedup_init(&io->scratch.dedup);
+  if (uv_loop_init(&io->loop))
+    return -1;
+  uv_async_init(&io->loop, &io->wake, on_wake);
+  io->wake.data = io;
+  uv_timer_init(&io->loop, &io->sweep);
+  io->sweep.data = io;
+  uv_timer_start(&io->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+  return pthread_create(&io->tid, NULL, io_main, io) ? -1 : 0;
+}
+
+static void io_close(io_thread_t *io) {
+  uv_loop_close(&io->loop);
+  embps_table_scratch_close(&io->scratch.table);
+  embps_dedup_close(&io->scratch.dedup);
+  pthread_mutex_destroy(&io->mu);
+  free(io->fds);
+}
+
+int embps_server_run(const embps_server_config_t *cfg) {
+  net_t *net = calloc(1, sizeof *net);
+  if (!net)
+    return 1;
+  the_net = net;
+  embps_server_t *srv = &net->srv;
+  srv->cfg = *cfg;
+  srv->start_ns = embps_now_ns();
+  embps_registry_init(&srv->registry);
+  int port;
+  net->listen_fd = listen_on(cfg, &port);
+  if (net->listen_fd < 0)
+    return 1;
+  if (embps_apply_start(srv, &srv->apply)) {
+    LOG_ERROR("cannot start the apply thread");
+    return 1;
+  }
+  net->io = calloc(cfg->io_threads, sizeof *net->io);
+  if (!net->io)
+    return 1;
+  for (uint32_t i = 0; i < cfg->io_threads; i++) {
+    if (io_start(net, &net->io[i])) {
+      LOG_ERROR("cannot start I/O thread %u", i);
+      return 1;
+    }
+  }
+  uv_loop_init(&net->loop);
+  uv_poll_init(&net->loop, &net->listen_poll, net->listen_fd);
+  net->listen_poll.data = net;
+  uv_poll_start(&net->listen_poll, UV_READABLE, on_listen);
+  uv_signal_init(&net->loop, &net->sig_term);
+  uv_signal_init(&net->loop, &net->sig_int);
+  net->sig_term.data = net->sig_int.data = net;
+  uv_signal_start(&net->sig_term, on_signal, SIGTERM);
+  uv_signal_start(&net->sig_int, on_signal, SIGINT);
+
+  if (cfg->port_file[0] && write_port_file(cfg->port_file, port)) {
+    LOG_ERROR("cannot write --port-file %s: %s", cfg->port_file,
+              strerror(errno));
+    return 1;
+  }
+  /* The one line scripts wait for; printed whatever the log level. */
+  fprintf(stderr, "embps-server %s ready on %s:%d (io-threads %u, shards %u, "
+          "cluster %u/%u)\n", EMBPS_VERSION_STRING, cfg->listen_host, port,
+          cfg->io_threads, cfg->shards, cfg->cluster_index, cfg->cluster_size);
+  fflush(stderr);
+
+  uv_run(&net->loop, UV_RUN_DEFAULT);
+  for (uint32_t i = 0; i < cfg->io_threads; i++)
+    pthread_join(net->io[i].tid, NULL);
+  embps_apply_stop(srv->apply);
+  for (uint32_t i = 0; i < cfg->io_threads; i++)
+    io_close(&net->io[i]);
+  free(net->io);
+  close(net->listen_fd);
+  uv_loop_close(&net->loop);
+  embps_registry_close(&srv->registry);
+  LOG_INFO("stopped");
+  free(net);
+  the_net = NULL;
+  return 0;
+}

@@ -1,0 +1,29 @@
+/* optim.h - per-row sparse optimizer updates. A row is one contiguous
+ * record: dim weights, then the optimizer's state (k x dim floats), so an
+ * update touches one place in memory. Formulas are DESIGN.md's and match
+ * PyTorch (SGD, Adagrad, SparseAdam) and TensorFlow (ApplyFtrl). */
+#ifndef EMBPS_OPTIM_H
+#define EMBPS_OPTIM_H
+#include <stdint.h>
+
+#include "embps/embps.h"
+
+typedef struct {
+  embps_optimizer_t kind;
+  float lr, eps, beta1, beta2, l1, l2, lr_power, weight_decay;
+  float initial_accumulator;
+  float adam_step_size; /* lr*sqrt(1-b2^t)/(1-b1^t), set per step */
+} embps_optim_t;
+
+void embps_optim_from_spec(embps_optim_t *o, const embps_table_spec_t *spec);
+/* State floats per weight: sgd 0, adagrad 1, adam 2, ftrl 2. */
+uint32_t embps_optim_state_per_weight(embps_optimizer_t kind);
+/* Prepares one step of the table (t = 1 for the first push). */
+void embps_optim_begin_step(embps_optim_t *o, uint64_t t);
+/* Writes the initial state of a fresh row (state = row + dim). */
+void embps_optim_init_state(const embps_optim_t *o, float *state,
+                            uint32_t dim);
+/* One update of row (weights then state) with merged gradient g. */
+void embps_optim_apply(const embps_optim_t *o, float *row, const float *g,
+                       uint32_t dim);
+#endif

@@ -1,0 +1,30 @@
+/* registry.h - the tables of one server process, by name. Lookups hand out
+ * a reference, so a table dropped while a request uses it lives until that
+ * request lets go. */
+#ifndef EMBPS_REGISTRY_H
+#define EMBPS_REGISTRY_H
+#include <pthread.h>
+#include <stddef.h>
+
+#include "table.h"
+
+typedef struct {
+  pthread_rwlock_t lock;
+  embps_table_t **tables;
+  size_t n, cap;
+} embps_registry_t;
+
+void embps_registry_init(embps_registry_t *r);
+void embps_registry_close(embps_registry_t *r);
+/* Creates a table from a spec that passed embps_table_spec_check.
+ * Returns 0, EMBPS_EEXIST, EMBPS_ELIMIT (max_tables reached) or -ENOMEM. */
+int embps_registry_create(embps_registry_t *r, const embps_table_spec_t *spec,
+                          uint32_t n_shards, size_t max_tables);
+/* Returns 0 or EMBPS_ENOTABLE. */
+int embps_registry_drop(embps_registry_t *r, const char *name);
+/* A referenced table (release with embps_table_unref), or NULL. */
+embps_table_t *embps_registry_get(embps_registry_t *r, const char *name);
+/* Infos of all tables, sorted by name; *out malloc'd. 0 or -ENOMEM. */
+int embps_registry_list(embps_registry_t *r, embps_table_info_t **out,
+                        size_t *n);
+#endif

@@ -1,0 +1,123 @@
+/* server.h - the embps-server process: its configuration, the state every
+ * thread shares, and the request object that travels between threads.
+ *
+ * Threading model:
+ *   main thread   libuv loop: accepts connections (round-robin to the I/O
+ *                 threads), signals, shutdown.
+ *   I/O threads   one libuv loop each (--io-threads); own their connections
+ *                 for life: read frames, decode, validate, serve pulls
+ *                 (gather under shard read locks), merge push duplicates in
+ *                 place, write replies.
+ *   apply thread  takes validated, merged pushes in arrival order and applies
+ *                 them, shards in parallel with OpenMP; posts each reply back
+ *                 to the owning loop (queue + uv_async_send).
+ * A request crosses threads only through those queues. */
+#ifndef EMBPS_SERVER_H
+#define EMBPS_SERVER_H
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "log.h"
+#include "merge.h"
+#include "registry.h"
+#include "util.h"
+#include "wire.h"
+
+typedef struct {
+  char listen_host[256];
+  int listen_port;
+  char port_file[1024];
+  uint32_t io_threads;
+  uint32_t shards;
+  uint32_t cluster_size, cluster_index;
+  char token[EMBPS_TOKEN_MAX];
+  size_t token_len;
+  int has_token;
+  uint64_t max_frame_bytes;
+  uint32_t max_connections;
+  uint32_t max_tables;
+  uint32_t idle_timeout_s; /* 0: never */
+  uint64_t max_memory;     /* bytes of table storage; 0: no limit */
+  uint32_t omp_threads;    /* 0: OpenMP's default */
+  embps_log_level_t log_level;
+} embps_server_config_t;
+
+/* Fills cfg with defaults, then parses argv. Returns 0 to run, 1 when
+ * --help or --version was printed, -1 on an error (message in err). */
+int embps_server_config_parse(embps_server_config_t *cfg, int argc,
+                              char **argv, char *err, size_t err_len);
+
+typedef struct {
+  atomic_uint_fast64_t connections, requests, pulls, pushes, pull_rows,
+      push_rows, errors, bytes_in, bytes_out;
+} embps_counters_t;
+
+typedef struct embps_server embps_server_t;
+typedef struct embps_conn embps_conn_t;
+
+/* One request, from the frame that carried it to the reply sent for it. */
+typedef struct embps_request {
+  embps_conn_t *conn;
+  embps_frame_header_t hdr;
+  uint8_t *body; /* the frame body (owned); bulk arrays are read in place */
+  embps_msg_t msg;
+  uint8_t *reply; /* the reply frame (owned until handed to the writer) */
+  size_t reply_len;
+  /* a push on its way to the apply thread */
+  embps_table_t *table; /* referenced */
+  int64_t *idx;         /* merged, in place in body */
+  float *vals;
+  size_t n_unique;
+  struct embps_request *next;
+} embps_request_t;
+
+/* State shared by all threads. */
+struct embps_server {
+  embps_server_config_t cfg;
+  embps_registry_t registry;
+  embps_counters_t counters;
+  uint64_t start_ns;
+  struct embps_apply *apply;
+};
+
+/* Per-thread scratch, reused by every request of that thread. */
+typedef struct {
+  embps_table_scratch_t table;
+  embps_dedup_t dedup;
+} embps_scratch_t;
+
+/* ---- dispatch.c: runs on an I/O thread ---- */
+typedef enum {
+  EMBPS_DISPATCH_REPLY,    /* req->reply is set: send it, free req */
+  EMBPS_DISPATCH_DEFERRED, /* handed to the apply thread */
+  EMBPS_DISPATCH_CLOSE,    /* send req->reply, then close the connection */
+} embps_dispatch_t;
+
+/* Handles a complete frame. `authed` says whether this connection's hello
+ * succeeded; a successful hello sets it. scratch is the thread's own. */
+embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
+                                int *authed, embps_scratch_t *scratch);
+/* Sets req->reply to an error frame (code, printf-style message). */
+void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
+                        const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void embps_request_free(embps_request_t *req);
+
+/* ---- apply.c: the apply thread ---- */
+typedef struct embps_apply embps_apply_t;
+int embps_apply_start(embps_server_t *srv, embps_apply_t **out);
+/* Queues a validated, merged push; complete(req) is called on the apply
+ * thread once req->reply is set. */
+void embps_apply_submit(embps_apply_t *a, embps_request_t *req);
+/* Applies everything queued, then stops and joins the thread. */
+void embps_apply_stop(embps_apply_t *a);
+
+/* ---- net.c ---- */
+/* Runs the server until SIGTERM/SIGINT: binds, writes the port file, prints
+ * the ready line, serves, drains, and returns the exit status. */
+int embps_server_run(const embps_server_config_t *cfg);
+/* Called by the apply thread when a deferred request has its reply. */
+void embps_net_complete(embps_request_t *req);
+#endif
