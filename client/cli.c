@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "embps/embps.h"
 #include "util.h"
 
@@ -30,6 +31,9 @@ static const char usage[] =
     "  push NAME (--indices 1,2,2 --values v,v,... |\n"
     "             --indices-file F --values-file F)\n"
     "  stats [--json]\n"
+    "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
+    "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
+    "        [--dynamic] [--json]\n"
     "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
     "to $EMBPS_TOKEN_FILE.\n";
 
@@ -595,6 +599,11 @@ int main(int argc, char **argv) {
   if (i >= argc) {
     fputs(usage, stderr);
     return 2;
+  }
+  if (!strcmp(argv[i], "bench")) {
+    int rc = embps_cli_bench(&opts, argc - i - 1, argv + i + 1);
+    free(token);
+    return rc;
   }
   const command_t *cmd = NULL;
   for (size_t k = 0; k < sizeof commands / sizeof *commands; k++)

@@ -1176,6 +1176,13 @@ int embps_push_async(embps_client_t *c, const char *table,
   return push_async(c, table, indices, n, values, dim, flags, 0, ticket);
 }
 
+int embps_push_step_async(embps_client_t *c, const char *table,
+                          const int64_t *indices, size_t n,
+                          const float *values, uint32_t dim, unsigned flags,
+                          uint64_t step, embps_ticket_t **ticket) {
+  return push_async(c, table, indices, n, values, dim, flags, step, ticket);
+}
+
 int embps_push(embps_client_t *c, const char *table, const int64_t *indices,
                size_t n, const float *values, uint32_t dim, unsigned flags) {
   embps_ticket_t *t;

@@ -16,6 +16,7 @@
 
 #include "route.h"
 #include "server.h"
+#include "sync.h"
 
 #define SEEN_MAX (1u << 20) /* clients remembered before the map is reset */
 
@@ -30,7 +31,9 @@ struct embps_apply {
   pthread_cond_t cv;
   embps_request_t *head, *tail;
   int stopping;
+  int draining; /* shutting down: no synchronous push is held any more */
   embps_scratch_t scratch;
+  embps_sync_t sync;
   seen_t *seen; /* open addressing on client id; client 0 = empty */
   size_t seen_cap, seen_n;
 };
@@ -99,40 +102,101 @@ static void push_reply(embps_server_t *srv, embps_request_t *req, int applied,
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
 }
 
+/* Applies one step to req->table; on success records every request's
+ * (client, seq) and replies "applied" to each of `reqs` (linked list). */
+static void apply_step(embps_apply_t *a, embps_request_t *reqs,
+                       embps_table_t *table, const int64_t *idx,
+                       const float *vals, size_t n) {
+  embps_server_t *srv = a->srv;
+  int rc = embps_table_apply(table, &a->scratch.table, idx, vals, n,
+                             srv->cfg.max_memory);
+  for (embps_request_t *req = reqs; req; req = req->next) {
+    const embps_push_t *p = &req->msg.u.push;
+    if (rc == EMBPS_ELIMIT) {
+      embps_request_fail(srv, req, rc, "--max-memory %llu bytes reached; "
+                         "push refused, nothing changed",
+                         (unsigned long long)srv->cfg.max_memory);
+    } else if (rc) {
+      embps_request_fail(srv, req, rc, "push refused, nothing changed: %s",
+                         embps_strerror(rc));
+    } else {
+      if (p->client_id && p->seq)
+        seen_record(a, p->client_id, p->seq);
+      atomic_fetch_add_explicit(&srv->counters.pushes, 1,
+                                memory_order_relaxed);
+      atomic_fetch_add_explicit(&srv->counters.push_rows, req->n_unique,
+                                memory_order_relaxed);
+      push_reply(srv, req, 1, 0);
+    }
+  }
+}
+
+static void complete_all(embps_request_t *reqs) {
+  while (reqs) {
+    embps_request_t *next = reqs->next;
+    reqs->next = NULL;
+    embps_net_complete(reqs);
+    reqs = next;
+  }
+}
+
+/* A synchronous push still waiting for its step when the server stops. */
+static void fail_shutdown(void *ctx, embps_request_t *req) {
+  embps_apply_t *a = ctx;
+  embps_request_fail(a->srv, req, EMBPS_ESHUTDOWN, "server stopping before "
+                     "the synchronous step completed");
+  embps_net_complete(req);
+}
+
+/* Handles one push from the queue and completes whatever it finishes: the
+ * push itself, or, for a synchronous table, the whole step it completes. */
 static void apply_one(embps_apply_t *a, embps_request_t *req) {
   embps_server_t *srv = a->srv;
   const embps_push_t *p = &req->msg.u.push;
+  req->next = NULL;
   if (already_applied(a, p->client_id, p->seq)) {
     push_reply(srv, req, 1, 1);
+    complete_all(req);
     return;
   }
-  int rc = embps_table_apply(req->table, &a->scratch.table, req->idx,
-                             req->vals, req->n_unique, srv->cfg.max_memory);
-  if (rc == EMBPS_ELIMIT) {
-    embps_request_fail(srv, req, rc, "--max-memory %llu bytes reached; push "
-                       "refused, nothing changed",
-                       (unsigned long long)srv->cfg.max_memory);
+  if (!embps_table_spec(req->table)->sync_workers) {
+    apply_step(a, req, req->table, req->idx, req->vals, req->n_unique);
+    complete_all(req);
     return;
   }
-  if (rc) {
-    embps_request_fail(srv, req, rc, "push refused, nothing changed: %s",
-                       embps_strerror(rc));
+  if (a->draining) {
+    fail_shutdown(a, req);
     return;
   }
-  if (p->client_id && p->seq)
-    seen_record(a, p->client_id, p->seq);
-  atomic_fetch_add_explicit(&srv->counters.pushes, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&srv->counters.push_rows, req->n_unique,
-                            memory_order_relaxed);
-  push_reply(srv, req, 1, 0);
+  embps_request_t *ready = NULL;
+  const int64_t *idx = NULL;
+  const float *vals = NULL;
+  size_t n = 0;
+  int rc = embps_sync_offer(&a->sync, srv, req, &ready, &idx, &vals, &n);
+  if (rc < 0) {
+    complete_all(req);
+  } else if (rc == 1) {
+    apply_step(a, ready, req->table, idx, vals, n);
+    complete_all(ready);
+  } else if (rc == 2) {
+    complete_all(ready);
+  } /* rc == 0: held until the step's other pushes arrive */
 }
 
 static void *apply_main(void *arg) {
   embps_apply_t *a = arg;
   pthread_mutex_lock(&a->mu);
   for (;;) {
-    while (!a->head && !a->stopping)
+    while (!a->head && !a->stopping && a->draining != 1)
       pthread_cond_wait(&a->cv, &a->mu);
+    if (a->draining == 1) { /* release held synchronous pushes */
+      a->draining = 2;
+      pthread_mutex_unlock(&a->mu);
+      embps_sync_close(&a->sync, fail_shutdown, a);
+      embps_sync_init(&a->sync);
+      pthread_mutex_lock(&a->mu);
+      continue;
+    }
     embps_request_t *req = a->head;
     if (!req)
       break; /* stopping and drained */
@@ -140,9 +204,7 @@ static void *apply_main(void *arg) {
     if (!a->head)
       a->tail = NULL;
     pthread_mutex_unlock(&a->mu);
-    req->next = NULL;
     apply_one(a, req);
-    embps_net_complete(req);
     pthread_mutex_lock(&a->mu);
   }
   pthread_mutex_unlock(&a->mu);
@@ -158,6 +220,7 @@ int embps_apply_start(embps_server_t *srv, embps_apply_t **out) {
   pthread_cond_init(&a->cv, NULL);
   embps_table_scratch_init(&a->scratch.table);
   embps_dedup_init(&a->scratch.dedup);
+  embps_sync_init(&a->sync);
   int rc = pthread_create(&a->thread, NULL, apply_main, a);
   if (rc) {
     free(a);
@@ -179,6 +242,14 @@ void embps_apply_submit(embps_apply_t *a, embps_request_t *req) {
   pthread_mutex_unlock(&a->mu);
 }
 
+void embps_apply_drain(embps_apply_t *a) {
+  pthread_mutex_lock(&a->mu);
+  if (!a->draining)
+    a->draining = 1;
+  pthread_cond_signal(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+}
+
 void embps_apply_stop(embps_apply_t *a) {
   if (!a)
     return;
@@ -187,6 +258,7 @@ void embps_apply_stop(embps_apply_t *a) {
   pthread_cond_signal(&a->cv);
   pthread_mutex_unlock(&a->mu);
   pthread_join(a->thread, NULL);
+  embps_sync_close(&a->sync, fail_shutdown, a);
   embps_table_scratch_close(&a->scratch.table);
   embps_dedup_close(&a->scratch.dedup);
   free(a->seen);

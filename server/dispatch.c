@@ -112,11 +112,6 @@ static void do_create(embps_server_t *srv, embps_request_t *req) {
     embps_request_fail(srv, req, rc, "%s", why);
     return;
   }
-  if (spec->sync_workers) {
-    embps_request_fail(srv, req, EMBPS_EPARAM, "sync-workers: synchronous "
-                       "tables are not available in this server version");
-    return;
-  }
   rc = embps_registry_create(&srv->registry, spec, srv->cfg.shards,
                              srv->cfg.max_tables);
   if (rc == EMBPS_EEXIST)
@@ -269,6 +264,12 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
                              srv->cfg.cluster_index, &bad);
   if (rc) {
     fail_id(srv, req, t, rc, idx[bad]);
+    goto refuse;
+  }
+  if (s->sync_workers && p->step == 0) {
+    embps_request_fail(srv, req, EMBPS_ESTEP, "table \"%s\" is synchronous "
+                       "(%u workers): a push must name its step", s->name,
+                       s->sync_workers);
     goto refuse;
   }
   bad = first_nonfinite(vals, p->n, p->dim);

@@ -591,6 +591,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   uv_close((uv_handle_t *)&net->listen_poll, NULL);
   uv_close((uv_handle_t *)&net->sig_term, NULL);
   uv_close((uv_handle_t *)&net->sig_int, NULL);
+  embps_apply_drain(net->srv.apply);
   for (uint32_t i = 0; i < net->srv.cfg.io_threads; i++) {
     io_thread_t *io = &net->io[i];
     pthread_mutex_lock(&io->mu);

@@ -111,6 +111,9 @@ int embps_apply_start(embps_server_t *srv, embps_apply_t **out);
 /* Queues a validated, merged push; complete(req) is called on the apply
  * thread once req->reply is set. */
 void embps_apply_submit(embps_apply_t *a, embps_request_t *req);
+/* Shutdown has begun: refuses synchronous pushes from now on and fails the
+ * ones held, so no connection waits for a step that cannot complete. */
+void embps_apply_drain(embps_apply_t *a);
 /* Applies everything queued, then stops and joins the thread. */
 void embps_apply_stop(embps_apply_t *a);
 

@@ -223,6 +223,11 @@ EMBPS_EXTERN int embps_push_async(embps_client_t *c, const char *table,
                                   const int64_t *indices, size_t n,
                                   const float *values, uint32_t dim,
                                   unsigned flags, embps_ticket_t **ticket);
+EMBPS_EXTERN int embps_push_step_async(embps_client_t *c, const char *table,
+                                       const int64_t *indices, size_t n,
+                                       const float *values, uint32_t dim,
+                                       unsigned flags, uint64_t step,
+                                       embps_ticket_t **ticket);
 /* Waits for the ticket's replies from every server and frees the ticket.
  * Returns the call's result. */
 EMBPS_EXTERN int embps_wait(embps_client_t *c, embps_ticket_t *ticket);

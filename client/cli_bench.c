@@ -1,0 +1,444 @@
+/* cli_bench.c - `embps bench`: drives the servers with W worker threads
+ * (one client each) doing pulls, then pushes, of Zipf-distributed batches,
+ * and reports throughput (unique rows/s and requested ids/s), latency
+ * percentiles and the batches' duplicate ratio.
+ *
+ * The workload is the baselines' (../shared/baselines/common.h): Zipf(s)
+ * over ranks 1..R, rank r mapped to id (r-1)*2654435761 mod R so hot rows
+ * are spread over the table. Batches are generated before timing starts;
+ * each worker keeps --depth requests in flight so the wire never idles
+ * while the server works. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "embps/embps.h"
+#include "util.h"
+
+#define SCATTER_PRIME 2654435761ULL
+#define MAX_DEPTH 16
+
+typedef struct {
+  uint32_t workers, dim, depth, n_batches;
+  uint64_t rows, batch;
+  double zipf, seconds, warmup;
+  embps_optimizer_t optimizer;
+  const char *table, *mode;
+  int json, keep, dynamic;
+} bench_opts_t;
+
+typedef struct {
+  int64_t **ids;     /* n_batches x batch */
+  size_t *n_unique;  /* per batch */
+  float *values;     /* batch x dim gradient rows (small, shared) */
+} workload_t;
+
+typedef struct {
+  const bench_opts_t *o;
+  const workload_t *w;
+  const embps_client_options_t *copts;
+  int push;
+  uint32_t index;
+  /* results */
+  uint64_t requests, ids, rows;
+  double *lat_us;
+  size_t n_lat, cap_lat;
+  int error;
+  char message[512];
+} worker_t;
+
+/* ------------------------------------------------------------ workload */
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+static double unit(uint64_t *s) {
+  return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static int workload_make(const bench_opts_t *o, workload_t *w) {
+  memset(w, 0, sizeof *w);
+  double *cdf = malloc(o->rows * sizeof *cdf);
+  w->ids = calloc(o->n_batches, sizeof *w->ids);
+  w->n_unique = calloc(o->n_batches, sizeof *w->n_unique);
+  w->values = malloc(o->batch * o->dim * sizeof *w->values);
+  int64_t *scratch = malloc(o->batch * sizeof *scratch);
+  if (!cdf || !w->ids || !w->n_unique || !w->values || !scratch) {
+    free(cdf);
+    free(scratch);
+    return -ENOMEM;
+  }
+  double acc = 0;
+  for (uint64_t k = 0; k < o->rows; k++) {
+    acc += pow((double)(k + 1), -o->zipf);
+    cdf[k] = acc;
+  }
+  uint64_t seed = 42;
+  for (uint32_t b = 0; b < o->n_batches; b++) {
+    w->ids[b] = malloc(o->batch * sizeof **w->ids);
+    if (!w->ids[b]) {
+      free(cdf);
+      free(scratch);
+      return -ENOMEM;
+    }
+    for (uint64_t i = 0; i < o->batch; i++) {
+      double u = unit(&seed) * acc;
+      uint64_t lo = 0, hi = o->rows - 1;
+      while (lo < hi) {
+        uint64_t mid = (lo + hi) / 2;
+        if (cdf[mid] >= u)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      w->ids[b][i] = (int64_t)((lo * SCATTER_PRIME) % o->rows);
+    }
+    int64_t k = embps_unique(w->ids[b], o->batch, scratch, NULL);
+    w->n_unique[b] = k > 0 ? (size_t)k : 0;
+  }
+  for (uint64_t i = 0; i < o->batch * o->dim; i++)
+    w->values[i] = (float)((unit(&seed) - 0.5) * 1e-3);
+  free(cdf);
+  free(scratch);
+  return 0;
+}
+
+static void workload_free(const bench_opts_t *o, workload_t *w) {
+  if (w->ids)
+    for (uint32_t b = 0; b < o->n_batches; b++)
+      free(w->ids[b]);
+  free(w->ids);
+  free(w->n_unique);
+  free(w->values);
+}
+
+/* ------------------------------------------------------------ workers */
+
+static void record(worker_t *k, double us) {
+  if (k->n_lat == k->cap_lat) {
+    size_t cap = k->cap_lat ? 2 * k->cap_lat : 1024;
+    double *v = realloc(k->lat_us, cap * sizeof *v);
+    if (!v)
+      return;
+    k->lat_us = v;
+    k->cap_lat = cap;
+  }
+  k->lat_us[k->n_lat++] = us;
+}
+
+/* Runs one phase for `seconds` (or the warm-up when record == 0). */
+static void *worker_main(void *arg) {
+  worker_t *k = arg;
+  const bench_opts_t *o = k->o;
+  embps_client_t *c;
+  char err[512];
+  int rc = embps_client_create(k->copts, &c, err, sizeof err);
+  if (rc) {
+    k->error = rc;
+    snprintf(k->message, sizeof k->message, "%s", err);
+    return NULL;
+  }
+  float *out[MAX_DEPTH] = {0};
+  for (uint32_t d = 0; d < o->depth && !k->push; d++) {
+    out[d] = malloc(o->batch * o->dim * sizeof(float));
+    if (!out[d]) {
+      k->error = -ENOMEM;
+      goto done;
+    }
+  }
+  embps_ticket_t *tickets[MAX_DEPTH];
+  uint64_t started[MAX_DEPTH];
+  uint32_t batch_of[MAX_DEPTH];
+  uint32_t next = k->index * 7919u; /* workers start on different batches */
+  for (int phase = 0; phase < 2 && !k->error; phase++) {
+    int measuring = phase == 1;
+    double seconds = measuring ? o->seconds : o->warmup;
+    uint64_t end = embps_now_ns() + (uint64_t)(seconds * 1e9);
+    uint32_t inflight = 0, head = 0;
+    for (;;) {
+      int more = embps_now_ns() < end;
+      if (more && inflight < o->depth) {
+        uint32_t slot = (head + inflight) % o->depth;
+        uint32_t b = next++ % o->n_batches;
+        started[slot] = embps_now_ns();
+        batch_of[slot] = b;
+        rc = k->push ? embps_push_async(c, o->table, k->w->ids[b], o->batch,
+                                        k->w->values, o->dim, 0,
+                                        &tickets[slot])
+                     : embps_pull_async(c, o->table, k->w->ids[b], o->batch,
+                                        out[slot], o->dim, &tickets[slot]);
+        if (rc)
+          break;
+        inflight++;
+        continue;
+      }
+      if (!inflight)
+        break;
+      rc = embps_wait(c, tickets[head]);
+      if (rc)
+        break;
+      if (measuring) {
+        record(k, (double)(embps_now_ns() - started[head]) / 1e3);
+        k->requests++;
+        k->ids += o->batch;
+        k->rows += k->w->n_unique[batch_of[head]];
+      }
+      head = (head + 1) % o->depth;
+      inflight--;
+    }
+    if (rc) {
+      k->error = rc;
+      snprintf(k->message, sizeof k->message, "%s",
+               embps_client_last_error(c));
+      while (inflight--) { /* collect what is still out */
+        embps_wait(c, tickets[head]);
+        head = (head + 1) % o->depth;
+      }
+    }
+  }
+done:
+  for (uint32_t d = 0; d < MAX_DEPTH; d++)
+    free(out[d]);
+  embps_client_destroy(c);
+  return NULL;
+}
+
+/* ------------------------------------------------------------ reporting */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double pct(const double *v, size_t n, double p) {
+  if (!n)
+    return 0;
+  size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+  return v[i < n ? i : n - 1];
+}
+
+typedef struct {
+  double rows_per_s, ids_per_s, p50, p99, p999;
+  uint64_t requests;
+} phase_result_t;
+
+static int run_phase(const bench_opts_t *o, const workload_t *w,
+                     const embps_client_options_t *copts, int push,
+                     phase_result_t *r) {
+  worker_t *k = calloc(o->workers, sizeof *k);
+  pthread_t *th = calloc(o->workers, sizeof *th);
+  if (!k || !th) {
+    free(k);
+    free(th);
+    return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < o->workers; i++) {
+    k[i] = (worker_t){.o = o, .w = w, .copts = copts, .push = push,
+                      .index = i};
+    pthread_create(&th[i], NULL, worker_main, &k[i]);
+  }
+  int rc = 0;
+  size_t n_lat = 0;
+  memset(r, 0, sizeof *r);
+  uint64_t ids = 0, rows = 0;
+  for (uint32_t i = 0; i < o->workers; i++) {
+    pthread_join(th[i], NULL);
+    if (k[i].error && !rc) {
+      rc = k[i].error;
+      fprintf(stderr, "embps: bench worker %u: %s\n", i, k[i].message);
+    }
+    n_lat += k[i].n_lat;
+    ids += k[i].ids;
+    rows += k[i].rows;
+    r->requests += k[i].requests;
+  }
+  double *lat = malloc((n_lat ? n_lat : 1) * sizeof *lat);
+  size_t m = 0;
+  for (uint32_t i = 0; i < o->workers; i++) {
+    if (lat)
+      memcpy(lat + m, k[i].lat_us, k[i].n_lat * sizeof *lat);
+    m += k[i].n_lat;
+    free(k[i].lat_us);
+  }
+  if (lat) {
+    qsort(lat, n_lat, sizeof *lat, cmp_double);
+    r->p50 = pct(lat, n_lat, 0.50);
+    r->p99 = pct(lat, n_lat, 0.99);
+    r->p999 = pct(lat, n_lat, 0.999);
+  }
+  r->rows_per_s = (double)rows / o->seconds;
+  r->ids_per_s = (double)ids / o->seconds;
+  free(lat);
+  free(k);
+  free(th);
+  return rc;
+}
+
+static int parse_num(const char *flag, const char *v, double lo, double hi,
+                     double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || x < lo || x > hi) {
+    fprintf(stderr, "embps: bench %s \"%s\" is not a number in [%g, %g]\n",
+            flag, v, lo, hi);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+int embps_cli_bench(const embps_client_options_t *copts, int argc,
+                    char **argv) {
+  bench_opts_t o = {.workers = 1, .dim = 64, .depth = 2, .n_batches = 8,
+                    .rows = 10000000, .batch = 65536, .zipf = 1.05,
+                    .seconds = 5, .warmup = 1,
+                    .optimizer = EMBPS_OPT_ADAGRAD, .table = "embps_bench",
+                    .mode = "both"};
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--json")) {
+      o.json = 1;
+      continue;
+    }
+    if (!strcmp(a, "--keep")) {
+      o.keep = 1;
+      continue;
+    }
+    if (!strcmp(a, "--dynamic")) {
+      o.dynamic = 1;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "embps: bench %s needs a value\n", a);
+      return 2;
+    }
+    const char *v = argv[++i];
+    double x;
+    if (!strcmp(a, "--table")) {
+      o.table = v;
+      continue;
+    }
+    if (!strcmp(a, "--mode")) {
+      if (strcmp(v, "pull") && strcmp(v, "push") && strcmp(v, "both")) {
+        fprintf(stderr, "embps: bench --mode is pull, push or both\n");
+        return 2;
+      }
+      o.mode = v;
+      continue;
+    }
+    if (!strcmp(a, "--optimizer")) {
+      if (embps_optimizer_parse(v, &o.optimizer)) {
+        fprintf(stderr, "embps: unknown optimizer \"%s\"\n", v);
+        return 2;
+      }
+      continue;
+    }
+#define NUM_(flag, lo, hi, dst)                                                \
+  if (!strcmp(a, flag)) {                                                      \
+    if (parse_num(flag, v, lo, hi, &x))                                        \
+      return 2;                                                                \
+    dst = x;                                                                   \
+    continue;                                                                  \
+  }
+    NUM_("--workers", 1, 256, o.workers)
+    NUM_("--batch", 1, 16777216, o.batch)
+    NUM_("--rows", 1, 1e12, o.rows)
+    NUM_("--dim", 1, EMBPS_DIM_MAX, o.dim)
+    NUM_("--zipf", 0, 10, o.zipf)
+    NUM_("--seconds", 0.1, 3600, o.seconds)
+    NUM_("--warmup", 0, 600, o.warmup)
+    NUM_("--depth", 1, MAX_DEPTH, o.depth)
+    NUM_("--batches", 1, 1024, o.n_batches)
+#undef NUM_
+    fprintf(stderr, "embps: unknown option %s for bench\n", a);
+    return 2;
+  }
+
+  char err[512];
+  embps_client_t *admin;
+  int rc = embps_client_create(copts, &admin, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "embps: %s\n", err);
+    return 1;
+  }
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, o.table, o.dim, o.optimizer);
+  spec.rows = o.dynamic ? 0 : o.rows;
+  spec.dynamic = o.dynamic;
+  spec.lr = 0.01;
+  rc = embps_create_table(admin, &spec);
+  int created = rc == 0;
+  if (rc && rc != EMBPS_EEXIST) {
+    fprintf(stderr, "embps: bench: %s\n", embps_client_last_error(admin));
+    embps_client_destroy(admin);
+    return 1;
+  }
+  workload_t w;
+  if (workload_make(&o, &w)) {
+    fprintf(stderr, "embps: bench: out of memory for the workload\n");
+    embps_client_destroy(admin);
+    return 1;
+  }
+  double unique = 0;
+  for (uint32_t b = 0; b < o.n_batches; b++)
+    unique += (double)w.n_unique[b];
+  unique /= (double)o.n_batches * (double)o.batch;
+
+  phase_result_t pull = {0}, push = {0};
+  int do_pull = strcmp(o.mode, "push") != 0, do_push = strcmp(o.mode, "pull");
+  if (do_pull)
+    rc = run_phase(&o, &w, copts, 0, &pull);
+  if (!rc && do_push)
+    rc = run_phase(&o, &w, copts, 1, &push);
+  if (created && !o.keep)
+    embps_drop_table(admin, o.table);
+  embps_client_destroy(admin);
+  workload_free(&o, &w);
+  if (rc)
+    return 1;
+
+  if (o.json) {
+    printf("{\"workers\": %u, \"batch\": %" PRIu64 ", \"rows\": %" PRIu64
+           ", \"dim\": %u, \"zipf\": %g, \"optimizer\": \"%s\", "
+           "\"seconds\": %g, \"depth\": %u, \"dynamic\": %s, "
+           "\"unique_ratio\": %.4f, "
+           "\"pull_rows_per_s\": %.0f, \"pull_ids_per_s\": %.0f, "
+           "\"pull_p50_us\": %.1f, \"pull_p99_us\": %.1f, "
+           "\"push_rows_per_s\": %.0f, \"push_ids_per_s\": %.0f, "
+           "\"push_p50_us\": %.1f, \"push_p99_us\": %.1f, "
+           "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64 "}\n",
+           o.workers, o.batch, o.rows, o.dim, o.zipf,
+           embps_optimizer_name(o.optimizer), o.seconds, o.depth,
+           o.dynamic ? "true" : "false", unique, pull.rows_per_s,
+           pull.ids_per_s, pull.p50, pull.p99, push.rows_per_s, push.ids_per_s,
+           push.p50, push.p99, pull.requests, push.requests);
+  } else {
+    printf("embps bench: %u worker(s), batch %" PRIu64 " Zipf(%g) over %"
+           PRIu64 " rows, dim %u, %s, %g s per phase, depth %u\n",
+           o.workers, o.batch, o.zipf, o.rows, o.dim,
+           embps_optimizer_name(o.optimizer), o.seconds, o.depth);
+    printf("unique ids per batch: %.1f%%\n", 100 * unique);
+    printf("%-5s %14s %14s %10s %10s %10s %9s\n", "", "unique rows/s",
+           "ids/s", "p50 us", "p99 us", "p99.9 us", "requests");
+    if (do_pull)
+      printf("%-5s %14.0f %14.0f %10.1f %10.1f %10.1f %9" PRIu64 "\n", "pull",
+             pull.rows_per_s, pull.ids_per_s, pull.p50, pull.p99, pull.p999,
+             pull.requests);
+    if (do_push)
+      printf("%-5s %14.0f %14.0f %10.1f %10.1f %10.1f %9" PRIu64 "\n", "push",
+             push.rows_per_s, push.ids_per_s, push.p50, push.p99, push.p999,
+             push.requests);
+  }
+  return 0;
+}

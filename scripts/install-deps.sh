@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages embps needs to build, test and demo, if any
+# is missing. Safe to run again: it does nothing when all are present.
+set -euo pipefail
+
+# build: compiler, cmake, libraries; tests: cmocka, python3 + numpy + torch
+# (the framework comparison suite), redis for the benchmark comparison.
+PACKAGES=(gcc make cmake pkg-config libuv1-dev libprotobuf-c-dev
+          protobuf-c-compiler libcmocka-dev python3 python3-numpy
+          python3-torch)
+# optional extras: `scripts/install-deps.sh --bench` adds these
+if [[ "${1:-}" == "--bench" ]]; then
+  PACKAGES+=(redis-server gnuplot-nox)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "installing: ${missing[*]}" >&2
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,47 @@
+/* sync.h - synchronous tables (--sync-workers N), as TensorFlow's sparse
+ * conditional accumulator: the pushes of one step from N distinct workers
+ * are held, then merged (duplicates summed across workers), divided by N
+ * and applied as one optimizer step; only then are all N acknowledged.
+ *
+ * Steps are numbered from 1: step k is the table's k-th synchronous step.
+ * A push for a step already applied, for a step ahead of the current one,
+ * or a second push from the same worker (client id) in a step is refused.
+ * Used only by the apply thread, so nothing here locks. */
+#ifndef EMBPS_SYNC_H
+#define EMBPS_SYNC_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "merge.h"
+#include "server.h"
+
+typedef struct embps_sync_step embps_sync_step_t;
+
+typedef struct {
+  embps_sync_step_t *steps; /* one open step per synchronous table */
+  size_t n, cap;
+  int64_t *idx;             /* scratch for the combined gradient */
+  float *vals;
+  size_t scratch_rows;
+  embps_dedup_t dedup;
+} embps_sync_t;
+
+void embps_sync_init(embps_sync_t *s);
+/* Hands every held push to release(ctx, req) and frees everything; s may be
+ * initialised again afterwards. */
+void embps_sync_close(embps_sync_t *s,
+                      void (*release)(void *ctx, embps_request_t *req),
+                      void *ctx);
+
+/* Offers a push (req->table synchronous, merged, step set). Returns:
+ *   0  held: the step still waits for other workers;
+ *   1  the step is complete: *ready is the list (linked by ->next) of its
+ *      N requests, and *idx / *vals / *n the averaged merged gradient
+ *      (valid until the next call);
+ *   2  the step is complete but could not be combined (out of memory):
+ *      *ready's requests all hold that error as their reply;
+ *   <0 refused: req->reply holds the error (EMBPS_ESTEP or -ENOMEM). */
+int embps_sync_offer(embps_sync_t *s, embps_server_t *srv,
+                     embps_request_t *req, embps_request_t **ready,
+                     const int64_t **idx, const float **vals, size_t *n);
+#endif
