@@ -62,8 +62,9 @@ typedef struct {
   uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
   size_t hdr_got;
   embps_frame_header_t h;
-  uint8_t *body;
-  size_t body_got;
+  uint8_t *body; /* reused across frames: grows, never shrinks */
+  size_t body_cap, body_got;
+  int in_body;
 } conn_t;
 
 typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH } op_t;
@@ -209,6 +210,8 @@ static void conn_fail(conn_t *k, int code, const char *why) {
   k->pending_head = k->pending_tail = NULL;
   free(k->body);
   k->body = NULL;
+  k->body_cap = 0;
+  k->in_body = 0;
   k->hdr_got = k->body_got = 0;
 }
 
@@ -369,7 +372,7 @@ static void conn_read(conn_t *k) {
   for (;;) {
     uint8_t *dst;
     size_t want;
-    if (!k->body) {
+    if (!k->in_body) {
       dst = k->hdr + k->hdr_got;
       want = EMBPS_FRAME_HEADER_LEN - k->hdr_got;
     } else {
@@ -388,7 +391,7 @@ static void conn_read(conn_t *k) {
       conn_fail(k, EMBPS_ECONN, "server closed the connection");
       return;
     }
-    if (!k->body) {
+    if (!k->in_body) {
       k->hdr_got += (size_t)r;
       if (k->hdr_got < EMBPS_FRAME_HEADER_LEN)
         continue;
@@ -397,11 +400,17 @@ static void conn_read(conn_t *k) {
         conn_fail(k, EMBPS_EPROTO, "malformed reply frame");
         return;
       }
-      k->body = malloc(k->h.body_len ? k->h.body_len : 1);
-      if (!k->body) {
-        conn_fail(k, -ENOMEM, "out of memory for a reply");
-        return;
+      if (k->h.body_len > k->body_cap) {
+        free(k->body);
+        k->body_cap = 0;
+        k->body = malloc(k->h.body_len);
+        if (!k->body) {
+          conn_fail(k, -ENOMEM, "out of memory for a reply");
+          return;
+        }
+        k->body_cap = k->h.body_len;
       }
+      k->in_body = 1;
       k->body_got = 0;
     } else {
       k->body_got += (size_t)r;
@@ -433,13 +442,10 @@ static void conn_read(conn_t *k) {
         snprintf(why, sizeof why, "%s", m.u.error.message);
         code = m.u.error.code;
       }
-      free(k->body);
-      k->body = NULL;
       conn_fail(k, code, why);
       return;
     } /* else: the reply of a ticket abandoned after a timeout */
-    free(k->body);
-    k->body = NULL;
+    k->in_body = 0;
     k->hdr_got = k->body_got = 0;
   }
 }

@@ -1,15 +1,12 @@
-/* mf_demo.c - matrix factorization trained by several worker processes
- * against a running embps-server.
- *
- * It plants a low-rank truth (user and item factors, signal variance ~1),
- * draws ratings r = u.v + N(0, noise^2) for Zipf-popular (user, item) pairs
- * and keeps 10% of them aside. The parent creates the "users" and "items"
- * tables (adagrad), then fork()s the workers; each trains asynchronously on
- * its slice of the ratings: pull the batch's rows, compute the squared-error
- * gradients locally, turn them into IndexedSlices with embps_lookup_backward
- * and push them (repeated ids included; the server sums them). Workers
- * report every epoch through a pipe; the parent pulls all rows, prints the
- * held-out RMSE and succeeds only if it ends within 1.2x the planted noise.
+/* mf_demo.c - matrix factorization trained by worker processes against a
+ * running embps-server. From the seed it plants a low-rank truth (signal
+ * variance ~1), draws ratings u.v + N(0, noise^2) for Zipf-popular (user,
+ * item) pairs and holds 10% out. The parent creates the "users" and "items"
+ * tables, then fork()s the workers; each pulls its batches' rows, computes
+ * the squared-error gradients locally, turns them into IndexedSlices with
+ * embps_lookup_backward and pushes them, repeated ids and all (the server
+ * sums them). Workers report each epoch through a pipe; the parent pulls all
+ * rows, prints the held-out RMSE and passes if it ends within 1.2x the noise.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -55,23 +52,30 @@ typedef struct {
 /* One per worker per epoch, written whole to the worker's pipe. */
 typedef struct {
   int32_t worker, epoch;
-  double sse;        /* sum of squared errors of the epoch's predictions */
-  uint64_t count;    /* ratings seen */
-  uint64_t rows;     /* rows pulled + pushed */
-  double seconds;    /* wall time of the epoch */
+  double sse;     /* sum of squared errors of the epoch's predictions */
+  uint64_t count; /* ratings seen */
+  uint64_t rows;  /* rows pulled + pushed */
+  double seconds; /* wall time of the epoch */
 } report_t;
 
 /* ------------------------------------------------------------------ util */
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Prints "mf-demo: message" with one write, so the lines of several
+ * processes do not interleave; returns 1. */
 static int fail(const char *fmt, ...) {
+  char buf[1024];
+  int n = snprintf(buf, sizeof buf, "mf-demo: ");
   va_list ap;
   va_start(ap, fmt);
-  fputs("mf-demo: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
   va_end(ap);
+  size_t len = strlen(buf);
+  buf[len++] = '\n';
+  fflush(stdout);
+  if (write(STDERR_FILENO, buf, len) < 0)
+    return 1;
   return 1;
 }
 
@@ -107,9 +111,7 @@ static double rng_normal(uint64_t *s) {
   return sqrt(-2.0 * log(a)) * cos(6.283185307179586 * b);
 }
 
-static uint64_t rng_below(uint64_t *s, uint64_t n) {
-  return rng_next(s) % n;
-}
+static uint64_t rng_below(uint64_t *s, uint64_t n) { return rng_next(s) % n; }
 
 static void *xmalloc(size_t n, size_t size) {
   if (n && size > SIZE_MAX / n)
@@ -132,8 +134,8 @@ static int parse_num(const char *flag, const char *v, double lo, double hi,
   errno = 0;
   double d = strtod(v, &end);
   if (errno || end == v || *end || !(d >= lo && d <= hi)) {
-    fprintf(stderr, "mf-demo: %s \"%s\" is not a number in [%g, %g]\n", flag,
-            v, lo, hi);
+    fprintf(stderr, "mf-demo: %s \"%s\" is not a number in [%g, %g]\n", flag, v,
+            lo, hi);
     return -1;
   }
   *out = d;
@@ -352,8 +354,7 @@ static int setup_tables(const config_t *c, embps_client_t *cl) {
     int exists = 0, rc;
     if (table_exists(cl, names[t], &exists))
       return 1;
-    if (exists && (rc = embps_drop_table(cl, names[t])) &&
-        rc != EMBPS_ENOTABLE)
+    if (exists && (rc = embps_drop_table(cl, names[t])) && rc != EMBPS_ENOTABLE)
       return lib_fail("parent", "drop-table", cl, rc);
     embps_table_spec_t spec;
     embps_table_spec_init(&spec, names[t], c->rank, EMBPS_OPT_ADAGRAD);
@@ -374,8 +375,7 @@ static int setup_tables(const config_t *c, embps_client_t *cl) {
 }
 
 /* Pulls every row of both tables into U and V. */
-static int pull_all(const config_t *c, embps_client_t *cl, float *U,
-                    float *V) {
+static int pull_all(const config_t *c, embps_client_t *cl, float *U, float *V) {
   int64_t n = c->users > c->items ? c->users : c->items;
   int64_t *ids = xmalloc((size_t)n, sizeof *ids);
   if (!ids)
@@ -397,12 +397,13 @@ typedef struct {
   const config_t *c;
   const dataset_t *d;
   int w;
+  char name[32]; /* "worker W", for messages */
   embps_client_t *cl;
-  size_t lo, hi;            /* the worker's slice of the train ratings */
-  size_t *order;            /* its shuffled positions, hi - lo of them */
-  int64_t *uids, *iids;     /* batch ids, with repeats */
-  float *urows, *irows;     /* pulled rows, one per position */
-  float *ugrad, *igrad;     /* d loss / d row, one per position */
+  size_t lo, hi;        /* the worker's slice of the train ratings */
+  size_t *order;        /* its shuffled positions, hi - lo of them */
+  int64_t *uids, *iids; /* batch ids, with repeats */
+  float *urows, *irows; /* pulled rows, one per position */
+  float *ugrad, *igrad; /* d loss / d row, one per position */
   embps_slices_t ug, ig;
 } worker_t;
 
@@ -454,18 +455,18 @@ static int pull_pair(worker_t *wk, size_t n) {
   embps_ticket_t *tu, *ti;
   int rc = embps_pull_async(wk->cl, "users", wk->uids, n, wk->urows, k, &tu);
   if (rc)
-    return lib_fail("worker", "pull users", wk->cl, rc);
+    return lib_fail(wk->name, "pull users", wk->cl, rc);
   rc = embps_pull_async(wk->cl, "items", wk->iids, n, wk->irows, k, &ti);
   if (rc) {
     embps_wait(wk->cl, tu);
-    return lib_fail("worker", "pull items", wk->cl, rc);
+    return lib_fail(wk->name, "pull items", wk->cl, rc);
   }
   rc = embps_wait(wk->cl, tu);
   int rc2 = embps_wait(wk->cl, ti);
   if (rc)
-    return lib_fail("worker", "pull users", wk->cl, rc);
+    return lib_fail(wk->name, "pull users", wk->cl, rc);
   if (rc2)
-    return lib_fail("worker", "pull items", wk->cl, rc2);
+    return lib_fail(wk->name, "pull items", wk->cl, rc2);
   return 0;
 }
 
@@ -476,19 +477,19 @@ static int push_pair(worker_t *wk) {
   int rc = embps_push_async(wk->cl, "users", wk->ug.indices, wk->ug.n,
                             wk->ug.values, k, 0, &tu);
   if (rc)
-    return lib_fail("worker", "push users", wk->cl, rc);
+    return lib_fail(wk->name, "push users", wk->cl, rc);
   rc = embps_push_async(wk->cl, "items", wk->ig.indices, wk->ig.n,
                         wk->ig.values, k, 0, &ti);
   if (rc) {
     embps_wait(wk->cl, tu);
-    return lib_fail("worker", "push items", wk->cl, rc);
+    return lib_fail(wk->name, "push items", wk->cl, rc);
   }
   rc = embps_wait(wk->cl, tu);
   int rc2 = embps_wait(wk->cl, ti);
   if (rc)
-    return lib_fail("worker", "push users", wk->cl, rc);
+    return lib_fail(wk->name, "push users", wk->cl, rc);
   if (rc2)
-    return lib_fail("worker", "push items", wk->cl, rc2);
+    return lib_fail(wk->name, "push items", wk->cl, rc2);
   return 0;
 }
 
@@ -513,8 +514,7 @@ static double batch_gradients(worker_t *wk, const size_t *pos, size_t n) {
   return sse;
 }
 
-static int train_batch(worker_t *wk, const size_t *pos, size_t n,
-                       double *sse) {
+static int train_batch(worker_t *wk, const size_t *pos, size_t n, double *sse) {
   const uint32_t k = wk->c->rank;
   for (size_t i = 0; i < n; i++) {
     wk->uids[i] = wk->d->all[pos[i]].user;
@@ -570,6 +570,7 @@ static int write_all(int fd, const void *buf, size_t len) {
 /* The body of worker process w; returns its exit status. */
 static int worker_main(const config_t *c, const dataset_t *d, int w, int fd) {
   worker_t wk = {.c = c, .d = d, .w = w};
+  snprintf(wk.name, sizeof wk.name, "worker %d", w);
   wk.lo = d->n_train * (size_t)w / (size_t)c->workers;
   wk.hi = d->n_train * (size_t)(w + 1) / (size_t)c->workers;
   embps_client_options_t opts = {.servers = c->servers};
@@ -584,7 +585,7 @@ static int worker_main(const config_t *c, const dataset_t *d, int w, int fd) {
     report_t rep;
     status = train_epoch(&wk, e, &rep);
     if (status)
-      fprintf(stderr, "mf-demo: worker %d failed in epoch %d\n", w, e);
+      fail("worker %d: stopped in epoch %d", w, e);
     else if (write_all(fd, &rep, sizeof rep))
       status = fail("worker %d: cannot report to the parent: %s", w,
                     strerror(errno));
@@ -614,8 +615,7 @@ static int read_all(int fd, void *buf, size_t len) {
   return 0;
 }
 
-static int spawn_workers(const config_t *c, const dataset_t *d,
-                         child_t *kids) {
+static int spawn_workers(const config_t *c, const dataset_t *d, child_t *kids) {
   fflush(stdout);
   fflush(stderr);
   for (int w = 0; w < c->workers; w++) {
@@ -668,8 +668,8 @@ static int reap_workers(const config_t *c, child_t *kids, int kill_all) {
       fail("waitpid worker %d: %s", w, strerror(errno));
       bad++;
     } else if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
-      fail("worker %d (pid %d) failed with exit status %d", w,
-           (int)kids[w].pid, WEXITSTATUS(st));
+      fail("worker %d (pid %d) failed with exit status %d", w, (int)kids[w].pid,
+           WEXITSTATUS(st));
       bad++;
     } else if (WIFSIGNALED(st) && !(kill_all && WTERMSIG(st) == SIGTERM)) {
       fail("worker %d (pid %d) was killed by signal %d", w, (int)kids[w].pid,
@@ -680,30 +680,39 @@ static int reap_workers(const config_t *c, child_t *kids, int kill_all) {
   return bad;
 }
 
-static void print_header(const config_t *c, const dataset_t *d,
-                         double oracle, double zero) {
+/* RMSE of always predicting 0: the signal + noise spread. */
+static double zero_rmse(const dataset_t *d) {
+  double ss = 0;
+  for (size_t i = d->n_train; i < d->n_train + d->n_test; i++)
+    ss += (double)d->all[i].r * d->all[i].r;
+  return sqrt(ss / (double)(d->n_test ? d->n_test : 1));
+}
+
+static void print_header(const config_t *c, const dataset_t *d) {
+  double oracle = heldout_rmse(d, d->u_true, d->v_true, c->rank);
   printf("embps matrix factorization demo\n");
   printf("  data    %" PRId64 " users x %" PRId64 " items, rank %u, "
-         "noise %.3g, seed %" PRIu64 "\n", c->users, c->items, c->rank,
-         c->noise, c->seed);
+         "noise %.3g, seed %" PRIu64 "\n",
+         c->users, c->items, c->rank, c->noise, c->seed);
   printf("          %zu ratings (Zipf-popular ids): %zu train, %zu held out\n",
          c->ratings, d->n_train, d->n_test);
   printf("  train   %d workers, %d epochs, batch %d, adagrad lr %.3g, "
-         "l2 %.3g, init normal(%.3g)\n", c->workers, c->epochs, c->batch,
-         c->lr, c->l2, c->init_std);
+         "l2 %.3g, init normal(%.3g)\n",
+         c->workers, c->epochs, c->batch, c->lr, c->l2, c->init_std);
   printf("  held-out RMSE of the planted factors %.4f, of predicting 0 "
-         "%.4f\n", oracle, zero);
+         "%.4f\n",
+         oracle, zero_rmse(d));
   printf("  rows/s: rows pulled + pushed per second, summed over the "
          "workers\n\n");
-  printf("%5s  %12s  %15s  %12s  %8s\n", "epoch", "train RMSE",
-         "held-out RMSE", "rows/s", "time s");
+  printf("%5s  %12s  %15s  %12s  %8s\n", "epoch", "train RMSE", "held-out RMSE",
+         "rows/s", "time s");
   fflush(stdout);
 }
 
 /* Reads epoch e's report from every worker and prints its line. */
-static int epoch_line(const config_t *c, const dataset_t *d,
-                      embps_client_t *cl, child_t *kids, int e, float *U,
-                      float *V, double t0, double *rmse) {
+static int epoch_line(const config_t *c, const dataset_t *d, embps_client_t *cl,
+                      child_t *kids, int e, float *U, float *V, double t0,
+                      double *rmse) {
   double sse = 0, rate = 0;
   uint64_t count = 0;
   for (int w = 0; w < c->workers; w++) {
@@ -726,71 +735,76 @@ static int epoch_line(const config_t *c, const dataset_t *d,
   return 0;
 }
 
-static int parent_main(const config_t *c, const dataset_t *d) {
-  float *U = xmalloc((size_t)c->users * c->rank, sizeof *U);
-  float *V = xmalloc((size_t)c->items * c->rank, sizeof *V);
-  float *Z = calloc((size_t)(c->users > c->items ? c->users : c->items) *
-                        c->rank, sizeof *Z);
-  if (!U || !V || !Z) {
-    free(U);
-    free(V);
-    free(Z);
-    return fail("out of memory for the evaluation copy");
-  }
-  print_header(c, d, heldout_rmse(d, d->u_true, d->v_true, c->rank),
-               heldout_rmse(d, Z, Z, c->rank));
-  free(Z);
-
+/* Connects, (re)creates the tables and disconnects: no connection crosses
+ * fork(), every worker makes its own. */
+static int prepare_tables(const config_t *c) {
   embps_client_options_t opts = {.servers = c->servers};
-  embps_client_t *cl = NULL;
+  embps_client_t *cl;
   char err[512];
-  int rc = embps_client_create(&opts, &cl, err, sizeof err);
-  if (rc) {
-    fail("cannot connect to %s: %s",
-         c->servers ? c->servers : "the default servers", err);
-    goto out;
-  }
-  /* the tables, then no connection across fork(): workers make their own */
-  rc = setup_tables(c, cl);
+  if (embps_client_create(&opts, &cl, err, sizeof err))
+    return fail("%s", err);
+  int rc = setup_tables(c, cl);
   embps_client_destroy(cl);
-  cl = NULL;
-  if (rc)
-    goto out;
+  return rc;
+}
 
+/* Runs the workers and prints one line per epoch; *rmse gets the last
+ * held-out RMSE. Returns 0 only if every worker finished cleanly. */
+static int train(const config_t *c, const dataset_t *d, float *U, float *V,
+                 double t0, double *rmse) {
   child_t kids[MAX_WORKERS];
   for (int w = 0; w < MAX_WORKERS; w++)
     kids[w] = (child_t){.pid = -1, .fd = -1};
-  double t0 = now_s(), rmse = 0;
-  rc = spawn_workers(c, d, kids);
-  if (!rc && (rc = embps_client_create(&opts, &cl, err, sizeof err)))
-    rc = fail("cannot connect to %s: %s",
-              c->servers ? c->servers : "the default servers", err);
+  embps_client_options_t opts = {.servers = c->servers};
+  embps_client_t *cl = NULL;
+  char err[512];
+  int rc = spawn_workers(c, d, kids);
+  if (!rc && embps_client_create(&opts, &cl, err, sizeof err))
+    rc = fail("%s", err);
   for (int e = 1; !rc && e <= c->epochs; e++)
-    rc = epoch_line(c, d, cl, kids, e, U, V, t0, &rmse);
+    rc = epoch_line(c, d, cl, kids, e, U, V, t0, rmse);
   if (reap_workers(c, kids, rc != 0))
     rc = 1;
   embps_client_destroy(cl);
-  if (rc) {
-    fail("training failed");
-    goto out;
-  }
+  return rc;
+}
 
+/* The verdict: 0 if the held-out RMSE is within TARGET_RATIO x the noise. */
+static int verdict(const config_t *c, double rmse, double seconds) {
   double ratio = rmse / c->noise;
   printf("\nplanted noise %.4f, final held-out RMSE %.4f, ratio %.3f "
-         "(target <= %.1f), %.1f s\n", c->noise, rmse, ratio, TARGET_RATIO,
-         now_s() - t0);
+         "(target <= %.1f), %.1f s\n",
+         c->noise, rmse, ratio, TARGET_RATIO, seconds);
   if (ratio <= TARGET_RATIO) {
     printf("PASS: the workers recovered the planted factors up to the "
            "noise\n");
-  } else {
-    printf("FAIL: held-out RMSE %.4f is above %.1f x the noise (%.4f)\n",
-           rmse, TARGET_RATIO, TARGET_RATIO * c->noise);
-    rc = 1;
+    return 0;
   }
-out:
+  printf("FAIL: held-out RMSE %.4f is above %.1f x the noise (%.4f)\n", rmse,
+         TARGET_RATIO, TARGET_RATIO * c->noise);
+  return 1;
+}
+
+static int parent_main(const config_t *c, const dataset_t *d) {
+  if (prepare_tables(c))
+    return 1;
+  float *U = xmalloc((size_t)c->users * c->rank, sizeof *U);
+  float *V = xmalloc((size_t)c->items * c->rank, sizeof *V);
+  int rc;
+  if (!U || !V) {
+    rc = fail("out of memory for the evaluation copy");
+  } else {
+    print_header(c, d);
+    double t0 = now_s(), rmse = 0;
+    rc = train(c, d, U, V, t0, &rmse);
+    if (rc)
+      fail("training failed");
+    else
+      rc = verdict(c, rmse, now_s() - t0);
+  }
   free(U);
   free(V);
-  return rc ? 1 : 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {
