@@ -5,7 +5,8 @@
  *
  * The workload is the baselines' (../shared/baselines/common.h): Zipf(s)
  * over ranks 1..R, rank r mapped to id (r-1)*2654435761 mod R so hot rows
- * are spread over the table. Batches are generated before timing starts;
+ * are spread over the table (with --dynamic, ids are then mixed over the
+ * whole int64 range). Batches are generated before timing starts;
  * each worker keeps --depth requests in flight so the wire never idles
  * while the server works. */
 #include <errno.h>
@@ -66,6 +67,16 @@ static double unit(uint64_t *s) {
   return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* A bijection of uint64 (splitmix64's finaliser) spreading small ids
+ * over the whole int64 range. */
+static uint64_t spread(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 static int workload_make(const bench_opts_t *o, workload_t *w) {
   memset(w, 0, sizeof *w);
   double *cdf = malloc(o->rows * sizeof *cdf);
@@ -101,7 +112,9 @@ static int workload_make(const bench_opts_t *o, workload_t *w) {
         else
           lo = mid + 1;
       }
-      w->ids[b][i] = (int64_t)((lo * SCATTER_PRIME) % o->rows);
+      uint64_t id = (lo * SCATTER_PRIME) % o->rows;
+      /* dynamic tables: the same ids spread over the whole int64 range */
+      w->ids[b][i] = o->dynamic ? (int64_t)spread(id) : (int64_t)id;
     }
     int64_t k = embps_unique(w->ids[b], o->batch, scratch, NULL);
     w->n_unique[b] = k > 0 ? (size_t)k : 0;

@@ -65,6 +65,9 @@ typedef struct {
   uint8_t *body; /* reused across frames: grows, never shrinks */
   size_t body_cap, body_got;
   int in_body;
+  part_t *cur;    /* the part the frame being read answers, or NULL */
+  uint8_t *bulk;  /* where its bulk goes when read in place, or NULL */
+  size_t bulk_off;
 } conn_t;
 
 typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH } op_t;
@@ -73,7 +76,8 @@ struct part {
   embps_ticket_t *t;
   uint32_t server;
   uint32_t req_id;
-  uint32_t *pos; /* pull: positions in the ticket's unique list */
+  uint32_t *pos; /* push: positions in the caller's arrays (K > 1) */
+  size_t base;   /* pull: first position in the ticket's unique list */
   size_t n;
   embps_msg_t reply; /* OP_SIMPLE/OP_HELLO: the decoded reply */
   int has_reply;
@@ -92,7 +96,7 @@ struct embps_ticket {
   size_t n;
   int64_t *uniq;
   uint32_t *inverse;
-  float *urows; /* n_unique x dim; == out when ids were all distinct */
+  float *urows; /* n_unique x dim, grouped by server; or == out */
   size_t n_unique;
   /* push: merged copies when EMBPS_PUSH_MERGE */
   int64_t *m_idx;
@@ -212,6 +216,8 @@ static void conn_fail(conn_t *k, int code, const char *why) {
   k->body = NULL;
   k->body_cap = 0;
   k->in_body = 0;
+  k->cur = NULL;
+  k->bulk = NULL;
   k->hdr_got = k->body_got = 0;
 }
 
@@ -322,9 +328,10 @@ static void conn_write(conn_t *k) {
   }
 }
 
-/* Handles one reply frame for part p (body freed by the caller). */
+/* Handles one reply frame for part p. in_place: its bulk went straight to
+ * the part's destination (pull rows). */
 static void deliver(conn_t *k, part_t *p, const embps_frame_header_t *h,
-                    const uint8_t *body) {
+                    const uint8_t *body, int in_place) {
   embps_ticket_t *t = p->t;
   embps_msg_t m;
   int rc = embps_msg_unpack(h->kind, body, h->meta_len, &m);
@@ -337,24 +344,13 @@ static void deliver(conn_t *k, part_t *p, const embps_frame_header_t *h,
     ticket_fail(t, m.u.error.code, "%s", m.u.error.message);
     return;
   }
-  const uint8_t *bulk = body + embps_bulk_offset(h->meta_len);
-  size_t bulk_len = h->body_len - embps_bulk_offset(h->meta_len);
   switch (t->op) {
-  case OP_PULL: {
-    uint32_t dim = t->dim;
-    if (h->kind != (EMBPS_KIND_PULL | EMBPS_KIND_REPLY) ||
-        m.u.pull_reply.n_rows != p->n || m.u.pull_reply.dim != dim ||
-        bulk_len != p->n * dim * sizeof(float)) {
+  case OP_PULL: /* the rows were read in place (conn_read) */
+    if (!in_place || m.u.pull_reply.n_rows != p->n ||
+        m.u.pull_reply.dim != t->dim)
       ticket_fail(t, EMBPS_EPROTO, "%s: pull reply does not match the "
                   "request", k->addr);
-      break;
-    }
-    const float *rows = (const float *)bulk;
-    for (size_t i = 0; i < p->n; i++)
-      memcpy(t->urows + (size_t)p->pos[i] * dim, rows + i * dim,
-             dim * sizeof(float));
     break;
-  }
   case OP_PUSH:
     if (h->kind != (EMBPS_KIND_PUSH | EMBPS_KIND_REPLY))
       ticket_fail(t, EMBPS_EPROTO, "%s: unexpected reply to a push", k->addr);
@@ -367,6 +363,86 @@ static void deliver(conn_t *k, part_t *p, const embps_frame_header_t *h,
   embps_msg_free(&m);
 }
 
+/* The pending part answered by request id `req_id`, or NULL. Replies
+ * mostly come in order, so this usually looks at the head only. */
+static part_t *find_part(conn_t *k, uint32_t req_id) {
+  part_t *p = k->pending_head;
+  while (p && p->req_id != req_id)
+    p = p->next;
+  return p;
+}
+
+static void unlink_part(conn_t *k, part_t *p) {
+  part_t *prev = NULL;
+  for (part_t *q = k->pending_head; q && q != p; q = q->next)
+    prev = q;
+  if (prev)
+    prev->next = p->next;
+  else
+    k->pending_head = p->next;
+  if (k->pending_tail == p)
+    k->pending_tail = prev;
+  p->next = NULL;
+}
+
+/* A header is in: finds its part and decides where the body goes. A pull
+ * reply of the expected size has its rows read straight into the ticket's
+ * row buffer; everything else is read into the connection's buffer. */
+static int begin_body(conn_t *k) {
+  const embps_frame_header_t *h = &k->h;
+  part_t *p = find_part(k, h->req_id);
+  size_t off = embps_bulk_offset(h->meta_len);
+  size_t buffered = h->body_len;
+  k->cur = p;
+  k->bulk = NULL;
+  if (p && p->t->op == OP_PULL &&
+      h->kind == (EMBPS_KIND_PULL | EMBPS_KIND_REPLY) &&
+      h->body_len == off + p->n * p->t->dim * sizeof(float)) {
+    k->bulk = (uint8_t *)(p->t->urows + p->base * p->t->dim);
+    k->bulk_off = off;
+    buffered = off;
+  }
+  if (buffered > k->body_cap) {
+    free(k->body);
+    k->body_cap = 0;
+    k->body = malloc(buffered);
+    if (!k->body)
+      return -ENOMEM;
+    k->body_cap = buffered;
+  }
+  k->in_body = 1;
+  k->body_got = 0;
+  return 0;
+}
+
+/* A whole frame is in: hands it to its part. Returns 0, or -1 when the
+ * connection was failed. */
+static int end_body(conn_t *k) {
+  part_t *p = k->cur;
+  int in_place = k->bulk != NULL;
+  k->in_body = 0;
+  k->hdr_got = k->body_got = 0;
+  k->cur = NULL;
+  k->bulk = NULL;
+  if (p) {
+    unlink_part(k, p);
+    deliver(k, p, &k->h, k->body, in_place);
+    part_done(p);
+  } else if (k->h.kind == EMBPS_KIND_ERROR && k->h.req_id == 0) {
+    /* a connection-level refusal (e.g. --max-connections) */
+    embps_msg_t m;
+    char why[EMBPS_MESSAGE_MAX] = "connection refused by server";
+    int code = EMBPS_ECONN;
+    if (embps_msg_unpack(k->h.kind, k->body, k->h.meta_len, &m) == 0) {
+      snprintf(why, sizeof why, "%s", m.u.error.message);
+      code = m.u.error.code;
+    }
+    conn_fail(k, code, why);
+    return -1;
+  } /* else: a reply nobody waits for any more */
+  return 0;
+}
+
 /* Reads whatever is available on k and delivers complete frames. */
 static void conn_read(conn_t *k) {
   for (;;) {
@@ -375,9 +451,12 @@ static void conn_read(conn_t *k) {
     if (!k->in_body) {
       dst = k->hdr + k->hdr_got;
       want = EMBPS_FRAME_HEADER_LEN - k->hdr_got;
+    } else if (k->bulk && k->body_got >= k->bulk_off) {
+      dst = k->bulk + (k->body_got - k->bulk_off);
+      want = k->h.body_len - k->body_got;
     } else {
       dst = k->body + k->body_got;
-      want = k->h.body_len - k->body_got;
+      want = (k->bulk ? k->bulk_off : k->h.body_len) - k->body_got;
     }
     ssize_t r = want ? read(k->fd, dst, want) : 0;
     if (want && r < 0) {
@@ -395,58 +474,19 @@ static void conn_read(conn_t *k) {
       k->hdr_got += (size_t)r;
       if (k->hdr_got < EMBPS_FRAME_HEADER_LEN)
         continue;
-      int rc = embps_frame_header_decode(k->hdr, MAX_REPLY_BYTES, &k->h);
-      if (rc) {
+      if (embps_frame_header_decode(k->hdr, MAX_REPLY_BYTES, &k->h)) {
         conn_fail(k, EMBPS_EPROTO, "malformed reply frame");
         return;
       }
-      if (k->h.body_len > k->body_cap) {
-        free(k->body);
-        k->body_cap = 0;
-        k->body = malloc(k->h.body_len);
-        if (!k->body) {
-          conn_fail(k, -ENOMEM, "out of memory for a reply");
-          return;
-        }
-        k->body_cap = k->h.body_len;
+      if (begin_body(k)) {
+        conn_fail(k, -ENOMEM, "out of memory for a reply");
+        return;
       }
-      k->in_body = 1;
-      k->body_got = 0;
     } else {
       k->body_got += (size_t)r;
     }
-    if (k->body_got < k->h.body_len)
-      continue;
-    /* a whole frame: find its part (replies mostly come in order) */
-    part_t *prev = NULL, *p = k->pending_head;
-    while (p && p->req_id != k->h.req_id) {
-      prev = p;
-      p = p->next;
-    }
-    if (p) {
-      if (prev)
-        prev->next = p->next;
-      else
-        k->pending_head = p->next;
-      if (k->pending_tail == p)
-        k->pending_tail = prev;
-      p->next = NULL;
-      deliver(k, p, &k->h, k->body);
-      part_done(p);
-    } else if (k->h.kind == EMBPS_KIND_ERROR && k->h.req_id == 0) {
-      /* a connection-level refusal (e.g. --max-connections) */
-      embps_msg_t m;
-      char why[EMBPS_MESSAGE_MAX] = "connection refused by server";
-      int code = EMBPS_ECONN;
-      if (embps_msg_unpack(k->h.kind, k->body, k->h.meta_len, &m) == 0) {
-        snprintf(why, sizeof why, "%s", m.u.error.message);
-        code = m.u.error.code;
-      }
-      conn_fail(k, code, why);
+    if (k->body_got == k->h.body_len && end_body(k))
       return;
-    } /* else: the reply of a ticket abandoned after a timeout */
-    k->in_body = 0;
-    k->hdr_got = k->body_got = 0;
   }
 }
 
@@ -492,23 +532,16 @@ static int progress(embps_client_t *c, int timeout_ms) {
   return 0;
 }
 
-/* Abandons parts still pending (after a timeout): their late replies will
- * find no part and be dropped. */
-static void ticket_abandon(embps_client_t *c, embps_ticket_t *t) {
+/* After a timeout: drops the connections that still owe t a reply. Their
+ * other requests fail too, but no late reply can land in a buffer the
+ * caller has taken back. */
+static void ticket_abandon(embps_client_t *c, embps_ticket_t *t, int code) {
   for (uint32_t i = 0; i < c->n; i++) {
     conn_t *k = &c->conns[i];
-    part_t *prev = NULL;
-    for (part_t *p = k->pending_head, *next; p; p = next) {
-      next = p->next;
+    for (part_t *p = k->pending_head; p; p = p->next) {
       if (p->t == t) {
-        if (prev)
-          prev->next = next;
-        else
-          k->pending_head = next;
-        if (k->pending_tail == p)
-          k->pending_tail = prev;
-      } else {
-        prev = p;
+        conn_fail(k, code, "no reply in time; connection dropped");
+        break;
       }
     }
   }
@@ -520,15 +553,15 @@ static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
   while (t->n_done < t->n_parts) {
     uint64_t now = embps_now_ns();
     if (now >= deadline) {
-      ticket_abandon(c, t);
       ticket_fail(t, EMBPS_ETIMEDOUT, "no reply within %d ms", c->timeout_ms);
+      ticket_abandon(c, t, EMBPS_ETIMEDOUT);
       break;
     }
     int ms = (int)((deadline - now + 999999) / 1000000);
     int rc = progress(c, ms);
     if (rc) {
-      ticket_abandon(c, t);
       ticket_fail(t, rc, "%s", embps_strerror(rc));
+      ticket_abandon(c, t, rc);
       break;
     }
   }
@@ -1000,15 +1033,54 @@ static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
   return rc;
 }
 
+/* Orders the ticket's unique ids by owning server, so that each server's
+ * ids, and so its rows, are contiguous (part s covers [base, base + n)),
+ * and remaps the inverse index to match. */
+static int group_unique_by_server(embps_client_t *c, embps_ticket_t *t) {
+  uint32_t K = c->n;
+  size_t n = t->n_unique;
+  if (K == 1) {
+    t->parts[0].base = 0;
+    t->parts[0].n = n;
+    return 0;
+  }
+  uint32_t *owner = malloc((n ? n : 1) * sizeof *owner);
+  uint32_t *moved = malloc((n ? n : 1) * sizeof *moved);
+  int64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  size_t *fill = calloc(K, sizeof *fill);
+  int rc = owner && moved && ids && fill ? 0 : -ENOMEM;
+  if (!rc) {
+    for (size_t i = 0; i < n; i++) {
+      owner[i] = embps_route(t->uniq[i], K);
+      t->parts[owner[i]].n++;
+    }
+    for (uint32_t s = 1; s < K; s++)
+      t->parts[s].base = t->parts[s - 1].base + t->parts[s - 1].n;
+    for (size_t i = 0; i < n; i++) {
+      part_t *p = &t->parts[owner[i]];
+      moved[i] = (uint32_t)(p->base + fill[owner[i]]++);
+      ids[moved[i]] = t->uniq[i];
+    }
+    for (size_t i = 0; i < t->n; i++)
+      t->inverse[i] = moved[t->inverse[i]];
+    free(t->uniq);
+    t->uniq = ids;
+    ids = NULL;
+  }
+  free(owner);
+  free(moved);
+  free(ids);
+  free(fill);
+  return rc;
+}
+
 static size_t pull_bulk_len(const part_t *p, uint32_t dim) {
   return p->n * sizeof(int64_t);
 }
 
 static void pull_fill(const embps_ticket_t *t, const part_t *p,
                       const void *ctx, uint8_t *dst) {
-  int64_t *ids = (int64_t *)dst;
-  for (size_t i = 0; i < p->n; i++)
-    ids[i] = t->uniq[p->pos[i]];
+  memcpy(dst, t->uniq + p->base, p->n * sizeof *t->uniq);
 }
 
 static int check_name(embps_client_t *c, const char *table) {
@@ -1039,13 +1111,15 @@ int embps_pull_async(embps_client_t *c, const char *table,
                   : -ENOMEM;
   if (k >= 0) {
     t->n_unique = (size_t)k;
-    t->urows = (size_t)k == n ? out
-                              : malloc((k ? (size_t)k : 1) * dim * sizeof(float));
+    /* all distinct on one server: the rows land in the caller's buffer */
+    t->urows = (size_t)k == n && c->n == 1
+                   ? out
+                   : malloc((k ? (size_t)k : 1) * dim * sizeof(float));
     if (!t->urows)
       k = -ENOMEM;
   }
   if (k >= 0)
-    k = split_by_server(c, t, t->uniq, t->n_unique);
+    k = group_unique_by_server(c, t);
   if (k < 0) {
     ticket_free(t);
     return set_error(c, -ENOMEM, "out of memory");

@@ -5,7 +5,6 @@
  * A push that passes is merged in place (duplicates summed inside the frame
  * buffer it arrived in, so it costs no allocation) and handed to the apply
  * thread; every other kind is answered at once. */
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,15 +213,17 @@ out:
   embps_table_unref(t);
 }
 
-/* Position of the first row holding a non-finite value, or n. The fast
- * pass sums x*0, which is NaN exactly when some x is inf or NaN. */
+/* Position of the first row holding a non-finite value, or n. A float is
+ * inf or NaN exactly when its exponent bits are all ones; the per-row test
+ * is an integer OR-reduction, which gcc vectorises. */
 static size_t first_nonfinite(const float *v, size_t n, uint32_t dim) {
+  const uint32_t *bits = (const uint32_t *)v;
   for (size_t i = 0; i < n; i++) {
-    const float *r = v + i * dim;
-    float acc = 0;
+    const uint32_t *r = bits + i * dim;
+    uint32_t bad = 0;
     for (uint32_t j = 0; j < dim; j++)
-      acc += r[j] * 0.0f;
-    if (acc != acc)
+      bad |= (r[j] & 0x7f800000u) == 0x7f800000u;
+    if (bad)
       return i;
   }
   return n;
