@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "embps/embps.h"
+#include "route.h"
 #include "util.h"
 
 #define SCATTER_PRIME 2654435761ULL
@@ -67,16 +68,6 @@ static double unit(uint64_t *s) {
   return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* A bijection of uint64 (splitmix64's finaliser) spreading small ids
- * over the whole int64 range. */
-static uint64_t spread(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 static int workload_make(const bench_opts_t *o, workload_t *w) {
   memset(w, 0, sizeof *w);
   double *cdf = malloc(o->rows * sizeof *cdf);
@@ -114,7 +105,7 @@ static int workload_make(const bench_opts_t *o, workload_t *w) {
       }
       uint64_t id = (lo * SCATTER_PRIME) % o->rows;
       /* dynamic tables: the same ids spread over the whole int64 range */
-      w->ids[b][i] = o->dynamic ? (int64_t)spread(id) : (int64_t)id;
+      w->ids[b][i] = o->dynamic ? (int64_t)embps_mix64(id) : (int64_t)id;
     }
     int64_t k = embps_unique(w->ids[b], o->batch, scratch, NULL);
     w->n_unique[b] = k > 0 ? (size_t)k : 0;
