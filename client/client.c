@@ -57,6 +57,7 @@ typedef struct {
   int port;
   char addr[300];
   int fd;
+  uint64_t max_frame; /* the server's --max-frame-bytes, from its hello */
   out_buf_t *out_head, *out_tail;
   part_t *pending_head, *pending_tail; /* sent, awaiting a reply */
   uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
@@ -588,6 +589,7 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
     rc = ticket_run(c, t);
   if (!rc) {
     const embps_hello_reply_t *r = &t->parts[0].reply.u.hello_reply;
+    k->max_frame = r->max_frame_bytes;
     if (r->cluster_size != c->n || r->cluster_index != index) {
       rc = EMBPS_EWRONGSERVER;
       snprintf(t->error, sizeof t->error, "%s is server %u of a cluster of "
@@ -616,6 +618,17 @@ static int ensure_conn(embps_client_t *c, uint32_t s) {
   return rc;
 }
 
+/* Refuses a frame larger than server s accepts, before sending it. */
+static int frame_fits(embps_client_t *c, uint32_t s, size_t frame_len) {
+  const conn_t *k = &c->conns[s];
+  size_t body = frame_len - EMBPS_FRAME_HEADER_LEN;
+  if (!k->max_frame || body <= k->max_frame)
+    return 0;
+  return set_error(c, EMBPS_EFRAMESIZE, "%s: frame of %zu bytes exceeds "
+                   "--max-frame-bytes %llu; split the request", k->addr, body,
+                   (unsigned long long)k->max_frame);
+}
+
 static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
                     const embps_msg_t *m, const void *bulk, size_t bulk_len) {
   if (m->kind != EMBPS_KIND_HELLO) {
@@ -630,6 +643,11 @@ static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
   int rc = embps_frame_build(m, p->req_id, bulk_len, &frame, &len, &off);
   if (rc)
     return set_error(c, rc, "%s", embps_strerror(rc));
+  rc = frame_fits(c, s, len);
+  if (rc) {
+    free(frame);
+    return rc;
+  }
   if (bulk_len)
     memcpy(frame + off, bulk, bulk_len);
   conn_send(&c->conns[s], frame, len, p);
@@ -1022,6 +1040,12 @@ static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
     p->req_id = ++c->next_req_id;
     rc = embps_frame_build(m, p->req_id, bulk_len(p, t->dim), &frame, &len,
                            &off);
+    if (!rc && (rc = frame_fits(c, s, len)) != 0) {
+      free(frame);
+      ticket_fail(t, rc, "%s", c->last_error);
+      part_done(p);
+      continue;
+    }
     if (rc) {
       ticket_fail(t, rc, "%s", embps_strerror(rc));
       part_done(p);

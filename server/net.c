@@ -52,6 +52,7 @@ struct embps_conn {
   size_t hdr_got;
   embps_request_t *cur; /* frame being read, body allocated */
   size_t body_got;
+  size_t skip; /* bytes of a refused (oversized) frame still to discard */
   uint8_t *stage;
   int authed, reading, closing, close_after_write, dead;
   size_t write_pending;
@@ -215,20 +216,27 @@ static void run_waiting(embps_conn_t *c) {
 
 /* ------------------------------------------------------------ reading */
 
-static void fail_frame(embps_conn_t *c, int code, const char *msg) {
+/* Refuses the frame whose header is h. With keep, the connection goes on
+ * (the body is skipped unread); otherwise it is closed after the reply. */
+static void fail_frame(embps_conn_t *c, const embps_frame_header_t *h,
+                       int code, const char *msg, int keep) {
   embps_request_t *req = calloc(1, sizeof *req);
   if (!req) {
     conn_close(c);
     return;
   }
   req->conn = c;
+  if (h)
+    req->hdr = *h;
   embps_request_fail(c->io->srv, req, code, "%s", msg);
-  c->close_after_write = 1;
-  if (c->reading) {
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    c->reading = 0;
+  if (!keep) {
+    c->close_after_write = 1;
+    if (c->reading) {
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      c->reading = 0;
+    }
   }
-  send_reply(c, req);
+  send_reply(c, req); /* replies carry their request id: no order needed */
 }
 
 static void frame_complete(embps_conn_t *c) {
@@ -244,22 +252,25 @@ static int start_frame(embps_conn_t *c) {
   embps_server_t *srv = c->io->srv;
   embps_frame_header_t h;
   int rc = embps_frame_header_decode(c->hdr, srv->cfg.max_frame_bytes, &h);
-  if (rc == EMBPS_EFRAMESIZE) {
+  if (rc == EMBPS_EFRAMESIZE) { /* well framed, too big: skip it, go on */
     char msg[128];
     snprintf(msg, sizeof msg, "frame of %u bytes exceeds --max-frame-bytes "
              "%llu", h.body_len, (unsigned long long)srv->cfg.max_frame_bytes);
-    fail_frame(c, rc, msg);
-    return -1;
+    c->hdr_got = 0;
+    c->skip = h.body_len;
+    fail_frame(c, &h, rc, msg, c->authed);
+    return c->authed ? 0 : -1;
   }
   if (rc) {
-    fail_frame(c, rc, "malformed frame header (not the embps protocol?)");
+    fail_frame(c, NULL, rc, "malformed frame header (not the embps "
+               "protocol?)", 0);
     return -1;
   }
   embps_request_t *req = calloc(1, sizeof *req);
   uint8_t *body = req ? malloc(h.body_len ? h.body_len : 1) : NULL;
   if (!body) {
     free(req);
-    fail_frame(c, EMBPS_ENOMEM, "out of memory for a request");
+    fail_frame(c, &h, EMBPS_ENOMEM, "out of memory for a request", 0);
     return -1;
   }
   req->hdr = h;
@@ -274,7 +285,12 @@ static int start_frame(embps_conn_t *c) {
 /* Parses bytes read into the staging buffer. */
 static void consume(embps_conn_t *c, const uint8_t *p, size_t n) {
   while (n && !c->closing && !c->close_after_write) {
-    if (!c->cur) {
+    if (c->skip) {
+      size_t take = c->skip < n ? c->skip : n;
+      c->skip -= take;
+      p += take;
+      n -= take;
+    } else if (!c->cur) {
       size_t take = EMBPS_FRAME_HEADER_LEN - c->hdr_got;
       if (take > n)
         take = n;

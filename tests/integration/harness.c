@@ -1,0 +1,328 @@
+/* harness.c - see harness.h. Servers are forked and exec'd with their
+ * stdout and stderr in a log file; PR_SET_PDEATHSIG makes sure no server
+ * outlives a test program that crashes. */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_ARGS 64
+
+double it_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(double ms) {
+  long long ns = (long long)(ms * 1e6);
+  struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000LL),
+                        .tv_nsec = (long)(ns % 1000000000LL)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static int status_code(int st) {
+  if (WIFEXITED(st))
+    return WEXITSTATUS(st);
+  if (WIFSIGNALED(st))
+    return 128 + WTERMSIG(st);
+  return -1;
+}
+
+/* In a freshly forked child: default signal handling, nothing blocked, and
+ * death with the parent. */
+static void child_reset_signals(void) {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  signal(SIGPIPE, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+}
+
+static void remove_dir(it_server_t *s) {
+  if (!s->dir[0])
+    return;
+  unlink(s->port_file);
+  unlink(s->log_file);
+  rmdir(s->dir);
+  s->dir[0] = 0;
+}
+
+void it_server_dump_log(const it_server_t *s) {
+  FILE *f = fopen(s->log_file, "r");
+  if (!f) {
+    fprintf(stderr, "[harness] no log at %s\n", s->log_file);
+    return;
+  }
+  fprintf(stderr, "[harness] ---- log of embps-server %s (pid %d) ----\n",
+          s->addr[0] ? s->addr : "?", (int)s->pid);
+  char line[1024];
+  while (fgets(line, sizeof line, f))
+    fprintf(stderr, "[server] %s", line);
+  fprintf(stderr, "[harness] ---- end of log ----\n");
+  fclose(f);
+}
+
+static int read_port(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  int port = -1;
+  if (fscanf(f, "%d", &port) != 1)
+    port = -1;
+  fclose(f);
+  return port > 0 && port < 65536 ? port : -1;
+}
+
+int it_server_start(it_server_t *s, const char *const *extra_args) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->dir, sizeof s->dir, "/tmp/embps-it-XXXXXX");
+  if (!mkdtemp(s->dir)) {
+    fprintf(stderr, "[harness] mkdtemp: %s\n", strerror(errno));
+    s->dir[0] = 0;
+    return -1;
+  }
+  snprintf(s->port_file, sizeof s->port_file, "%s/port", s->dir);
+  snprintf(s->log_file, sizeof s->log_file, "%s/server.log", s->dir);
+
+  const char *argv[MAX_ARGS];
+  int argc = 0;
+  argv[argc++] = EMBPS_SERVER_BIN;
+  argv[argc++] = "--listen";
+  argv[argc++] = "127.0.0.1:0";
+  argv[argc++] = "--port-file";
+  argv[argc++] = s->port_file;
+  for (size_t i = 0; extra_args && extra_args[i]; i++) {
+    if (argc >= MAX_ARGS - 1) {
+      fprintf(stderr, "[harness] too many server arguments\n");
+      remove_dir(s);
+      return -1;
+    }
+    argv[argc++] = extra_args[i];
+  }
+  argv[argc] = NULL;
+
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "[harness] fork: %s\n", strerror(errno));
+    remove_dir(s);
+    return -1;
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(127);
+    child_reset_signals();
+    int log = open(s->log_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int null = open("/dev/null", O_RDONLY);
+    if (log < 0 || null < 0)
+      _exit(127);
+    dup2(null, 0);
+    dup2(log, 1);
+    dup2(log, 2);
+    execv(argv[0], (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  s->pid = pid;
+
+  double deadline = it_now_ms() + 10000;
+  for (;;) {
+    int st;
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) {
+      fprintf(stderr, "[harness] embps-server exited during start-up "
+              "(status %d)\n", status_code(st));
+      s->pid = 0;
+      it_server_dump_log(s);
+      remove_dir(s);
+      return -1;
+    }
+    int port = read_port(s->port_file);
+    if (port > 0) {
+      s->port = port;
+      snprintf(s->addr, sizeof s->addr, "127.0.0.1:%d", port);
+      return 0;
+    }
+    if (it_now_ms() > deadline) {
+      fprintf(stderr, "[harness] no port file after 10 s\n");
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      s->pid = 0;
+      it_server_dump_log(s);
+      remove_dir(s);
+      return -1;
+    }
+    sleep_ms(2);
+  }
+}
+
+int it_server_wait(it_server_t *s, int timeout_ms) {
+  if (!s->pid)
+    return -1;
+  double deadline = it_now_ms() + timeout_ms;
+  for (;;) {
+    int st;
+    pid_t w = waitpid(s->pid, &st, WNOHANG);
+    if (w == s->pid) {
+      s->pid = 0;
+      int code = status_code(st);
+      if (code != 0)
+        it_server_dump_log(s);
+      remove_dir(s);
+      return code;
+    }
+    if (w < 0 && errno != EINTR) {
+      s->pid = 0;
+      remove_dir(s);
+      return -1;
+    }
+    if (it_now_ms() > deadline)
+      return -1;
+    sleep_ms(1);
+  }
+}
+
+int it_server_stop(it_server_t *s) {
+  if (!s->pid) {
+    remove_dir(s);
+    return -1;
+  }
+  kill(s->pid, SIGTERM);
+  int code = it_server_wait(s, 10000);
+  if (s->pid) { /* still running after 10 s */
+    fprintf(stderr, "[harness] embps-server %s ignored SIGTERM for 10 s; "
+            "killing it\n", s->addr);
+    it_server_dump_log(s);
+    it_server_kill(s);
+    return -1;
+  }
+  return code;
+}
+
+void it_server_kill(it_server_t *s) {
+  if (s->pid) {
+    int st;
+    kill(s->pid, SIGKILL);
+    while (waitpid(s->pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    s->pid = 0;
+  }
+  remove_dir(s);
+}
+
+/* ------------------------------------------------------------ CLI */
+
+static int temp_file(char *path, size_t cap, const char *what) {
+  snprintf(path, cap, "/tmp/embps-it-%s-XXXXXX", what);
+  int fd = mkstemp(path);
+  if (fd >= 0)
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return fd;
+}
+
+static char *slurp(int fd, size_t *len) {
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap + 1);
+  if (!buf)
+    return NULL;
+  lseek(fd, 0, SEEK_SET);
+  for (;;) {
+    if (n == cap) {
+      char *b = realloc(buf, 2 * cap + 1);
+      if (!b)
+        break;
+      buf = b;
+      cap *= 2;
+    }
+    ssize_t r = read(fd, buf + n, cap - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    n += (size_t)r;
+  }
+  buf[n] = 0;
+  *len = n;
+  return buf;
+}
+
+int it_cli_run(it_cli_result_t *r, const char *const *args) {
+  memset(r, 0, sizeof *r);
+  r->status = -1;
+  char out_path[64], err_path[64];
+  int out = temp_file(out_path, sizeof out_path, "out");
+  int err = temp_file(err_path, sizeof err_path, "err");
+  const char *argv[MAX_ARGS];
+  int argc = 0;
+  argv[argc++] = EMBPS_CLI_BIN;
+  for (size_t i = 0; args && args[i] && argc < MAX_ARGS - 1; i++)
+    argv[argc++] = args[i];
+  argv[argc] = NULL;
+  pid_t pid = out >= 0 && err >= 0 ? fork() : -1;
+  if (pid == 0) {
+    child_reset_signals();
+    int null = open("/dev/null", O_RDONLY);
+    if (null >= 0)
+      dup2(null, 0);
+    dup2(out, 1);
+    dup2(err, 2);
+    execv(argv[0], (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  if (pid > 0) {
+    double deadline = it_now_ms() + 30000;
+    int st;
+    for (;;) {
+      pid_t w = waitpid(pid, &st, WNOHANG);
+      if (w == pid) {
+        r->status = status_code(st);
+        break;
+      }
+      if (w < 0 && errno != EINTR)
+        break;
+      if (it_now_ms() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        r->status = 128 + SIGKILL;
+        break;
+      }
+      sleep_ms(1);
+    }
+  }
+  if (out >= 0) {
+    r->out = slurp(out, &r->out_len);
+    close(out);
+    unlink(out_path);
+  }
+  if (err >= 0) {
+    r->err = slurp(err, &r->err_len);
+    close(err);
+    unlink(err_path);
+  }
+  if (!r->out)
+    r->out = calloc(1, 1);
+  if (!r->err)
+    r->err = calloc(1, 1);
+  return r->status;
+}
+
+void it_cli_result_free(it_cli_result_t *r) {
+  free(r->out);
+  free(r->err);
+  r->out = r->err = NULL;
+}

@@ -1,0 +1,66 @@
+/* harness.h - helpers for the integration tests: start real embps-server
+ * processes (EMBPS_SERVER_BIN, a compile-time path) on 127.0.0.1 port 0,
+ * learn their port from --port-file, stop them with SIGTERM (reporting the
+ * exit status) or kill -9, and run the embps CLI (EMBPS_CLI_BIN) capturing
+ * its stdout, stderr and exit code. Each server gets a private temporary
+ * directory holding its port file and its log (stderr), which is printed
+ * when a start fails or on request. */
+#ifndef EMBPS_TEST_HARNESS_H
+#define EMBPS_TEST_HARNESS_H
+#include <stddef.h>
+#include <sys/types.h>
+
+#ifndef EMBPS_SERVER_BIN
+#error "define EMBPS_SERVER_BIN as the path of embps-server"
+#endif
+#ifndef EMBPS_CLI_BIN
+#error "define EMBPS_CLI_BIN as the path of the embps CLI"
+#endif
+
+typedef struct {
+  pid_t pid;         /* 0 when not running */
+  int port;
+  char addr[32];     /* "127.0.0.1:PORT" */
+  char dir[256];     /* private temporary directory */
+  char port_file[300];
+  char log_file[300];
+} it_server_t;
+
+/* Starts embps-server with `--listen 127.0.0.1:0 --port-file F` followed by
+ * extra_args (NULL-terminated; may be NULL) and waits up to 10 s for the port
+ * file. Returns 0, or -1 (the server's log is printed to stderr and nothing
+ * is left running). */
+int it_server_start(it_server_t *s, const char *const *extra_args);
+
+/* Sends SIGTERM and waits up to 10 s. Returns the exit code (0..255),
+ * 128 + signal if a signal ended it, or -1 if it had to be killed after the
+ * timeout (or was not running). Removes the temporary directory. */
+int it_server_stop(it_server_t *s);
+
+/* kill -9 and reap; removes the temporary directory. */
+void it_server_kill(it_server_t *s);
+
+/* Prints the server's log to stderr (for diagnosing a failure). */
+void it_server_dump_log(const it_server_t *s);
+
+/* Waits up to timeout_ms for the server to exit by itself; returns its
+ * status as it_server_stop() does, or -1 if still running. */
+int it_server_wait(it_server_t *s, int timeout_ms);
+
+typedef struct {
+  int status;   /* exit code, 128 + signal, or -1 if it could not run */
+  char *out;    /* stdout, NUL-terminated (malloc'd) */
+  size_t out_len;
+  char *err;    /* stderr, NUL-terminated (malloc'd) */
+  size_t err_len;
+} it_cli_result_t;
+
+/* Runs EMBPS_CLI_BIN with args (NULL-terminated, without argv[0]), stdin
+ * from /dev/null, with a 30 s limit (then killed: status 128+9).
+ * Returns r->status. Free with it_cli_result_free(). */
+int it_cli_run(it_cli_result_t *r, const char *const *args);
+void it_cli_result_free(it_cli_result_t *r);
+
+/* Monotonic milliseconds. */
+double it_now_ms(void);
+#endif
