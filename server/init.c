@@ -30,7 +30,10 @@ void embps_init_row(const embps_table_spec_t *spec, int64_t id, float *w) {
   for (uint32_t j = 0; j < dim; j++) {
     uint64_t a = embps_mix64(base + 2 * (uint64_t)j + 1);
     if (spec->init == EMBPS_INIT_UNIFORM) {
-      w[j] = (float)((2.0 * unit(a) - 1.0) * spec->init_value);
+      /* [-A, A): the double is below A, but rounding to float can reach it */
+      const float hi = (float)spec->init_value;
+      float v = (float)((2.0 * unit(a) - 1.0) * spec->init_value);
+      w[j] = v < hi ? v : nextafterf(hi, 0.0f);
     } else {
       uint64_t b = embps_mix64(a ^ 0xd1b54a32d192ed03ULL);
       double r = sqrt(-2.0 * log(unit(a)));

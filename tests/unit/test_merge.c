@@ -1,0 +1,303 @@
+/* test_merge.c - unit tests of duplicate removal (common/merge.c):
+ * embps_dedup_ids and embps_merge_rows against a naive O(n^2) reference on
+ * random inputs from fixed seeds with heavy duplicates, in-place merging,
+ * scratch reuse across sizes, and the order of first appearance. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "embps/embps.h"
+#include "merge.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static float rng_float(uint64_t *s) {
+  return (float)((double)(rng_next(s) >> 11) / 9007199254740992.0 * 2.0 -
+                 1.0);
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  assert_non_null(p);
+  return p;
+}
+
+/* Kinds of id pools, all with many duplicates unless noted. */
+enum { POOL_RANDOM, POOL_ONE, POOL_SMALL_INTS, POOL_EXTREMES, POOL_SPARSE,
+       N_POOLS };
+
+/* Fills ids[0..n) from a pool of the given kind. */
+static void make_ids(uint64_t *s, int kind, int64_t *ids, size_t n) {
+  size_t pool_n = n / 8 + 1;
+  int64_t *pool = xmalloc((4 * n + 16) * sizeof *pool);
+  switch (kind) {
+  case POOL_RANDOM:
+    for (size_t i = 0; i < pool_n; i++)
+      pool[i] = (int64_t)rng_next(s);
+    break;
+  case POOL_ONE:
+    pool_n = 1;
+    pool[0] = (int64_t)rng_next(s);
+    break;
+  case POOL_SMALL_INTS:
+    for (size_t i = 0; i < pool_n; i++)
+      pool[i] = (int64_t)i - (int64_t)(pool_n / 2);
+    break;
+  case POOL_EXTREMES: {
+    const int64_t ext[] = {INT64_MIN, INT64_MIN + 1, -1, 0, 1, INT64_MAX - 1,
+                           INT64_MAX, (int64_t)UINT32_MAX,
+                           (int64_t)UINT32_MAX + 1};
+    pool_n = sizeof ext / sizeof *ext;
+    memcpy(pool, ext, sizeof ext);
+    break;
+  }
+  default: /* POOL_SPARSE: few duplicates */
+    pool_n = 4 * n + 16;
+    for (size_t i = 0; i < pool_n; i++)
+      pool[i] = (int64_t)rng_next(s);
+    break;
+  }
+  for (size_t i = 0; i < n; i++)
+    ids[i] = pool[rng_next(s) % pool_n];
+  free(pool);
+}
+
+/* Naive O(n^2) dedup in order of first appearance. */
+static size_t naive_dedup(const int64_t *ids, size_t n, int64_t *uniq,
+                          uint32_t *inv) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t j = 0;
+    while (j < k && uniq[j] != ids[i])
+      j++;
+    if (j == k)
+      uniq[k++] = ids[i];
+    inv[i] = (uint32_t)j;
+  }
+  return k;
+}
+
+/* Naive O(n^2) merge: first row copied, later rows added in input order. */
+static size_t naive_merge(const int64_t *idx, const float *vals, size_t n,
+                          uint32_t dim, int64_t *uidx, float *uvals) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t j = 0;
+    while (j < k && uidx[j] != idx[i])
+      j++;
+    if (j == k) {
+      uidx[k++] = idx[i];
+      for (uint32_t c = 0; c < dim; c++)
+        uvals[j * dim + c] = vals[i * dim + c];
+    } else {
+      for (uint32_t c = 0; c < dim; c++)
+        uvals[j * dim + c] += vals[i * dim + c];
+    }
+  }
+  return k;
+}
+
+/* Checks embps_dedup_ids (with and without inverse) on one input. */
+static void check_dedup(embps_dedup_t *d, const int64_t *ids, size_t n) {
+  int64_t *want_u = xmalloc(n * sizeof *want_u);
+  uint32_t *want_inv = xmalloc(n * sizeof *want_inv);
+  int64_t *got_u = xmalloc(n * sizeof *got_u);
+  uint32_t *got_inv = xmalloc(n * sizeof *got_inv);
+  size_t k = naive_dedup(ids, n, want_u, want_inv);
+  int64_t got = embps_dedup_ids(d, ids, n, got_u, got_inv);
+  assert_int_equal(got, (int64_t)k);
+  if (k)
+    assert_memory_equal(got_u, want_u, k * sizeof *got_u);
+  if (n)
+    assert_memory_equal(got_inv, want_inv, n * sizeof *got_inv);
+  for (size_t i = 0; i < n; i++)
+    assert_true(got_u[got_inv[i]] == ids[i]);
+  memset(got_u, 0, n * sizeof *got_u);
+  assert_int_equal(embps_dedup_ids(d, ids, n, got_u, NULL), (int64_t)k);
+  if (k)
+    assert_memory_equal(got_u, want_u, k * sizeof *got_u);
+  free(want_u);
+  free(want_inv);
+  free(got_u);
+  free(got_inv);
+}
+
+/* Checks embps_merge_rows on one input, out of place and in place. The
+ * sums run in input order in both, so they must agree bit for bit. */
+static void check_merge(embps_dedup_t *d, const int64_t *idx,
+                        const float *vals, size_t n, uint32_t dim) {
+  size_t rows = n ? n : 1;
+  int64_t *want_i = xmalloc(rows * sizeof *want_i);
+  float *want_v = xmalloc(rows * dim * sizeof *want_v);
+  int64_t *got_i = xmalloc(rows * sizeof *got_i);
+  float *got_v = xmalloc(rows * dim * sizeof *got_v);
+  size_t k = naive_merge(idx, vals, n, dim, want_i, want_v);
+
+  int64_t got = embps_merge_rows(d, idx, vals, n, dim, got_i, got_v);
+  assert_int_equal(got, (int64_t)k);
+  if (k) {
+    assert_memory_equal(got_i, want_i, k * sizeof *got_i);
+    assert_memory_equal(got_v, want_v, k * dim * sizeof *got_v);
+  }
+
+  /* in place: output aliases the input */
+  if (n) {
+    memcpy(got_i, idx, n * sizeof *got_i);
+    memcpy(got_v, vals, n * dim * sizeof *got_v);
+  }
+  got = embps_merge_rows(d, got_i, got_v, n, dim, got_i, got_v);
+  assert_int_equal(got, (int64_t)k);
+  if (k) {
+    assert_memory_equal(got_i, want_i, k * sizeof *got_i);
+    assert_memory_equal(got_v, want_v, k * dim * sizeof *got_v);
+  }
+  free(want_i);
+  free(want_v);
+  free(got_i);
+  free(got_v);
+}
+
+static const size_t sizes[] = {0, 1, 2, 17, 100, 5000};
+#define N_SIZES (sizeof sizes / sizeof *sizes)
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_dedup_random(void **state) {
+  (void)state;
+  embps_dedup_t d;
+  embps_dedup_init(&d);
+  for (uint64_t seed = 1; seed <= 12; seed++) {
+    uint64_t s = seed * 7919;
+    for (size_t si = 0; si < N_SIZES; si++) {
+      size_t n = sizes[si];
+      int64_t *ids = xmalloc(n * sizeof *ids);
+      for (int kind = 0; kind < N_POOLS; kind++) {
+        if (kind == POOL_SPARSE && n == 5000 && seed > 2)
+          continue; /* the naive reference is quadratic in distinct ids */
+        make_ids(&s, kind, ids, n);
+        check_dedup(&d, ids, n);
+      }
+      free(ids);
+    }
+  }
+  embps_dedup_close(&d);
+  assert_null(d.slots);
+}
+
+static void test_merge_random(void **state) {
+  (void)state;
+  const uint32_t dims[] = {1, 3, 8, 33};
+  embps_dedup_t d;
+  embps_dedup_init(&d);
+  for (uint64_t seed = 1; seed <= 6; seed++) {
+    uint64_t s = seed * 104729;
+    for (size_t si = 0; si < N_SIZES; si++) {
+      size_t n = sizes[si];
+      for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+        uint32_t dim = dims[di];
+        int64_t *ids = xmalloc(n * sizeof *ids);
+        float *vals = xmalloc(n * dim * sizeof *vals);
+        for (int kind = 0; kind < N_POOLS; kind++) {
+          if (kind == POOL_SPARSE && n == 5000 && (seed > 1 || di > 1))
+            continue;
+          make_ids(&s, kind, ids, n);
+          for (size_t i = 0; i < n * dim; i++)
+            vals[i] = rng_float(&s);
+          check_merge(&d, ids, vals, n, dim);
+        }
+        free(ids);
+        free(vals);
+      }
+    }
+  }
+  embps_dedup_close(&d);
+}
+
+/* A scratch table sized by a large call must give right answers to later
+ * small calls (and vice versa), whether it serves dedup or merge. */
+static void test_scratch_reuse(void **state) {
+  (void)state;
+  uint64_t s = 42;
+  const size_t big = 5000;
+  int64_t *ids = xmalloc(big * sizeof *ids);
+  float *vals = xmalloc(big * 4 * sizeof *vals);
+  for (size_t i = 0; i < big * 4; i++)
+    vals[i] = rng_float(&s);
+  embps_dedup_t d;
+  embps_dedup_init(&d);
+  const size_t seq[] = {5000, 17, 1, 0, 17, 5000, 2, 3000, 17};
+  for (size_t r = 0; r < sizeof seq / sizeof *seq; r++) {
+    size_t n = seq[r];
+    make_ids(&s, r % 2 ? POOL_SMALL_INTS : POOL_RANDOM, ids, n);
+    check_dedup(&d, ids, n);
+    check_merge(&d, ids, vals, n, 4);
+  }
+  embps_dedup_close(&d);
+  free(ids);
+  free(vals);
+}
+
+static void test_first_appearance(void **state) {
+  (void)state;
+  const int64_t ids[] = {5, 3, 5, 7, 3, 9, INT64_MIN, 5, INT64_MAX, 9, -1};
+  const int64_t want[] = {5, 3, 7, 9, INT64_MIN, INT64_MAX, -1};
+  const uint32_t want_inv[] = {0, 1, 0, 2, 1, 3, 4, 0, 5, 3, 6};
+  const size_t n = sizeof ids / sizeof *ids;
+  int64_t u[sizeof ids / sizeof *ids];
+  uint32_t inv[sizeof ids / sizeof *ids];
+  embps_dedup_t d;
+  embps_dedup_init(&d);
+  assert_int_equal(embps_dedup_ids(&d, ids, n, u, inv), 7);
+  assert_memory_equal(u, want, sizeof want);
+  assert_memory_equal(inv, want_inv, sizeof want_inv);
+
+  /* merge: rows of 2, row i = (i, 10 i) */
+  float vals[2 * sizeof ids / sizeof *ids];
+  for (size_t i = 0; i < n; i++) {
+    vals[2 * i] = (float)i;
+    vals[2 * i + 1] = 10.0f * (float)i;
+  }
+  int64_t ui[sizeof ids / sizeof *ids];
+  float uv[2 * sizeof ids / sizeof *ids];
+  assert_int_equal(embps_merge_rows(&d, ids, vals, n, 2, ui, uv), 7);
+  assert_memory_equal(ui, want, sizeof want);
+  const float want_v[] = {0 + 2 + 7, 0 + 20 + 70, 1 + 4, 10 + 40, 3, 30,
+                          5 + 9,     50 + 90,     6,     60,      8, 80,
+                          10,        100};
+  assert_memory_equal(uv, want_v, sizeof want_v);
+
+  /* in place, on the same arrays */
+  int64_t ii[sizeof ids / sizeof *ids];
+  memcpy(ii, ids, sizeof ids);
+  assert_int_equal(embps_merge_rows(&d, ii, vals, n, 2, ii, vals), 7);
+  assert_memory_equal(ii, want, sizeof want);
+  assert_memory_equal(vals, want_v, sizeof want_v);
+  embps_dedup_close(&d);
+
+  /* the public wrapper agrees */
+  assert_int_equal(embps_unique(ids, n, u, inv), 7);
+  assert_memory_equal(u, want, sizeof want);
+  assert_memory_equal(inv, want_inv, sizeof want_inv);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_dedup_random),
+      cmocka_unit_test(test_merge_random),
+      cmocka_unit_test(test_scratch_reuse),
+      cmocka_unit_test(test_first_appearance),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

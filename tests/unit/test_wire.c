@@ -1,0 +1,910 @@
+/* test_wire.c - unit tests of the message codec (common/wire.c) and of
+ * table spec validation (common/spec.c): pack/unpack round trips of every
+ * message kind, whole frames from embps_frame_build, refusal of garbage,
+ * unknown kinds and out-of-bounds names, and embps_table_spec_check. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "embps/embps.h"
+#include "frame.h"
+#include "wire.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+/* A name of n characters from [a-z]. */
+static void make_name(char *dst, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = (char)('a' + i % 26);
+  dst[n] = 0;
+}
+
+/* A spec with every field away from its default. */
+static void full_spec(embps_table_spec_t *s, const char *name, int dynamic,
+                      embps_optimizer_t opt) {
+  memset(s, 0, sizeof *s);
+  snprintf(s->name, sizeof s->name, "%s", name);
+  s->dim = 300;
+  s->rows = dynamic ? 0 : (1ULL << 40) - 3;
+  s->dynamic = dynamic;
+  s->optimizer = opt;
+  s->lr = 0.123;
+  s->eps = 3.5e-7;
+  s->beta1 = 0.81;
+  s->beta2 = 0.9876;
+  s->initial_accumulator = 0.37;
+  s->l1 = 0.011;
+  s->l2 = 0.022;
+  s->lr_power = -0.3;
+  s->weight_decay = 0.0042;
+  s->init = EMBPS_INIT_NORMAL;
+  s->init_value = 0.0625;
+  s->seed = UINT64_MAX - 12345;
+  s->has_padding = 1;
+  s->padding_id = dynamic ? INT64_MIN + 7 : 123;
+  s->dtype = EMBPS_DTYPE_F32;
+  s->sync_workers = 17;
+}
+
+static void assert_spec_equal(const embps_table_spec_t *a,
+                              const embps_table_spec_t *b) {
+  assert_string_equal(a->name, b->name);
+  assert_int_equal(a->dim, b->dim);
+  assert_int_equal(a->rows, b->rows);
+  assert_int_equal(!!a->dynamic, !!b->dynamic);
+  assert_int_equal(a->optimizer, b->optimizer);
+  assert_true(a->lr == b->lr);
+  assert_true(a->eps == b->eps);
+  assert_true(a->beta1 == b->beta1);
+  assert_true(a->beta2 == b->beta2);
+  assert_true(a->initial_accumulator == b->initial_accumulator);
+  assert_true(a->l1 == b->l1);
+  assert_true(a->l2 == b->l2);
+  assert_true(a->lr_power == b->lr_power);
+  assert_true(a->weight_decay == b->weight_decay);
+  assert_int_equal(a->init, b->init);
+  assert_true(a->init_value == b->init_value);
+  assert_int_equal(a->seed, b->seed);
+  assert_int_equal(!!a->has_padding, !!b->has_padding);
+  assert_true(a->padding_id == b->padding_id);
+  assert_int_equal(a->dtype, b->dtype);
+  assert_int_equal(a->sync_workers, b->sync_workers);
+}
+
+static void full_info(embps_table_info_t *i, const char *name, int k) {
+  memset(i, 0, sizeof *i);
+  full_spec(&i->spec, name, k % 2, (embps_optimizer_t)(k % 4));
+  i->spec.dim = 8 + (uint32_t)k;
+  i->rows_allocated = 1000 + (uint64_t)k;
+  i->bytes_used = (1ULL << 35) + (uint64_t)k;
+  i->pushes = 77 + (uint64_t)k;
+  i->pulls = UINT64_MAX - (uint64_t)k;
+  i->step = 5 + (uint64_t)k;
+}
+
+static void assert_info_equal(const embps_table_info_t *a,
+                              const embps_table_info_t *b) {
+  assert_spec_equal(&a->spec, &b->spec);
+  assert_int_equal(a->rows_allocated, b->rows_allocated);
+  assert_int_equal(a->bytes_used, b->bytes_used);
+  assert_int_equal(a->pushes, b->pushes);
+  assert_int_equal(a->pulls, b->pulls);
+  assert_int_equal(a->step, b->step);
+}
+
+/* Packs m and unpacks it into out (release with embps_msg_free). */
+static void round_trip(const embps_msg_t *m, embps_msg_t *out) {
+  size_t n = embps_msg_size(m);
+  uint8_t *buf = malloc(n + 1);
+  assert_non_null(buf);
+  embps_msg_pack(m, buf);
+  int rc = embps_msg_unpack(m->kind, buf, n, out);
+  free(buf);
+  assert_int_equal(rc, 0);
+  assert_int_equal(out->kind, m->kind);
+}
+
+static embps_msg_t *new_msg(uint16_t kind) {
+  embps_msg_t *m = calloc(1, sizeof *m);
+  assert_non_null(m);
+  m->kind = kind;
+  return m;
+}
+
+/* A tiny protobuf writer for hand-made (bad) messages. */
+typedef struct {
+  uint8_t b[4096];
+  size_t n;
+} pb_t;
+
+static void pb_varint(pb_t *p, uint64_t v) {
+  while (v >= 0x80) {
+    p->b[p->n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p->b[p->n++] = (uint8_t)v;
+}
+
+static void pb_uint(pb_t *p, uint32_t field, uint64_t v) {
+  pb_varint(p, (uint64_t)field << 3);
+  pb_varint(p, v);
+}
+
+static void pb_bytes(pb_t *p, uint32_t field, const void *data, size_t len) {
+  pb_varint(p, (uint64_t)field << 3 | 2);
+  pb_varint(p, len);
+  assert_true(p->n + len <= sizeof p->b);
+  memcpy(p->b + p->n, data, len);
+  p->n += len;
+}
+
+static void pb_str(pb_t *p, uint32_t field, const char *s) {
+  pb_bytes(p, field, s, strlen(s));
+}
+
+static void pb_sub(pb_t *p, uint32_t field, const pb_t *sub) {
+  pb_bytes(p, field, sub->b, sub->n);
+}
+
+static int unpack_pb(uint16_t kind, const pb_t *p) {
+  embps_msg_t *m = new_msg(0);
+  int rc = embps_msg_unpack(kind, p->b, p->n, m);
+  if (rc == 0)
+    embps_msg_free(m);
+  free(m);
+  return rc;
+}
+
+/* Every kind that has a message. */
+static const uint16_t known_kinds[] = {
+    EMBPS_KIND_HELLO,
+    EMBPS_KIND_HELLO | EMBPS_KIND_REPLY,
+    EMBPS_KIND_ERROR,
+    EMBPS_KIND_CREATE,
+    EMBPS_KIND_CREATE | EMBPS_KIND_REPLY,
+    EMBPS_KIND_DROP,
+    EMBPS_KIND_DROP | EMBPS_KIND_REPLY,
+    EMBPS_KIND_DESCRIBE,
+    EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY,
+    EMBPS_KIND_LIST,
+    EMBPS_KIND_LIST | EMBPS_KIND_REPLY,
+    EMBPS_KIND_PULL,
+    EMBPS_KIND_PULL | EMBPS_KIND_REPLY,
+    EMBPS_KIND_PUSH,
+    EMBPS_KIND_PUSH | EMBPS_KIND_REPLY,
+    EMBPS_KIND_STATS,
+    EMBPS_KIND_STATS | EMBPS_KIND_REPLY,
+};
+#define N_KNOWN (sizeof known_kinds / sizeof *known_kinds)
+
+/* ------------------------------------------------------------ round trips */
+
+static void test_hello(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_HELLO), *o = new_msg(0);
+  m->u.hello.version = EMBPS_PROTOCOL_VERSION;
+  /* a binary token of the maximum length, NULs included */
+  m->u.hello.token_len = EMBPS_TOKEN_MAX;
+  for (size_t i = 0; i < EMBPS_TOKEN_MAX; i++)
+    m->u.hello.token[i] = (char)(i * 37);
+  round_trip(m, o);
+  assert_int_equal(o->u.hello.version, EMBPS_PROTOCOL_VERSION);
+  assert_int_equal(o->u.hello.token_len, EMBPS_TOKEN_MAX);
+  assert_memory_equal(o->u.hello.token, m->u.hello.token, EMBPS_TOKEN_MAX);
+  embps_msg_free(o);
+
+  /* no token */
+  m->u.hello.version = 0xabcdef;
+  m->u.hello.token_len = 0;
+  round_trip(m, o);
+  assert_int_equal(o->u.hello.version, 0xabcdef);
+  assert_int_equal(o->u.hello.token_len, 0);
+  embps_msg_free(o);
+
+  /* a short token */
+  m->u.hello.token_len = 5;
+  memcpy(m->u.hello.token, "s3cr3", 5);
+  round_trip(m, o);
+  assert_int_equal(o->u.hello.token_len, 5);
+  assert_memory_equal(o->u.hello.token, "s3cr3", 5);
+  embps_msg_free(o);
+  free(m);
+  free(o);
+}
+
+static void test_hello_reply_and_error(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_HELLO | EMBPS_KIND_REPLY);
+  embps_msg_t *o = new_msg(0);
+  m->u.hello_reply.version = 1;
+  m->u.hello_reply.cluster_size = 9;
+  m->u.hello_reply.cluster_index = 8;
+  m->u.hello_reply.max_frame_bytes = (1ULL << 36) + 5;
+  snprintf(m->u.hello_reply.server_version,
+           sizeof m->u.hello_reply.server_version, "embps 0.1.0-rc1");
+  round_trip(m, o);
+  assert_int_equal(o->u.hello_reply.version, 1);
+  assert_int_equal(o->u.hello_reply.cluster_size, 9);
+  assert_int_equal(o->u.hello_reply.cluster_index, 8);
+  assert_int_equal(o->u.hello_reply.max_frame_bytes, (1ULL << 36) + 5);
+  assert_string_equal(o->u.hello_reply.server_version, "embps 0.1.0-rc1");
+  embps_msg_free(o);
+
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_ERROR;
+  const int codes[] = {EMBPS_EWRONGSERVER, EMBPS_EINTERNAL, -12, 0,
+                       INT32_MIN, INT32_MAX};
+  for (size_t i = 0; i < sizeof codes / sizeof *codes; i++) {
+    m->u.error.code = codes[i];
+    snprintf(m->u.error.message, sizeof m->u.error.message,
+             "id %zu belongs to server 3", i);
+    round_trip(m, o);
+    assert_int_equal(o->u.error.code, codes[i]);
+    assert_string_equal(o->u.error.message, m->u.error.message);
+    embps_msg_free(o);
+  }
+  /* the longest message */
+  memset(m->u.error.message, 'x', EMBPS_MESSAGE_MAX - 1);
+  m->u.error.message[EMBPS_MESSAGE_MAX - 1] = 0;
+  round_trip(m, o);
+  assert_string_equal(o->u.error.message, m->u.error.message);
+  embps_msg_free(o);
+  free(m);
+  free(o);
+}
+
+static void test_create_drop_describe(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_CREATE), *o = new_msg(0);
+  char longest[EMBPS_TABLE_NAME_MAX];
+  make_name(longest, EMBPS_TABLE_NAME_MAX - 1);
+  for (int opt = EMBPS_OPT_SGD; opt <= EMBPS_OPT_FTRL; opt++) {
+    for (int dyn = 0; dyn <= 1; dyn++) {
+      full_spec(&m->u.spec, opt == EMBPS_OPT_ADAM ? longest : "user.emb-v2_1",
+                dyn, (embps_optimizer_t)opt);
+      round_trip(m, o);
+      assert_spec_equal(&o->u.spec, &m->u.spec);
+      embps_msg_free(o);
+    }
+  }
+  /* a spec at its defaults (padding_id 0, flags off) */
+  embps_table_spec_init(&m->u.spec, "plain", 4, EMBPS_OPT_ADAGRAD);
+  m->u.spec.rows = 10;
+  round_trip(m, o);
+  assert_spec_equal(&o->u.spec, &m->u.spec);
+  embps_msg_free(o);
+
+  const uint16_t name_kinds[] = {EMBPS_KIND_DROP, EMBPS_KIND_DESCRIBE};
+  for (size_t k = 0; k < 2; k++) {
+    memset(m, 0, sizeof *m);
+    m->kind = name_kinds[k];
+    snprintf(m->u.name, sizeof m->u.name, "t.1");
+    round_trip(m, o);
+    assert_string_equal(o->u.name, "t.1");
+    embps_msg_free(o);
+    memcpy(m->u.name, longest, sizeof longest);
+    round_trip(m, o);
+    assert_string_equal(o->u.name, longest);
+    embps_msg_free(o);
+  }
+
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY;
+  full_info(&m->u.info, "described", 3);
+  round_trip(m, o);
+  assert_info_equal(&o->u.info, &m->u.info);
+  embps_msg_free(o);
+  free(m);
+  free(o);
+}
+
+static void test_list_reply(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_LIST | EMBPS_KIND_REPLY);
+  embps_msg_t *o = new_msg(0);
+  embps_table_info_t infos[5];
+  char name[32];
+  for (int i = 0; i < 5; i++) {
+    snprintf(name, sizeof name, "table_%d", i);
+    full_info(&infos[i], name, i);
+  }
+  m->u.list.v = infos;
+  m->u.list.n = 5;
+  round_trip(m, o);
+  assert_int_equal(o->u.list.n, 5);
+  assert_non_null(o->u.list.v);
+  for (int i = 0; i < 5; i++)
+    assert_info_equal(&o->u.list.v[i], &infos[i]);
+  embps_msg_free(o);
+  assert_null(o->u.list.v);
+
+  /* no tables */
+  m->u.list.n = 0;
+  round_trip(m, o);
+  assert_int_equal(o->u.list.n, 0);
+  embps_msg_free(o);
+  free(m);
+  free(o);
+}
+
+static void test_pull_push(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_PULL), *o = new_msg(0);
+  snprintf(m->u.pull.table, sizeof m->u.pull.table, "items");
+  m->u.pull.n_ids = 4000000;
+  m->u.pull.dim = 65536;
+  round_trip(m, o);
+  assert_string_equal(o->u.pull.table, "items");
+  assert_int_equal(o->u.pull.n_ids, 4000000);
+  assert_int_equal(o->u.pull.dim, 65536);
+  embps_msg_free(o);
+
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_PULL | EMBPS_KIND_REPLY;
+  m->u.pull_reply.n_rows = 77;
+  m->u.pull_reply.dim = 16;
+  round_trip(m, o);
+  assert_int_equal(o->u.pull_reply.n_rows, 77);
+  assert_int_equal(o->u.pull_reply.dim, 16);
+  embps_msg_free(o);
+
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_PUSH;
+  snprintf(m->u.push.table, sizeof m->u.push.table, "users");
+  m->u.push.n = 123456;
+  m->u.push.dim = 32;
+  m->u.push.dense_rows = 1ULL << 33;
+  m->u.push.client_id = 0xfedcba9876543210ULL;
+  m->u.push.seq = UINT64_MAX;
+  m->u.push.step = 99;
+  round_trip(m, o);
+  assert_string_equal(o->u.push.table, "users");
+  assert_int_equal(o->u.push.n, 123456);
+  assert_int_equal(o->u.push.dim, 32);
+  assert_int_equal(o->u.push.dense_rows, 1ULL << 33);
+  assert_int_equal(o->u.push.client_id, 0xfedcba9876543210ULL);
+  assert_int_equal(o->u.push.seq, UINT64_MAX);
+  assert_int_equal(o->u.push.step, 99);
+  embps_msg_free(o);
+
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_PUSH | EMBPS_KIND_REPLY;
+  for (int applied = 0; applied <= 1; applied++) {
+    for (int dup = 0; dup <= 1; dup++) {
+      m->u.push_reply.applied = applied;
+      m->u.push_reply.duplicate = dup;
+      m->u.push_reply.n_unique = 4242u + (uint32_t)(applied * 2 + dup);
+      round_trip(m, o);
+      assert_int_equal(!!o->u.push_reply.applied, applied);
+      assert_int_equal(!!o->u.push_reply.duplicate, dup);
+      assert_int_equal(o->u.push_reply.n_unique, m->u.push_reply.n_unique);
+      embps_msg_free(o);
+    }
+  }
+  free(m);
+  free(o);
+}
+
+static void test_stats_reply(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_STATS | EMBPS_KIND_REPLY);
+  embps_msg_t *o = new_msg(0);
+  embps_server_stats_t *s = &m->u.stats;
+  embps_table_info_t infos[3];
+  full_info(&infos[0], "a", 0);
+  full_info(&infos[1], "b", 1);
+  full_info(&infos[2], "c", 2);
+  snprintf(s->version, sizeof s->version, "0.1.0");
+  s->cluster_size = 4;
+  s->cluster_index = 3;
+  s->io_threads = 6;
+  s->shards = 64;
+  s->uptime_ms = 1;
+  s->connections = 2;
+  s->requests = 3;
+  s->pulls = 4;
+  s->pushes = 5;
+  s->pull_rows = 6;
+  s->push_rows = 7;
+  s->errors = 8;
+  s->bytes_in = 1ULL << 50;
+  s->bytes_out = UINT64_MAX;
+  s->tables = infos;
+  s->n_tables = 3;
+  round_trip(m, o);
+  const embps_server_stats_t *r = &o->u.stats;
+  assert_string_equal(r->version, "0.1.0");
+  assert_int_equal(r->cluster_size, 4);
+  assert_int_equal(r->cluster_index, 3);
+  assert_int_equal(r->io_threads, 6);
+  assert_int_equal(r->shards, 64);
+  assert_int_equal(r->uptime_ms, 1);
+  assert_int_equal(r->connections, 2);
+  assert_int_equal(r->requests, 3);
+  assert_int_equal(r->pulls, 4);
+  assert_int_equal(r->pushes, 5);
+  assert_int_equal(r->pull_rows, 6);
+  assert_int_equal(r->push_rows, 7);
+  assert_int_equal(r->errors, 8);
+  assert_int_equal(r->bytes_in, 1ULL << 50);
+  assert_int_equal(r->bytes_out, UINT64_MAX);
+  assert_int_equal(r->n_tables, 3);
+  for (int i = 0; i < 3; i++)
+    assert_info_equal(&r->tables[i], &infos[i]);
+  embps_msg_free(o);
+  assert_null(o->u.stats.tables);
+  free(m);
+  free(o);
+}
+
+/* Requests and replies without a body (LIST, STATS, CREATE and DROP
+ * replies) pack as an empty Ack and unpack. */
+static void test_ack_kinds(void **state) {
+  (void)state;
+  const uint16_t kinds[] = {EMBPS_KIND_LIST, EMBPS_KIND_STATS,
+                            EMBPS_KIND_CREATE | EMBPS_KIND_REPLY,
+                            EMBPS_KIND_DROP | EMBPS_KIND_REPLY};
+  embps_msg_t *m = new_msg(0), *o = new_msg(0);
+  for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
+    m->kind = kinds[i];
+    round_trip(m, o);
+    embps_msg_free(o);
+    assert_int_equal(embps_msg_unpack(kinds[i], NULL, 0, o), 0);
+    embps_msg_free(o);
+  }
+  free(m);
+  free(o);
+}
+
+/* ------------------------------------------------------------------ frames */
+
+static void test_frame_build(void **state) {
+  (void)state;
+  embps_msg_t *msgs[4];
+  msgs[0] = new_msg(EMBPS_KIND_PULL);
+  snprintf(msgs[0]->u.pull.table, sizeof msgs[0]->u.pull.table, "t");
+  msgs[0]->u.pull.n_ids = 3;
+  msgs[0]->u.pull.dim = 4;
+  msgs[1] = new_msg(EMBPS_KIND_CREATE);
+  full_spec(&msgs[1]->u.spec, "created", 0, EMBPS_OPT_FTRL);
+  msgs[2] = new_msg(EMBPS_KIND_LIST); /* empty meta */
+  msgs[3] = new_msg(EMBPS_KIND_PUSH);
+  snprintf(msgs[3]->u.push.table, sizeof msgs[3]->u.push.table, "abcdefg");
+  msgs[3]->u.push.n = 5;
+  msgs[3]->u.push.dim = 2;
+  const size_t bulks[] = {0, 1, 7, 8, 24, 4096 + 3};
+  embps_msg_t *o = new_msg(0);
+  for (size_t mi = 0; mi < 4; mi++) {
+    for (size_t bi = 0; bi < sizeof bulks / sizeof *bulks; bi++) {
+      uint8_t *f = NULL;
+      size_t len = 0, off = 0;
+      uint32_t req = 1000u + (uint32_t)(mi * 10 + bi);
+      assert_int_equal(
+          embps_frame_build(msgs[mi], req, bulks[bi], &f, &len, &off), 0);
+      assert_non_null(f);
+      embps_frame_header_t h;
+      assert_int_equal(embps_frame_header_decode(f, len, &h), 0);
+      size_t meta = embps_msg_size(msgs[mi]);
+      assert_int_equal(h.kind, msgs[mi]->kind);
+      assert_int_equal(h.req_id, req);
+      assert_int_equal(h.meta_len, meta);
+      assert_int_equal(h.body_len, len - EMBPS_FRAME_HEADER_LEN);
+      assert_int_equal(off % 8, 0);
+      assert_int_equal(off, EMBPS_FRAME_HEADER_LEN + embps_bulk_offset(meta));
+      assert_int_equal(off + bulks[bi], len);
+      for (size_t p = EMBPS_FRAME_HEADER_LEN + meta; p < off; p++)
+        assert_int_equal(f[p], 0); /* zero padding */
+      memset(f + off, 0x5a, bulks[bi]); /* the bulk region is ours */
+      assert_int_equal(
+          embps_msg_unpack(h.kind, f + EMBPS_FRAME_HEADER_LEN, h.meta_len, o),
+          0);
+      if (mi == 0) {
+        assert_string_equal(o->u.pull.table, "t");
+        assert_int_equal(o->u.pull.n_ids, 3);
+      } else if (mi == 1) {
+        assert_spec_equal(&o->u.spec, &msgs[1]->u.spec);
+      } else if (mi == 3) {
+        assert_string_equal(o->u.push.table, "abcdefg");
+        assert_int_equal(o->u.push.n, 5);
+      }
+      embps_msg_free(o);
+      free(f);
+    }
+  }
+  /* error frames, with and without a message */
+  uint8_t *f;
+  size_t len;
+  assert_int_equal(
+      embps_frame_error(77, EMBPS_ERANGE, "id 12 out of range", &f, &len), 0);
+  embps_frame_header_t h;
+  assert_int_equal(embps_frame_header_decode(f, len, &h), 0);
+  assert_int_equal(h.kind, EMBPS_KIND_ERROR);
+  assert_int_equal(h.req_id, 77);
+  assert_int_equal(h.body_len + EMBPS_FRAME_HEADER_LEN, len);
+  assert_int_equal(
+      embps_msg_unpack(h.kind, f + EMBPS_FRAME_HEADER_LEN, h.meta_len, o), 0);
+  assert_int_equal(o->u.error.code, EMBPS_ERANGE);
+  assert_string_equal(o->u.error.message, "id 12 out of range");
+  free(f);
+  assert_int_equal(embps_frame_error(78, EMBPS_EAUTH, NULL, &f, &len), 0);
+  assert_int_equal(embps_frame_header_decode(f, len, &h), 0);
+  assert_int_equal(
+      embps_msg_unpack(h.kind, f + EMBPS_FRAME_HEADER_LEN, h.meta_len, o), 0);
+  assert_int_equal(o->u.error.code, EMBPS_EAUTH);
+  assert_string_equal(o->u.error.message, embps_strerror(EMBPS_EAUTH));
+  free(f);
+  for (size_t mi = 0; mi < 4; mi++)
+    free(msgs[mi]);
+  free(o);
+}
+
+/* --------------------------------------------------------- refusals */
+
+static void test_garbage(void **state) {
+  (void)state;
+  static const uint8_t g1[] = {0xff, 0xff, 0xff, 0xff, 0xff,
+                               0xff, 0xff, 0xff, 0xff, 0xff};
+  static const uint8_t g2[] = {0x0a, 0x7f, 'x'}; /* length past the end */
+  static const uint8_t g3[] = {0x0f, 0x01};      /* wire type 7 */
+  static const uint8_t g4[] = {0x08};            /* varint cut short */
+  static const uint8_t g5[] = {0x08, 0x80};      /* varint cut short */
+  static const uint8_t g6[] = {0x0b, 0x08, 0x01}; /* unclosed group */
+  const struct {
+    const uint8_t *b;
+    size_t n;
+  } garbage[] = {{g1, sizeof g1}, {g2, sizeof g2}, {g3, sizeof g3},
+                 {g4, sizeof g4}, {g5, sizeof g5}, {g6, sizeof g6}};
+  embps_msg_t *o = new_msg(0);
+  for (size_t k = 0; k < N_KNOWN; k++) {
+    for (size_t g = 0; g < sizeof garbage / sizeof *garbage; g++) {
+      int rc = embps_msg_unpack(known_kinds[k], garbage[g].b, garbage[g].n, o);
+      if (rc != EMBPS_EPROTO) {
+        print_error("kind 0x%x, garbage %zu: got %d\n", known_kinds[k], g, rc);
+        fail();
+      }
+    }
+  }
+  /* messages with required fields refuse an empty buffer */
+  const uint16_t required[] = {
+      EMBPS_KIND_HELLO, EMBPS_KIND_HELLO | EMBPS_KIND_REPLY, EMBPS_KIND_ERROR,
+      EMBPS_KIND_CREATE, EMBPS_KIND_DROP, EMBPS_KIND_DESCRIBE,
+      EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY, EMBPS_KIND_PULL,
+      EMBPS_KIND_PULL | EMBPS_KIND_REPLY, EMBPS_KIND_PUSH,
+      EMBPS_KIND_PUSH | EMBPS_KIND_REPLY};
+  for (size_t k = 0; k < sizeof required / sizeof *required; k++)
+    assert_int_equal(embps_msg_unpack(required[k], g1, 0, o), EMBPS_EPROTO);
+  /* a CREATE whose spec lacks its required dim */
+  pb_t spec = {.n = 0}, msg = {.n = 0};
+  pb_str(&spec, 1, "t");
+  pb_sub(&msg, 1, &spec);
+  assert_int_equal(unpack_pb(EMBPS_KIND_CREATE, &msg), EMBPS_EPROTO);
+  /* ... which decodes once dim is there */
+  pb_uint(&spec, 2, 8);
+  msg.n = 0;
+  pb_sub(&msg, 1, &spec);
+  assert_int_equal(unpack_pb(EMBPS_KIND_CREATE, &msg), 0);
+  free(o);
+}
+
+static void test_unknown_kind(void **state) {
+  (void)state;
+  const uint16_t kinds[] = {0,      9,      0x10,   0x7f,  0x80,  0x89,
+                            0xfe,   0x100,  0x101,  0x1ff, 0x8000, 0xffff,
+                            EMBPS_KIND_ERROR | 0x100};
+  /* a valid Pull meta, so only the kind is wrong */
+  pb_t p = {.n = 0};
+  pb_str(&p, 1, "t");
+  pb_uint(&p, 2, 1);
+  pb_uint(&p, 3, 1);
+  assert_int_equal(unpack_pb(EMBPS_KIND_PULL, &p), 0);
+  embps_msg_t *o = new_msg(0);
+  for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
+    assert_int_equal(unpack_pb(kinds[i], &p), EMBPS_EKIND);
+    assert_int_equal(embps_msg_unpack(kinds[i], NULL, 0, o), EMBPS_EKIND);
+    o->kind = kinds[i];
+    assert_int_equal(embps_msg_size(o), 0);
+  }
+  free(o);
+}
+
+/* Builds a message of `kind` carrying table name `name`. */
+static void named_msg(pb_t *p, uint16_t kind, const char *name) {
+  pb_t spec = {.n = 0}, info = {.n = 0};
+  p->n = 0;
+  switch (kind) {
+  case EMBPS_KIND_DROP:
+  case EMBPS_KIND_DESCRIBE:
+    pb_str(p, 1, name);
+    break;
+  case EMBPS_KIND_PULL:
+  case EMBPS_KIND_PUSH:
+    pb_str(p, 1, name);
+    pb_uint(p, 2, 1);
+    pb_uint(p, 3, 4);
+    break;
+  default: /* specs: CREATE, DESCRIBE/LIST/STATS replies */
+    pb_str(&spec, 1, name);
+    pb_uint(&spec, 2, 4);
+    if (kind == EMBPS_KIND_CREATE) {
+      pb_sub(p, 1, &spec);
+      break;
+    }
+    pb_sub(&info, 1, &spec);
+    if (kind == (EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY)) {
+      *p = info;
+    } else if (kind == (EMBPS_KIND_LIST | EMBPS_KIND_REPLY)) {
+      pb_t ok = {.n = 0}, ok_spec = {.n = 0};
+      pb_str(&ok_spec, 1, "fine");
+      pb_uint(&ok_spec, 2, 4);
+      pb_sub(&ok, 1, &ok_spec);
+      pb_sub(p, 1, &ok); /* a good table first */
+      pb_sub(p, 1, &info);
+    } else {
+      pb_sub(p, 15, &info); /* StatsReply.tables */
+    }
+    break;
+  }
+}
+
+static void test_name_bounds(void **state) {
+  (void)state;
+  const uint16_t kinds[] = {EMBPS_KIND_DROP,
+                            EMBPS_KIND_DESCRIBE,
+                            EMBPS_KIND_PULL,
+                            EMBPS_KIND_PUSH,
+                            EMBPS_KIND_CREATE,
+                            EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY,
+                            EMBPS_KIND_LIST | EMBPS_KIND_REPLY,
+                            EMBPS_KIND_STATS | EMBPS_KIND_REPLY};
+  char name[1001];
+  pb_t p;
+  for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+    /* 1 and 127 characters are fine */
+    make_name(name, 1);
+    named_msg(&p, kinds[k], name);
+    assert_int_equal(unpack_pb(kinds[k], &p), 0);
+    make_name(name, EMBPS_TABLE_NAME_MAX - 1);
+    named_msg(&p, kinds[k], name);
+    assert_int_equal(unpack_pb(kinds[k], &p), 0);
+    /* empty, 128 and more are not */
+    const size_t bad[] = {0, EMBPS_TABLE_NAME_MAX, EMBPS_TABLE_NAME_MAX + 1,
+                          300, 1000};
+    for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+      make_name(name, bad[b]);
+      named_msg(&p, kinds[k], name);
+      int rc = unpack_pb(kinds[k], &p);
+      if (rc != EMBPS_EPROTO) {
+        print_error("kind 0x%x, name of %zu chars: got %d\n", kinds[k], bad[b],
+                    rc);
+        fail();
+      }
+    }
+  }
+}
+
+/* Other bounded fields: the hello token and the stats version string. */
+static void test_other_bounds(void **state) {
+  (void)state;
+  uint8_t token[EMBPS_TOKEN_MAX + 1];
+  memset(token, 't', sizeof token);
+  pb_t p = {.n = 0};
+  pb_uint(&p, 1, 1);
+  pb_bytes(&p, 2, token, EMBPS_TOKEN_MAX);
+  assert_int_equal(unpack_pb(EMBPS_KIND_HELLO, &p), 0);
+  p.n = 0;
+  pb_uint(&p, 1, 1);
+  pb_bytes(&p, 2, token, EMBPS_TOKEN_MAX + 1);
+  assert_int_equal(unpack_pb(EMBPS_KIND_HELLO, &p), EMBPS_EPROTO);
+
+  char v[40];
+  embps_server_stats_t *s = NULL;
+  make_name(v, sizeof s->version - 1);
+  p.n = 0;
+  pb_str(&p, 16, v);
+  assert_int_equal(unpack_pb(EMBPS_KIND_STATS | EMBPS_KIND_REPLY, &p), 0);
+  make_name(v, sizeof s->version);
+  p.n = 0;
+  pb_str(&p, 16, v);
+  assert_int_equal(unpack_pb(EMBPS_KIND_STATS | EMBPS_KIND_REPLY, &p),
+                   EMBPS_EPROTO);
+}
+
+/* ------------------------------------------------------------- spec check */
+
+static void valid_spec(embps_table_spec_t *s, embps_optimizer_t opt,
+                       int dynamic) {
+  embps_table_spec_init(s, "emb.table-1_x", 16, opt);
+  if (dynamic)
+    s->dynamic = 1;
+  else
+    s->rows = 1000;
+}
+
+#define EXPECT_REFUSED(mutation)                                              \
+  do {                                                                        \
+    embps_table_spec_t s_;                                                    \
+    char why_[256] = "";                                                      \
+    valid_spec(&s_, base_opt, base_dyn);                                      \
+    assert_int_equal(embps_table_spec_check(&s_, NULL, 0), 0);                \
+    {                                                                         \
+      embps_table_spec_t *s = &s_;                                            \
+      mutation;                                                               \
+    }                                                                         \
+    int rc_ = embps_table_spec_check(&s_, why_, sizeof why_);                 \
+    if (rc_ != EMBPS_EPARAM) {                                                \
+      print_error("%s (%s, %s) accepted: %d\n", #mutation,                    \
+                  embps_optimizer_name(base_opt),                             \
+                  base_dyn ? "dynamic" : "dense", rc_);                       \
+      fail();                                                                 \
+    }                                                                         \
+    assert_true(why_[0] != 0);                                                \
+    assert_int_equal(embps_table_spec_check(&s_, NULL, 0), EMBPS_EPARAM);     \
+  } while (0)
+
+#define EXPECT_ACCEPTED(mutation)                                             \
+  do {                                                                        \
+    embps_table_spec_t s_;                                                    \
+    char why_[256] = "";                                                      \
+    valid_spec(&s_, base_opt, base_dyn);                                      \
+    {                                                                         \
+      embps_table_spec_t *s = &s_;                                            \
+      mutation;                                                               \
+    }                                                                         \
+    int rc_ = embps_table_spec_check(&s_, why_, sizeof why_);                 \
+    if (rc_ != 0) {                                                           \
+      print_error("%s refused: %s\n", #mutation, why_);                       \
+      fail();                                                                 \
+    }                                                                         \
+  } while (0)
+
+static void test_spec_defaults(void **state) {
+  (void)state;
+  for (int opt = EMBPS_OPT_SGD; opt <= EMBPS_OPT_FTRL; opt++) {
+    embps_table_spec_t s;
+    embps_table_spec_init(&s, "t", 8, (embps_optimizer_t)opt);
+    assert_string_equal(s.name, "t");
+    assert_int_equal(s.dim, 8);
+    assert_int_equal(s.optimizer, opt);
+    assert_true(s.lr == 0.01);
+    assert_int_equal(s.init, EMBPS_INIT_ZEROS);
+    assert_int_equal(s.has_padding, 0);
+    assert_int_equal(s.dtype, EMBPS_DTYPE_F32);
+    assert_int_equal(s.sync_workers, 0);
+    if (opt == EMBPS_OPT_ADAGRAD)
+      assert_true(s.eps == 1e-10);
+    if (opt == EMBPS_OPT_ADAM) {
+      assert_true(s.beta1 == 0.9);
+      assert_true(s.beta2 == 0.999);
+      assert_true(s.eps == 1e-8);
+    }
+    if (opt == EMBPS_OPT_FTRL) {
+      assert_true(s.initial_accumulator == 0.1);
+      assert_true(s.lr_power == -0.5);
+    }
+    s.rows = 100;
+    assert_int_equal(embps_table_spec_check(&s, NULL, 0), 0);
+    s.rows = 0;
+    s.dynamic = 1;
+    assert_int_equal(embps_table_spec_check(&s, NULL, 0), 0);
+  }
+}
+
+static void test_spec_refusals(void **state) {
+  (void)state;
+  for (int oi = EMBPS_OPT_SGD; oi <= EMBPS_OPT_FTRL; oi++) {
+    for (int base_dyn = 0; base_dyn <= 1; base_dyn++) {
+      const embps_optimizer_t base_opt = (embps_optimizer_t)oi;
+      EXPECT_REFUSED(s->lr = 0);
+      EXPECT_REFUSED(s->lr = -0.01);
+      EXPECT_REFUSED(s->beta1 = -0.1);
+      EXPECT_REFUSED(s->beta1 = 1.0);
+      EXPECT_REFUSED(s->beta1 = 1.5);
+      EXPECT_REFUSED(s->beta2 = -1e-9);
+      EXPECT_REFUSED(s->beta2 = 1.0);
+      EXPECT_REFUSED(s->beta2 = 2.0);
+      EXPECT_REFUSED(s->lr_power = 0.1);
+      EXPECT_REFUSED(s->lr_power = 1e-12);
+      EXPECT_REFUSED(s->l1 = -0.1);
+      EXPECT_REFUSED(s->l2 = -1e-9);
+      EXPECT_REFUSED(s->eps = -1e-8);
+      EXPECT_REFUSED(s->weight_decay = -0.01);
+      EXPECT_REFUSED(s->initial_accumulator = -0.5);
+      EXPECT_REFUSED(s->dim = 0);
+      EXPECT_REFUSED(s->dim = EMBPS_DIM_MAX + 1);
+      EXPECT_REFUSED(s->optimizer = (embps_optimizer_t)4);
+      EXPECT_REFUSED(s->init = (embps_init_t)4);
+      EXPECT_REFUSED(s->dtype = (embps_dtype_t)1);
+      EXPECT_REFUSED(s->sync_workers = 4097);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_UNIFORM; s->init_value = -0.1);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_NORMAL; s->init_value = -0.1);
+      /* dense vs dynamic */
+      if (base_dyn) {
+        EXPECT_REFUSED(s->rows = 10);
+        EXPECT_ACCEPTED(s->has_padding = 1; s->padding_id = INT64_MIN);
+        EXPECT_ACCEPTED(s->has_padding = 1; s->padding_id = -5);
+      } else {
+        EXPECT_REFUSED(s->rows = 0);
+        EXPECT_REFUSED(s->rows = (1ULL << 40) + 1);
+        EXPECT_REFUSED(s->has_padding = 1; s->padding_id = 1000);
+        EXPECT_REFUSED(s->has_padding = 1; s->padding_id = -1);
+        EXPECT_REFUSED(s->has_padding = 1; s->padding_id = INT64_MAX);
+        EXPECT_REFUSED(s->has_padding = 1; s->padding_id = INT64_MIN);
+        EXPECT_ACCEPTED(s->has_padding = 1; s->padding_id = 999);
+        EXPECT_ACCEPTED(s->has_padding = 1; s->padding_id = 0);
+        /* padding_id only matters with has_padding */
+        EXPECT_ACCEPTED(s->padding_id = -1);
+        EXPECT_ACCEPTED(s->rows = 1ULL << 40);
+      }
+      /* non-finite parameters, each one */
+      const double bad[] = {NAN, INFINITY, -INFINITY};
+      for (size_t b = 0; b < 3; b++) {
+        const double x = bad[b];
+        EXPECT_REFUSED(s->lr = x);
+        EXPECT_REFUSED(s->eps = x);
+        EXPECT_REFUSED(s->beta1 = x);
+        EXPECT_REFUSED(s->beta2 = x);
+        EXPECT_REFUSED(s->initial_accumulator = x);
+        EXPECT_REFUSED(s->l1 = x);
+        EXPECT_REFUSED(s->l2 = x);
+        EXPECT_REFUSED(s->lr_power = x);
+        EXPECT_REFUSED(s->weight_decay = x);
+        EXPECT_REFUSED(s->init_value = x);
+        EXPECT_REFUSED(s->init = EMBPS_INIT_UNIFORM; s->init_value = x);
+      }
+      /* bad names */
+      EXPECT_REFUSED(s->name[0] = 0);
+      EXPECT_REFUSED(memcpy(s->name, "a b", 4));
+      EXPECT_REFUSED(memcpy(s->name, "a/b", 4));
+      EXPECT_REFUSED(memcpy(s->name, "tab\t", 5));
+      EXPECT_REFUSED(memcpy(s->name, "caf\xc3\xa9", 6));
+      EXPECT_REFUSED(memcpy(s->name, "x;rm", 5));
+      EXPECT_REFUSED(memcpy(s->name, "new\nline", 9));
+      EXPECT_REFUSED(memset(s->name, 'a', EMBPS_TABLE_NAME_MAX));
+      /* boundaries that are fine */
+      EXPECT_ACCEPTED(make_name(s->name, EMBPS_TABLE_NAME_MAX - 1));
+      EXPECT_ACCEPTED(memcpy(s->name, "A-z_0.9", 8));
+      EXPECT_ACCEPTED(s->beta1 = 0; s->beta2 = 0);
+      EXPECT_ACCEPTED(s->beta1 = 0.999999; s->beta2 = 0.999999);
+      EXPECT_ACCEPTED(s->lr_power = 0);
+      EXPECT_ACCEPTED(s->lr_power = -2);
+      EXPECT_ACCEPTED(s->l1 = 0.5; s->l2 = 0.5; s->weight_decay = 0.1);
+      EXPECT_ACCEPTED(s->dim = EMBPS_DIM_MAX);
+      EXPECT_ACCEPTED(s->sync_workers = 4096);
+      EXPECT_ACCEPTED(s->init = EMBPS_INIT_UNIFORM; s->init_value = 0.05;
+                      s->seed = UINT64_MAX);
+      EXPECT_ACCEPTED(s->init = EMBPS_INIT_CONSTANT; s->init_value = -3);
+      /* the initial accumulator: ftrl needs > 0, the others >= 0 */
+      if (base_opt == EMBPS_OPT_FTRL)
+        EXPECT_REFUSED(s->initial_accumulator = 0);
+      else
+        EXPECT_ACCEPTED(s->initial_accumulator = 0);
+    }
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hello),
+      cmocka_unit_test(test_hello_reply_and_error),
+      cmocka_unit_test(test_create_drop_describe),
+      cmocka_unit_test(test_list_reply),
+      cmocka_unit_test(test_pull_push),
+      cmocka_unit_test(test_stats_reply),
+      cmocka_unit_test(test_ack_kinds),
+      cmocka_unit_test(test_frame_build),
+      cmocka_unit_test(test_garbage),
+      cmocka_unit_test(test_unknown_kind),
+      cmocka_unit_test(test_name_bounds),
+      cmocka_unit_test(test_other_bounds),
+      cmocka_unit_test(test_spec_defaults),
+      cmocka_unit_test(test_spec_refusals),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
