@@ -69,9 +69,21 @@ int64_t embps_dedup_ids(embps_dedup_t *d, const int64_t *ids, size_t n,
   return k;
 }
 
-int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
-                         const float *vals, size_t n, uint32_t dim,
-                         int64_t *uidx, float *uvals) {
+/* 1 if some float of the row is inf or NaN (exponent bits all ones): an
+ * integer OR-reduction that gcc vectorises. */
+static inline uint32_t row_nonfinite(const float *row, uint32_t dim) {
+  const uint32_t *b = (const uint32_t *)row;
+  uint32_t bad = 0;
+  for (uint32_t j = 0; j < dim; j++)
+    bad |= (b[j] & 0x7f800000u) == 0x7f800000u;
+  return bad;
+}
+
+/* The merge loop, with the finiteness check compiled in or out. */
+static inline int64_t merge(embps_dedup_t *d, const int64_t *idx,
+                            const float *vals, size_t n, uint32_t dim,
+                            int64_t *uidx, float *uvals, int check,
+                            size_t *bad_pos, int64_t *bad_index) {
   int bits = prepare(d, n);
   if (bits < 0)
     return bits;
@@ -81,6 +93,11 @@ int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
   for (size_t i = 0; i < n; i++) {
     int64_t id = idx[i];
     const float *src = vals + i * (size_t)dim;
+    if (check && row_nonfinite(src, dim)) {
+      *bad_pos = i;
+      *bad_index = id;
+      return EMBPS_ENONFINITE;
+    }
     uint64_t h = embps_mix64((uint64_t)id) & mask;
     for (;;) {
       uint32_t s = slots[h];
@@ -103,6 +120,19 @@ int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
     }
   }
   return k;
+}
+
+int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
+                         const float *vals, size_t n, uint32_t dim,
+                         int64_t *uidx, float *uvals) {
+  return merge(d, idx, vals, n, dim, uidx, uvals, 0, NULL, NULL);
+}
+
+int64_t embps_merge_rows_checked(embps_dedup_t *d, const int64_t *idx,
+                                 const float *vals, size_t n, uint32_t dim,
+                                 int64_t *uidx, float *uvals, size_t *bad_pos,
+                                 int64_t *bad_index) {
+  return merge(d, idx, vals, n, dim, uidx, uvals, 1, bad_pos, bad_index);
 }
 
 int64_t embps_unique(const int64_t *ids, size_t n, int64_t *unique_out,

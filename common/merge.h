@@ -32,4 +32,13 @@ int64_t embps_dedup_ids(embps_dedup_t *d, const int64_t *ids, size_t n,
 int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
                          const float *vals, size_t n, uint32_t dim,
                          int64_t *uidx, float *uvals);
+
+/* embps_merge_rows that also checks every value is finite, in the same
+ * pass (the row is checked while it is in cache). On the first row holding
+ * an inf or NaN it stops and returns EMBPS_ENONFINITE with *bad_pos = its
+ * position and *bad_index = its index; uidx/uvals are then partly written. */
+int64_t embps_merge_rows_checked(embps_dedup_t *d, const int64_t *idx,
+                                 const float *vals, size_t n, uint32_t dim,
+                                 int64_t *uidx, float *uvals, size_t *bad_pos,
+                                 int64_t *bad_index);
 #endif

@@ -213,22 +213,6 @@ out:
   embps_table_unref(t);
 }
 
-/* Position of the first row holding a non-finite value, or n. A float is
- * inf or NaN exactly when its exponent bits are all ones; the per-row test
- * is an integer OR-reduction, which gcc vectorises. */
-static size_t first_nonfinite(const float *v, size_t n, uint32_t dim) {
-  const uint32_t *bits = (const uint32_t *)v;
-  for (size_t i = 0; i < n; i++) {
-    const uint32_t *r = bits + i * dim;
-    uint32_t bad = 0;
-    for (uint32_t j = 0; j < dim; j++)
-      bad |= (r[j] & 0x7f800000u) == 0x7f800000u;
-    if (bad)
-      return i;
-  }
-  return n;
-}
-
 static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
                                 embps_scratch_t *scratch) {
   const embps_push_t *p = &req->msg.u.push;
@@ -273,15 +257,17 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
                        s->sync_workers);
     goto refuse;
   }
-  bad = first_nonfinite(vals, p->n, p->dim);
-  if (bad < p->n) {
+  /* merged in place, in the frame buffer; checked for inf/NaN on the way
+   * (only the request changes, so a refusal still changes nothing) */
+  int64_t bad_index;
+  int64_t k = embps_merge_rows_checked(&scratch->dedup, idx, vals, p->n,
+                                       p->dim, idx, vals, &bad, &bad_index);
+  if (k == EMBPS_ENONFINITE) {
     embps_request_fail(srv, req, EMBPS_ENONFINITE, "non-finite gradient "
                        "value at position %zu (index %lld)", bad,
-                       (long long)idx[bad]);
+                       (long long)bad_index);
     goto refuse;
   }
-  int64_t k = embps_merge_rows(&scratch->dedup, idx, vals, p->n, p->dim, idx,
-                               vals);
   if (k < 0) {
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory merging %u "
                        "rows", p->n);

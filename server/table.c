@@ -326,6 +326,8 @@ int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
 static int reserve_locked(embps_table_t *t, shard_t *sh, size_t more,
                           uint64_t max_bytes) {
   size_t need = sh->n_rows + more;
+  if (!more)
+    return 0;
   size_t row_bytes = embps_table_row_bytes(t);
   size_t chunks_needed = (need + t->rows_per_chunk - 1) >> t->chunk_shift;
   size_t new_map_cap = sh->map_cap ? sh->map_cap : 16;
@@ -378,6 +380,19 @@ static int reserve_locked(embps_table_t *t, shard_t *sh, size_t more,
   return 0;
 }
 
+/* How many ids at order positions [a, b) of shard sh have no row yet.
+ * Lock held. */
+static size_t count_new_locked(const embps_table_t *t, const shard_t *sh,
+                               const embps_table_scratch_t *s,
+                               const int64_t *ids, uint32_t a, uint32_t b) {
+  size_t fresh = 0;
+  for (uint32_t p = a; p < b; p++) {
+    int64_t id = ids[s->order[p]];
+    fresh += !is_padding(t, id) && !find_row(t, sh, id);
+  }
+  return fresh;
+}
+
 /* The row of id, materialised with initial weights and state if new.
  * Write lock held; room reserved. */
 static float *materialise_locked(embps_table_t *t, shard_t *sh, int64_t id,
@@ -415,19 +430,26 @@ int embps_table_apply(embps_table_t *t, embps_table_scratch_t *s,
   const uint32_t S = t->n_shards, dim = t->spec.dim;
   if (t->spec.dynamic) {
     for (uint32_t k = 0; k < S; k++) {
-      size_t more = s->start[k + 1] - s->start[k];
-      if (!more)
+      uint32_t a = s->start[k], b = s->start[k + 1];
+      if (a == b)
         continue;
       shard_t *sh = &t->shards[k];
       pthread_rwlock_wrlock(&sh->lock);
+      /* room for every id is an upper bound; under a memory limit, count
+       * the ids really new, so pushes to existing rows always pass */
+      size_t more = max_bytes ? count_new_locked(t, sh, s, ids, a, b) : b - a;
       rc = reserve_locked(t, sh, more, max_bytes);
       pthread_rwlock_unlock(&sh->lock);
       if (rc)
         return rc;
     }
   } else if (max_bytes) {
-    uint64_t worst = (uint64_t)n * embps_table_row_bytes(t);
-    if (embps_tables_total_bytes() + worst > max_bytes)
+    uint64_t fresh = 0;
+    for (size_t i = 0; i < n; i++)
+      fresh += !is_padding(t, ids[i]) && !dense_live(t, ids[i]);
+    if (fresh &&
+        embps_tables_total_bytes() + fresh * embps_table_row_bytes(t) >
+            max_bytes)
       return EMBPS_ELIMIT;
   }
   uint64_t t_step = atomic_fetch_add(&t->step, 1) + 1;

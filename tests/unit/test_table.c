@@ -635,47 +635,54 @@ static void test_max_bytes(void **state) {
   }
 }
 
-/* A push that only updates rows a dense table already holds needs no
- * memory, so a limit equal to the bytes in use must not refuse it (a server
- * at --max-memory keeps training the rows it has). */
+/* A push that only updates rows the table already holds needs no memory,
+ * so a limit equal to the bytes in use must not refuse it: a server at
+ * --max-memory keeps training the rows it has. */
 static void test_max_bytes_existing_rows(void **state) {
   (void)state;
-  const uint32_t dim = 16;
-  embps_table_spec_t spec;
-  spec_for(&spec, 0, dim, EMBPS_OPT_SGD);
-  spec.lr = 0.5;
-  embps_table_t *t = make_table(&spec, 2);
-  embps_table_scratch_t sc;
-  embps_table_scratch_init(&sc);
-  enum { N = 100 };
-  int64_t ids[N];
-  for (int i = 0; i < N; i++)
-    ids[i] = i * 7;
-  float *g = xmalloc(N * dim * sizeof *g);
-  for (size_t k = 0; k < N * dim; k++)
-    g[k] = 1.0f;
-  assert_int_equal(embps_table_apply(t, &sc, ids, g, N, 0), 0);
-  const uint64_t total = embps_tables_total_bytes();
-  /* the same rows again, with the limit at what is in use */
-  int rc = embps_table_apply(t, &sc, ids, g, N, total);
-  if (rc != 0) {
-    print_error("a push of %d existing rows with max_bytes = bytes in use "
-                "(%llu) returned %s; it needs no memory\n",
-                N, (unsigned long long)total, embps_err_name(rc));
-    fail();
+  int failed = 0;
+  for (int dyn = 0; dyn <= 1; dyn++) {
+    const uint32_t dim = 16;
+    embps_table_spec_t spec;
+    spec_for(&spec, dyn, dim, EMBPS_OPT_SGD);
+    spec.lr = 0.5;
+    embps_table_t *t = make_table(&spec, 1);
+    embps_table_scratch_t sc;
+    embps_table_scratch_init(&sc);
+    enum { N = 100 };
+    int64_t ids[N];
+    for (int i = 0; i < N; i++)
+      ids[i] = i * 7;
+    float *g = xmalloc(N * dim * sizeof *g);
+    for (size_t k = 0; k < N * dim; k++)
+      g[k] = 1.0f;
+    assert_int_equal(embps_table_apply(t, &sc, ids, g, N, 0), 0);
+    const uint64_t total = embps_tables_total_bytes();
+    /* the same rows again, with the limit at what is in use */
+    int rc = embps_table_apply(t, &sc, ids, g, N, total);
+    if (rc != 0) {
+      print_error("%s table: a push of %d existing rows with max_bytes = "
+                  "bytes in use (%llu) returned %s; it needs no memory\n",
+                  dyn ? "dynamic" : "dense", N, (unsigned long long)total,
+                  embps_err_name(rc));
+      failed = 1;
+    } else {
+      float *out = gather(t, &sc, ids, N);
+      for (size_t k = 0; k < N * dim; k++)
+        assert_true(out[k] == -1.0f); /* two steps of -0.5 */
+      free(out);
+      assert_int_equal(embps_tables_total_bytes(), total);
+    }
+    /* while a dense table still refuses a new row */
+    const int64_t fresh = 1;
+    if (!dyn)
+      assert_int_equal(embps_table_apply(t, &sc, &fresh, g, 1, total),
+                       EMBPS_ELIMIT);
+    free(g);
+    embps_table_scratch_close(&sc);
+    embps_table_destroy(t);
   }
-  float *out = gather(t, &sc, ids, N);
-  for (size_t k = 0; k < N * dim; k++)
-    assert_true(out[k] == -1.0f); /* two steps of -0.5 */
-  free(out);
-  assert_int_equal(embps_tables_total_bytes(), total);
-  /* while one new row is still refused */
-  const int64_t fresh = 1;
-  assert_int_equal(embps_table_apply(t, &sc, &fresh, g, 1, total),
-                   EMBPS_ELIMIT);
-  free(g);
-  embps_table_scratch_close(&sc);
-  embps_table_destroy(t);
+  assert_false(failed);
 }
 
 /* ------------------------------------------------------------ concurrency */
