@@ -24,12 +24,12 @@ static const char usage[] =
     "               [--beta1 X] [--beta2 X] [--initial-accumulator X]\n"
     "               [--l1 X] [--l2 X] [--lr-power X] [--weight-decay X]\n"
     "               [--init zeros|constant:V|uniform:A|normal:STD]\n"
-    "               [--seed S] [--padding-id ID]\n"
+    "               [--seed S] [--padding-id ID] [--sync-workers N]\n"
     "  drop-table NAME\n"
     "  tables [--json]\n"
     "  pull NAME (--ids 1,2,3 | --ids-file F) [--out F] [--json]\n"
     "  push NAME (--indices 1,2,2 --values v,v,... |\n"
-    "             --indices-file F --values-file F)\n"
+    "             --indices-file F --values-file F) [--step S]\n"
     "  stats [--json]\n"
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
@@ -439,6 +439,7 @@ static int cmd_push(cmd_t *cmd) {
     return usage_error("%s", "push needs a table NAME");
   const char *name = cmd->argv[0], *ia = NULL, *va = NULL, *ifile = NULL,
              *vfile = NULL;
+  uint64_t step = 0;
   for (int i = 1; i < cmd->argc; i++) {
     const char *a = cmd->argv[i];
     if (i + 1 >= cmd->argc)
@@ -452,7 +453,10 @@ static int cmd_push(cmd_t *cmd) {
       ifile = v;
     else if (!strcmp(a, "--values-file"))
       vfile = v;
-    else
+    else if (!strcmp(a, "--step")) {
+      if (parse_u64(v, &step) || step == 0)
+        return usage_error("--step \"%s\" is not a step number (from 1)", v);
+    } else
       return usage_error("unknown option %s for push", a);
   }
   if (!((ia && va && !ifile && !vfile) || (ifile && vfile && !ia && !va)))
@@ -476,7 +480,9 @@ static int cmd_push(cmd_t *cmd) {
     rc = die(1, "push has %zu indices but %zu values (expected %zu x %u)", n,
              nv, n, dim);
   if (!rc) {
-    int prc = embps_push(cmd->client, name, idx, n, vals, dim, 0);
+    int prc = step ? embps_push_step(cmd->client, name, idx, n, vals, dim, 0,
+                                     step)
+                   : embps_push(cmd->client, name, idx, n, vals, dim, 0);
     if (prc)
       rc = server_error(cmd->client, prc);
   }

@@ -356,6 +356,24 @@ expect_fail_with "server down: the message names the address" "$GONE_ADDR" \
 # the server still serves after all that
 expect_out "server still serves" '5\t0.25 0.25 0.25\n' pull emb --ids 5
 
+# synchronous tables: two workers' pushes for step 1 are averaged into one
+# step, acknowledged together; stale and unnumbered pushes are refused
+expect_ok "create-table --sync-workers 2" create-table syn --dim 2 --rows 4 \
+  --sync-workers 2 --lr 1
+"$CLI" --servers "$MAIN_ADDR" push syn --indices 1 --values 2,2 --step 1 &
+held=$!
+sleep 0.2
+expect_ok "second worker completes step 1" push syn --indices 1,2 \
+  --values 2,2,4,4 --step 1
+if wait "$held"; then ok "first worker acknowledged after the step"; else
+  bad "first worker acknowledged after the step" "exit $?"; fi
+expect_out "sync step applied the average" '1\t-2 -2\n2\t-2 -2\n' \
+  pull syn --ids 1,2
+expect_fail "stale step refused" "stale" push syn --indices 1 \
+  --values 1,1 --step 1
+expect_fail "push without a step refused" "must name its step" \
+  push syn --indices 1 --values 1,1
+
 stop_server MAIN
 
 echo "$PASS passed, $FAIL failed"
