@@ -395,7 +395,7 @@ static int cmd_pull(cmd_t *cmd) {
   }
   if (!ids_arg == !ids_file)
     return usage_error("%s", "pull needs exactly one of --ids and --ids-file");
-  int64_t *ids;
+  int64_t *ids = NULL;
   size_t n;
   if (ids_arg ? parse_ids(ids_arg, &ids, &n)
               : read_array(ids_file, sizeof *ids, (void **)&ids, &n))

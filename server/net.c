@@ -72,7 +72,8 @@ struct io_thread {
   int *fds;
   size_t n_fds, cap_fds;
   embps_request_t *done_head, *done_tail;
-  int draining, stopped;
+  atomic_int draining; /* set by the main thread at shutdown */
+  int stopped;
   embps_conn_t *conns;
   embps_scratch_t scratch;
 };
@@ -610,9 +611,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   embps_apply_drain(net->srv.apply);
   for (uint32_t i = 0; i < net->srv.cfg.io_threads; i++) {
     io_thread_t *io = &net->io[i];
-    pthread_mutex_lock(&io->mu);
-    io->draining = 1;
-    pthread_mutex_unlock(&io->mu);
+    atomic_store(&io->draining, 1);
     uv_async_send(&io->wake);
   }
 }

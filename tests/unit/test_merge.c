@@ -1,13 +1,15 @@
-/* test_merge.c - unit tests of duplicate removal (common/merge.c):
- * embps_dedup_ids and embps_merge_rows against a naive O(n^2) reference on
- * random inputs from fixed seeds with heavy duplicates, in-place merging,
- * scratch reuse across sizes, and the order of first appearance. */
+/* test_merge.c - unit tests of duplicate removal (common/merge.c): dedup
+ * and merge against a naive O(n^2) reference on seeded random inputs with
+ * heavy duplicates, in-place merging, scratch reuse, order of first
+ * appearance, and the non-finite check of embps_merge_rows_checked. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -292,12 +294,80 @@ static void test_first_appearance(void **state) {
   assert_memory_equal(inv, want_inv, sizeof want_inv);
 }
 
+/* embps_merge_rows_checked: the same merge for finite values; otherwise
+ * EMBPS_ENONFINITE naming the first row holding an inf or NaN. */
+static void test_merge_checked(void **state) {
+  (void)state;
+  uint64_t s = 31337;
+  const size_t n = 500;
+  const uint32_t dim = 13;
+  int64_t *ids = xmalloc(n * sizeof *ids);
+  float *vals = xmalloc(n * dim * sizeof *vals);
+  int64_t *ui = xmalloc(n * sizeof *ui), *wi = xmalloc(n * sizeof *wi);
+  float *uv = xmalloc(n * dim * sizeof *uv);
+  float *wv = xmalloc(n * dim * sizeof *wv);
+  embps_dedup_t d;
+  embps_dedup_init(&d);
+  for (int round = 0; round < 20; round++) {
+    make_ids(&s, round % N_POOLS, ids, n);
+    for (size_t i = 0; i < n * dim; i++)
+      vals[i] = rng_float(&s);
+    /* large, tiny and subnormal values are finite */
+    vals[0] = FLT_MAX;
+    vals[1] = -FLT_MAX;
+    vals[2] = FLT_MIN / 4;
+    vals[3] = -0.0f;
+    size_t bad_pos = 777;
+    int64_t bad_index = 777;
+    int64_t k = embps_merge_rows(&d, ids, vals, n, dim, wi, wv);
+    assert_true(k > 0);
+    assert_int_equal(embps_merge_rows_checked(&d, ids, vals, n, dim, ui, uv,
+                                              &bad_pos, &bad_index),
+                     k);
+    assert_memory_equal(ui, wi, (size_t)k * sizeof *ui);
+    assert_memory_equal(uv, wv, (size_t)k * dim * sizeof *uv);
+
+    /* one or two poisoned rows: the first is reported */
+    const float poison[] = {INFINITY, -INFINITY, NAN, -NAN};
+    size_t p = rng_next(&s) % n, j = rng_next(&s) % dim;
+    size_t p2 = p + 1 + rng_next(&s) % (n - p);
+    float keep = vals[p * dim + j], keep2 = 0;
+    vals[p * dim + j] = poison[round % 4];
+    if (round % 2 && p2 < n) {
+      keep2 = vals[p2 * dim];
+      vals[p2 * dim] = NAN;
+    }
+    assert_int_equal(embps_merge_rows_checked(&d, ids, vals, n, dim, ui, uv,
+                                              &bad_pos, &bad_index),
+                     EMBPS_ENONFINITE);
+    assert_int_equal(bad_pos, p);
+    assert_true(bad_index == ids[p]);
+    vals[p * dim + j] = keep;
+    if (round % 2 && p2 < n)
+      vals[p2 * dim] = keep2;
+  }
+  /* nothing to check */
+  size_t bad_pos = 5;
+  int64_t bad_index = 5;
+  assert_int_equal(embps_merge_rows_checked(&d, ids, vals, 0, dim, ui, uv,
+                                            &bad_pos, &bad_index),
+                   0);
+  embps_dedup_close(&d);
+  free(ids);
+  free(vals);
+  free(ui);
+  free(wi);
+  free(uv);
+  free(wv);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dedup_random),
       cmocka_unit_test(test_merge_random),
       cmocka_unit_test(test_scratch_reuse),
       cmocka_unit_test(test_first_appearance),
+      cmocka_unit_test(test_merge_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

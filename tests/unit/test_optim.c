@@ -1,8 +1,7 @@
-/* test_optim.c - unit tests of the sparse optimizer kernels (server/optim.c):
- * sgd, adagrad, adam (with and without decoupled weight decay) and ftrl
- * (lr_power -0.5 and -0.3, l1 and l2 non-zero) against a straightforward
- * double-precision reference over 50 steps of random gradients, and the
- * initial optimizer state of a fresh row. */
+/* test_optim.c - unit tests of the optimizer kernels (server/optim.c): sgd,
+ * adagrad, adam (with and without weight decay) and ftrl (lr_power -0.5 and
+ * -0.3, l1/l2 > 0) against a double-precision reference over 50 steps of
+ * random gradients, and the initial state of a fresh row. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -517,6 +518,14 @@ static void test_frame_build(void **state) {
       embps_msg_free(o);
       free(f);
     }
+  }
+  /* a body past 4 GiB cannot be framed (u32 body_len) */
+  {
+    uint8_t *f = NULL;
+    size_t len = 0, off = 0;
+    int rc = embps_frame_build(msgs[0], 1, (size_t)UINT32_MAX, &f, &len, &off);
+    assert_true(rc == EMBPS_EFRAMESIZE || rc == -ENOMEM);
+    free(f);
   }
   /* error frames, with and without a message */
   uint8_t *f;
