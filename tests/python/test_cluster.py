@@ -1,0 +1,62 @@
+"""Scale-out: three embps-server processes form one store. Every pushed row
+lands on exactly one server (the one the jump hash names), values are exact
+through the cluster, and a client
+whose list puts servers in the wrong slots is refused at connect.
+"""
+import unittest
+
+import numpy as np
+
+from harness import Server
+import embps
+
+K = 3
+
+
+class Cluster(unittest.TestCase):
+
+    def setUp(self):
+        self.servers = [Server("--cluster-size", str(K), "--cluster-index",
+                               str(i)).start() for i in range(K)]
+        self.addrs = [s.address for s in self.servers]
+
+    def tearDown(self):
+        for s in self.servers:
+            self.assertEqual(s.stop(), 0)
+
+    def test_every_row_on_exactly_one_server(self):
+        with embps.Client(self.addrs) as c:
+            self.assertEqual(c.n_servers, K)
+            c.create_table("t", 4, dynamic=True, optimizer="sgd", lr=1.0)
+            rng = np.random.default_rng(1)
+            ids = np.unique(rng.integers(-2**62, 2**62, size=3000))
+            batch = np.concatenate([ids, ids[:500]])  # duplicates too
+            vals = np.ones((batch.size, 4), np.float32)
+            c.push("t", batch, vals)
+            want = np.full((ids.size, 4), -1.0, np.float32)
+            want[:500] = -2.0
+            self.assertTrue(np.array_equal(c.pull("t", ids), want))
+            # each server holds exactly the rows the hash gives it
+            owners = np.array([embps.route(i, K) for i in ids])
+            counts = [0] * K
+            for i in range(K):
+                with embps.Client(self.addrs) as ci:
+                    stats = ci.stats()[i]
+                self.assertEqual(stats["cluster_index"], i)
+                (info,) = stats["tables"]
+                counts[i] = info["rows_allocated"]
+                self.assertEqual(counts[i], int(np.sum(owners == i)))
+            self.assertEqual(sum(counts), ids.size)
+            self.assertTrue(all(n > 0 for n in counts))
+
+    def test_wrong_slot_refused(self):
+        with self.assertRaises(embps.EmbpsError) as e:
+            embps.Client([self.addrs[1], self.addrs[0], self.addrs[2]])
+        self.assertEqual(e.exception.name, "EMBPS_EWRONGSERVER")
+        with self.assertRaises(embps.EmbpsError) as e:
+            embps.Client(self.addrs[0])  # one server posing as the cluster
+        self.assertEqual(e.exception.name, "EMBPS_EWRONGSERVER")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
