@@ -91,9 +91,16 @@ static void adam(float *restrict w, float *restrict m, float *restrict v,
   }
 }
 
-static float ftrl_weight(float z, float quadratic, float l1) {
-  float mag = fabsf(z) > l1 ? (copysignf(l1, z) - z) / quadratic : 0.0f;
-  return mag;
+/* FTRL's closed-form weight: (sign(z)*l1 - z)/quadratic where |z| > l1,
+ * else +0. Branch-free (an integer mask), so the caller's loop vectorises:
+ * gcc will not if-convert a float compare under the default -ftrapping-math. */
+static inline float ftrl_weight(float z, float quadratic, float l1) {
+  float w = (copysignf(l1, z) - z) / quadratic;
+  uint32_t bits;
+  memcpy(&bits, &w, sizeof bits);
+  bits &= -(uint32_t)(fabsf(z) > l1);
+  memcpy(&w, &bits, sizeof w);
+  return w;
 }
 
 /* TensorFlow ApplyFtrl, lr_power = -0.5: n^(-p) = sqrt(n). */
