@@ -32,7 +32,7 @@ typedef struct {
   double zipf, seconds, warmup;
   embps_optimizer_t optimizer;
   const char *table, *mode;
-  int json, keep, dynamic;
+  int json, keep, dynamic, no_prefill;
 } bench_opts_t;
 
 typedef struct {
@@ -288,6 +288,25 @@ static int run_phase(const bench_opts_t *o, const workload_t *w,
   return rc;
 }
 
+/* Pushes a zero gradient to every row of the dense table once, so the
+ * measurement sees steady state: every row materialised, every page of the
+ * table touched (a first touch costs a page fault and zeroing). */
+static int prefill(embps_client_t *c, const bench_opts_t *o) {
+  const size_t chunk = 65536;
+  int64_t *ids = malloc(chunk * sizeof *ids);
+  float *zeros = calloc(chunk * o->dim, sizeof *zeros);
+  int rc = ids && zeros ? 0 : -ENOMEM;
+  for (uint64_t start = 0; !rc && start < o->rows; start += chunk) {
+    size_t n = o->rows - start < chunk ? (size_t)(o->rows - start) : chunk;
+    for (size_t i = 0; i < n; i++)
+      ids[i] = (int64_t)(start + i);
+    rc = embps_push(c, o->table, ids, n, zeros, o->dim, 0);
+  }
+  free(ids);
+  free(zeros);
+  return rc;
+}
+
 static int parse_num(const char *flag, const char *v, double lo, double hi,
                      double *out) {
   char *end;
@@ -321,6 +340,10 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
     }
     if (!strcmp(a, "--dynamic")) {
       o.dynamic = 1;
+      continue;
+    }
+    if (!strcmp(a, "--no-prefill")) {
+      o.no_prefill = 1;
       continue;
     }
     if (i + 1 >= argc) {
@@ -399,6 +422,19 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
     unique += (double)w.n_unique[b];
   unique /= (double)o.n_batches * (double)o.batch;
 
+  double prefill_s = 0;
+  if (!o.dynamic && !o.no_prefill) {
+    uint64_t t0 = embps_now_ns();
+    rc = prefill(admin, &o);
+    prefill_s = (double)(embps_now_ns() - t0) / 1e9;
+    if (rc) {
+      fprintf(stderr, "embps: bench prefill: %s\n",
+              embps_client_last_error(admin));
+      embps_client_destroy(admin);
+      workload_free(&o, &w);
+      return 1;
+    }
+  }
   phase_result_t pull = {0}, push = {0};
   int do_pull = strcmp(o.mode, "push") != 0, do_push = strcmp(o.mode, "pull");
   if (do_pull)
@@ -416,6 +452,7 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
     printf("{\"workers\": %u, \"batch\": %" PRIu64 ", \"rows\": %" PRIu64
            ", \"dim\": %u, \"zipf\": %g, \"optimizer\": \"%s\", "
            "\"seconds\": %g, \"depth\": %u, \"dynamic\": %s, "
+           "\"prefill_s\": %.2f, "
            "\"unique_ratio\": %.4f, "
            "\"pull_rows_per_s\": %.0f, \"pull_ids_per_s\": %.0f, "
            "\"pull_p50_us\": %.1f, \"pull_p99_us\": %.1f, "
@@ -424,7 +461,7 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64 "}\n",
            o.workers, o.batch, o.rows, o.dim, o.zipf,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth,
-           o.dynamic ? "true" : "false", unique, pull.rows_per_s,
+           o.dynamic ? "true" : "false", prefill_s, unique, pull.rows_per_s,
            pull.ids_per_s, pull.p50, pull.p99, push.rows_per_s, push.ids_per_s,
            push.p50, push.p99, pull.requests, push.requests);
   } else {
@@ -432,7 +469,10 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            PRIu64 " rows, dim %u, %s, %g s per phase, depth %u\n",
            o.workers, o.batch, o.zipf, o.rows, o.dim,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth);
-    printf("unique ids per batch: %.1f%%\n", 100 * unique);
+    printf("unique ids per batch: %.1f%%", 100 * unique);
+    if (prefill_s > 0)
+      printf("; every row prefilled in %.1f s", prefill_s);
+    printf("\n");
     printf("%-5s %14s %14s %10s %10s %10s %9s\n", "", "unique rows/s",
            "ids/s", "p50 us", "p99 us", "p99.9 us", "requests");
     if (do_pull)
