@@ -33,7 +33,7 @@ static const char usage[] =
     "  stats [--json]\n"
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
-    "        [--dynamic] [--no-prefill] [--json]\n"
+    "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
     "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
     "to $EMBPS_TOKEN_FILE.\n";
 

@@ -8,7 +8,9 @@
  * are spread over the table (with --dynamic, ids are then mixed over the
  * whole int64 range). Batches are generated before timing starts;
  * each worker keeps --depth requests in flight so the wire never idles
- * while the server works. */
+ * while the server works. With --unique, each request carries only its
+ * batch's distinct ids (a worker that deduplicates itself): the same bytes
+ * as the raw-loopback baseline, which moves unique rows only. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -32,12 +34,13 @@ typedef struct {
   double zipf, seconds, warmup;
   embps_optimizer_t optimizer;
   const char *table, *mode;
-  int json, keep, dynamic, no_prefill;
+  int json, keep, dynamic, no_prefill, unique;
 } bench_opts_t;
 
 typedef struct {
-  int64_t **ids;     /* n_batches x batch */
-  size_t *n_unique;  /* per batch */
+  int64_t **ids;     /* n_batches x batch (x n_ids[b] with --unique) */
+  size_t *n_ids;     /* ids sent per request for batch b */
+  size_t *n_unique;  /* distinct ids of batch b */
   float *values;     /* batch x dim gradient rows (small, shared) */
 } workload_t;
 
@@ -73,9 +76,11 @@ static int workload_make(const bench_opts_t *o, workload_t *w) {
   double *cdf = malloc(o->rows * sizeof *cdf);
   w->ids = calloc(o->n_batches, sizeof *w->ids);
   w->n_unique = calloc(o->n_batches, sizeof *w->n_unique);
+  w->n_ids = calloc(o->n_batches, sizeof *w->n_ids);
   w->values = malloc(o->batch * o->dim * sizeof *w->values);
   int64_t *scratch = malloc(o->batch * sizeof *scratch);
-  if (!cdf || !w->ids || !w->n_unique || !w->values || !scratch) {
+  if (!cdf || !w->ids || !w->n_unique || !w->n_ids || !w->values ||
+      !scratch) {
     free(cdf);
     free(scratch);
     return -ENOMEM;
@@ -109,6 +114,11 @@ static int workload_make(const bench_opts_t *o, workload_t *w) {
     }
     int64_t k = embps_unique(w->ids[b], o->batch, scratch, NULL);
     w->n_unique[b] = k > 0 ? (size_t)k : 0;
+    w->n_ids[b] = o->batch;
+    if (o->unique) { /* requests carry the distinct ids only */
+      memcpy(w->ids[b], scratch, w->n_unique[b] * sizeof *scratch);
+      w->n_ids[b] = w->n_unique[b];
+    }
   }
   for (uint64_t i = 0; i < o->batch * o->dim; i++)
     w->values[i] = (float)((unit(&seed) - 0.5) * 1e-3);
@@ -123,6 +133,7 @@ static void workload_free(const bench_opts_t *o, workload_t *w) {
       free(w->ids[b]);
   free(w->ids);
   free(w->n_unique);
+  free(w->n_ids);
   free(w->values);
 }
 
@@ -176,10 +187,11 @@ static void *worker_main(void *arg) {
         uint32_t b = next++ % o->n_batches;
         started[slot] = embps_now_ns();
         batch_of[slot] = b;
-        rc = k->push ? embps_push_async(c, o->table, k->w->ids[b], o->batch,
+        size_t n = k->w->n_ids[b];
+        rc = k->push ? embps_push_async(c, o->table, k->w->ids[b], n,
                                         k->w->values, o->dim, 0,
                                         &tickets[slot])
-                     : embps_pull_async(c, o->table, k->w->ids[b], o->batch,
+                     : embps_pull_async(c, o->table, k->w->ids[b], n,
                                         out[slot], o->dim, &tickets[slot]);
         if (rc)
           break;
@@ -194,7 +206,7 @@ static void *worker_main(void *arg) {
       if (measuring) {
         record(k, (double)(embps_now_ns() - started[head]) / 1e3);
         k->requests++;
-        k->ids += o->batch;
+        k->ids += k->w->n_ids[batch_of[head]];
         k->rows += k->w->n_unique[batch_of[head]];
       }
       head = (head + 1) % o->depth;
@@ -342,6 +354,10 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
       o.dynamic = 1;
       continue;
     }
+    if (!strcmp(a, "--unique")) {
+      o.unique = 1;
+      continue;
+    }
     if (!strcmp(a, "--no-prefill")) {
       o.no_prefill = 1;
       continue;
@@ -452,7 +468,7 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
     printf("{\"workers\": %u, \"batch\": %" PRIu64 ", \"rows\": %" PRIu64
            ", \"dim\": %u, \"zipf\": %g, \"optimizer\": \"%s\", "
            "\"seconds\": %g, \"depth\": %u, \"dynamic\": %s, "
-           "\"prefill_s\": %.2f, "
+           "\"prefill_s\": %.2f, \"unique_requests\": %s, "
            "\"unique_ratio\": %.4f, "
            "\"pull_rows_per_s\": %.0f, \"pull_ids_per_s\": %.0f, "
            "\"pull_p50_us\": %.1f, \"pull_p99_us\": %.1f, "
@@ -461,7 +477,8 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64 "}\n",
            o.workers, o.batch, o.rows, o.dim, o.zipf,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth,
-           o.dynamic ? "true" : "false", prefill_s, unique, pull.rows_per_s,
+           o.dynamic ? "true" : "false", prefill_s,
+           o.unique ? "true" : "false", unique, pull.rows_per_s,
            pull.ids_per_s, pull.p50, pull.p99, push.rows_per_s, push.ids_per_s,
            push.p50, push.p99, pull.requests, push.requests);
   } else {

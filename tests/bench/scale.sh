@@ -102,6 +102,10 @@ os.execv(sys.argv[1], sys.argv[1:])')
 
 INT64_IDS=0
 grep -qa -- '--id-space' "$CLI_BIN" && INT64_IDS=1
+# An embps bench that prefills every row of a dense table first would make a
+# 100M-row table resident in whole (25.6 GB at dim 64): turn that off.
+NO_PREFILL=()
+grep -qa -- '--no-prefill' "$CLI_BIN" && NO_PREFILL=(--no-prefill)
 
 # run_case NAME ROWS DYNAMIC: REPS runs, each on a fresh server.
 run_case() {
@@ -121,7 +125,7 @@ run_case() {
   for rep in $(seq "$REPS"); do
     echo "  $name, rep $rep/$REPS (THP $thp)"
     local pre=() base=(--rows "$rows" --dim "$DIM" --zipf "$ZIPF" --optimizer "$OPTIMIZER"
-      --table scale --keep)
+      --table scale --keep "${NO_PREFILL[@]}")
     [ "$thp" = off ] && pre=("${NOTHP[@]}")
     [ "$dyn" = 1 ] && base+=(--dynamic)
     [ "$dyn" = 1 ] && [ "$INT64_IDS" = 1 ] && base+=(--id-space int64)
