@@ -52,6 +52,7 @@ typedef struct {
   uint32_t index;
   /* results */
   uint64_t requests, ids, rows;
+  double elapsed_s; /* the measured phase, drain included */
   double *lat_us;
   size_t n_lat, cap_lat;
   int error;
@@ -178,7 +179,8 @@ static void *worker_main(void *arg) {
   for (int phase = 0; phase < 2 && !k->error; phase++) {
     int measuring = phase == 1;
     double seconds = measuring ? o->seconds : o->warmup;
-    uint64_t end = embps_now_ns() + (uint64_t)(seconds * 1e9);
+    uint64_t phase_start = embps_now_ns();
+    uint64_t end = phase_start + (uint64_t)(seconds * 1e9);
     uint32_t inflight = 0, head = 0;
     for (;;) {
       int more = embps_now_ns() < end;
@@ -200,18 +202,21 @@ static void *worker_main(void *arg) {
       }
       if (!inflight)
         break;
-      rc = embps_wait(c, tickets[head]);
+      rc = embps_wait(c, tickets[head]); /* frees the ticket, even failed */
+      uint32_t done_slot = head;
+      head = (head + 1) % o->depth;
+      inflight--;
       if (rc)
         break;
       if (measuring) {
-        record(k, (double)(embps_now_ns() - started[head]) / 1e3);
+        record(k, (double)(embps_now_ns() - started[done_slot]) / 1e3);
         k->requests++;
-        k->ids += k->w->n_ids[batch_of[head]];
-        k->rows += k->w->n_unique[batch_of[head]];
+        k->ids += k->w->n_ids[batch_of[done_slot]];
+        k->rows += k->w->n_unique[batch_of[done_slot]];
       }
-      head = (head + 1) % o->depth;
-      inflight--;
     }
+    if (measuring)
+      k->elapsed_s = (double)(embps_now_ns() - phase_start) / 1e9;
     if (rc) {
       k->error = rc;
       snprintf(k->message, sizeof k->message, "%s",
@@ -267,6 +272,7 @@ static int run_phase(const bench_opts_t *o, const workload_t *w,
   size_t n_lat = 0;
   memset(r, 0, sizeof *r);
   uint64_t ids = 0, rows = 0;
+  double elapsed = 0;
   for (uint32_t i = 0; i < o->workers; i++) {
     pthread_join(th[i], NULL);
     if (k[i].error && !rc) {
@@ -274,6 +280,8 @@ static int run_phase(const bench_opts_t *o, const workload_t *w,
       fprintf(stderr, "embps: bench worker %u: %s\n", i, k[i].message);
     }
     n_lat += k[i].n_lat;
+    if (k[i].elapsed_s > elapsed)
+      elapsed = k[i].elapsed_s;
     ids += k[i].ids;
     rows += k[i].rows;
     r->requests += k[i].requests;
@@ -292,29 +300,27 @@ static int run_phase(const bench_opts_t *o, const workload_t *w,
     r->p99 = pct(lat, n_lat, 0.99);
     r->p999 = pct(lat, n_lat, 0.999);
   }
-  r->rows_per_s = (double)rows / o->seconds;
-  r->ids_per_s = (double)ids / o->seconds;
+  if (elapsed <= 0)
+    elapsed = o->seconds;
+  r->rows_per_s = (double)rows / elapsed;
+  r->ids_per_s = (double)ids / elapsed;
   free(lat);
   free(k);
   free(th);
   return rc;
 }
 
-/* Pushes a zero gradient to every row of the dense table once, so the
- * measurement sees steady state: every row materialised, every page of the
- * table touched (a first touch costs a page fault and zeroing). */
-static int prefill(embps_client_t *c, const bench_opts_t *o) {
-  const size_t chunk = 65536;
-  int64_t *ids = malloc(chunk * sizeof *ids);
-  float *zeros = calloc(chunk * o->dim, sizeof *zeros);
-  int rc = ids && zeros ? 0 : -ENOMEM;
-  for (uint64_t start = 0; !rc && start < o->rows; start += chunk) {
-    size_t n = o->rows - start < chunk ? (size_t)(o->rows - start) : chunk;
-    for (size_t i = 0; i < n; i++)
-      ids[i] = (int64_t)(start + i);
-    rc = embps_push(c, o->table, ids, n, zeros, o->dim, 0);
-  }
-  free(ids);
+/* Pushes a zero gradient once to every id the workload uses, so the
+ * measurement sees steady state: those rows materialised and their pages
+ * touched (a first touch costs a page fault and zeroing). It is one
+ * optimizer step per batch, like any push. */
+static int prefill(embps_client_t *c, const bench_opts_t *o,
+                   const workload_t *w) {
+  float *zeros = calloc(o->batch * o->dim, sizeof *zeros);
+  int rc = zeros ? 0 : -ENOMEM;
+  for (uint32_t b = 0; !rc && b < o->n_batches; b++)
+    rc = embps_push(c, o->table, w->ids[b], w->n_ids[b], zeros, o->dim,
+                    EMBPS_PUSH_MERGE);
   free(zeros);
   return rc;
 }
@@ -422,7 +428,18 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
   spec.lr = 0.01;
   rc = embps_create_table(admin, &spec);
   int created = rc == 0;
-  if (rc && rc != EMBPS_EEXIST) {
+  if (rc == EMBPS_EEXIST) { /* reuse it only if it is the table asked for */
+    embps_table_info_t info;
+    rc = embps_describe_table(admin, o.table, &info);
+    if (!rc && (info.spec.dim != o.dim || info.spec.dynamic != o.dynamic ||
+                (!o.dynamic && info.spec.rows != o.rows))) {
+      fprintf(stderr, "embps: bench: table \"%s\" exists with another "
+              "shape; drop it or pass --table\n", o.table);
+      embps_client_destroy(admin);
+      return 1;
+    }
+  }
+  if (rc) {
     fprintf(stderr, "embps: bench: %s\n", embps_client_last_error(admin));
     embps_client_destroy(admin);
     return 1;
@@ -439,9 +456,9 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
   unique /= (double)o.n_batches * (double)o.batch;
 
   double prefill_s = 0;
-  if (!o.dynamic && !o.no_prefill) {
+  if (!o.no_prefill) {
     uint64_t t0 = embps_now_ns();
-    rc = prefill(admin, &o);
+    rc = prefill(admin, &o, &w);
     prefill_s = (double)(embps_now_ns() - t0) / 1e9;
     if (rc) {
       fprintf(stderr, "embps: bench prefill: %s\n",
@@ -469,18 +486,21 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            ", \"dim\": %u, \"zipf\": %g, \"optimizer\": \"%s\", "
            "\"seconds\": %g, \"depth\": %u, \"dynamic\": %s, "
            "\"prefill_s\": %.2f, \"unique_requests\": %s, "
-           "\"unique_ratio\": %.4f, "
+           "\"unique_ratio\": %.6f, "
            "\"pull_rows_per_s\": %.0f, \"pull_ids_per_s\": %.0f, "
            "\"pull_p50_us\": %.1f, \"pull_p99_us\": %.1f, "
+           "\"pull_p999_us\": %.1f, "
            "\"push_rows_per_s\": %.0f, \"push_ids_per_s\": %.0f, "
            "\"push_p50_us\": %.1f, \"push_p99_us\": %.1f, "
+           "\"push_p999_us\": %.1f, \"warmup\": %g, \"batches\": %u, "
            "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64 "}\n",
            o.workers, o.batch, o.rows, o.dim, o.zipf,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth,
            o.dynamic ? "true" : "false", prefill_s,
            o.unique ? "true" : "false", unique, pull.rows_per_s,
-           pull.ids_per_s, pull.p50, pull.p99, push.rows_per_s, push.ids_per_s,
-           push.p50, push.p99, pull.requests, push.requests);
+           pull.ids_per_s, pull.p50, pull.p99, pull.p999, push.rows_per_s,
+           push.ids_per_s, push.p50, push.p99, push.p999, o.warmup,
+           o.n_batches, pull.requests, push.requests);
   } else {
     printf("embps bench: %u worker(s), batch %" PRIu64 " Zipf(%g) over %"
            PRIu64 " rows, dim %u, %s, %g s per phase, depth %u\n",
@@ -488,7 +508,7 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth);
     printf("unique ids per batch: %.1f%%", 100 * unique);
     if (prefill_s > 0)
-      printf("; every row prefilled in %.1f s", prefill_s);
+      printf("; their rows prefilled in %.1f s", prefill_s);
     printf("\n");
     printf("%-5s %14s %14s %10s %10s %10s %9s\n", "", "unique rows/s",
            "ids/s", "p50 us", "p99 us", "p99.9 us", "requests");

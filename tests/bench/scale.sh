@@ -7,9 +7,10 @@
 # created and after the pushes (the table is kept), plus the peak (VmHWM):
 #   dense SMALL_ROWS (1M) rows, dense LARGE_ROWS (100M) rows, and a dynamic
 #   table whose ids span the whole int64 range.
-# `embps bench --dynamic` draws its ids from [0, --rows) like a dense table;
-# ids across int64 need `--id-space int64` in embps bench (see README.md).
-# Without it the dynamic case uses ids in [0, DYN_ROWS) and says so.
+# `embps bench --dynamic` maps each id of [0, --rows) through embps_mix64, a
+# bijection of the 64-bit integers, so the ids span the whole int64 range
+# (older versions used [0, --rows) itself; the script reads which from
+# client/cli_bench.c and labels the case accordingly).
 #
 # With PRIME=1 (default) every id of the measured batches is pushed once
 # first, untimed but reported ("prime s": materialising the rows), so the
@@ -100,8 +101,13 @@ if libc.prctl(41, 1, 0, 0, 0):  # PR_SET_THP_DISABLE, kept across execve
     sys.exit("prctl(PR_SET_THP_DISABLE): " + os.strerror(ctypes.get_errno()))
 os.execv(sys.argv[1], sys.argv[1:])')
 
+# Where embps bench puts a dynamic table's ids: spread over int64 (by mixing
+# each id with embps_mix64, as client/cli_bench.c does since a450948), or in
+# [0, rows). Read from the source beside this script, which should be the
+# source of BUILD_DIR.
+HERE=$(cd "$(dirname "$0")" && pwd)
 INT64_IDS=0
-grep -qa -- '--id-space' "$CLI_BIN" && INT64_IDS=1
+grep -q 'dynamic ? (int64_t)embps_mix64' "$HERE/../../client/cli_bench.c" 2>/dev/null && INT64_IDS=1
 # An embps bench that prefills every row of a dense table first would make a
 # 100M-row table resident in whole (25.6 GB at dim 64): turn that off.
 NO_PREFILL=()
@@ -128,7 +134,6 @@ run_case() {
       --table scale --keep "${NO_PREFILL[@]}")
     [ "$thp" = off ] && pre=("${NOTHP[@]}")
     [ "$dyn" = 1 ] && base+=(--dynamic)
-    [ "$dyn" = 1 ] && [ "$INT64_IDS" = 1 ] && base+=(--id-space int64)
     local args=("${base[@]}" --batch "$BATCH" --batches "$NB" --seconds "$PHASE_S" --warmup "$WARMUP" --json)
     # The prime's one batch of NB x BATCH ids is exactly the NB measured batches
     # (embps bench draws them one after the other from one random stream).
@@ -205,11 +210,11 @@ line() {
 line small "dense, $SMALL_ROWS rows" "[0, $SMALL_ROWS)"
 line large "dense, $LARGE_ROWS rows" "[0, $LARGE_ROWS)"
 if [ "$INT64_IDS" = 1 ]; then
-  line dynamic "dynamic, ids across int64" "$DYN_ROWS ranks -> int64"
+  line dynamic "dynamic, ids across int64" "mix64 of [0, $DYN_ROWS)"
 else
   line dynamic "dynamic (ids NOT across int64)" "[0, $DYN_ROWS)"
-  echo "note: this embps bench has no --id-space int64, so the dynamic table's ids lie in [0, $DYN_ROWS);"
-  echo "      see tests/bench/README.md for the change to client/cli_bench.c."
+  echo "note: this embps bench draws a dynamic table's ids from [0, $DYN_ROWS), not across int64;"
+  echo "      see tests/bench/README.md."
 fi
 echo "RSS pre: the fresh server; post: after the pushes, table kept; peak: VmHWM. Medians over the reps."
 echo "push rows/s counts unique rows; embps bench sends all $BATCH ids of a batch (the server merges them)."
