@@ -25,6 +25,7 @@ static const char usage[] =
     "               [--l1 X] [--l2 X] [--lr-power X] [--weight-decay X]\n"
     "               [--init zeros|constant:V|uniform:A|normal:STD]\n"
     "               [--seed S] [--padding-id ID] [--sync-workers N]\n"
+    "               [--dtype f32|f16|bf16]\n"
     "  drop-table NAME\n"
     "  tables [--json]\n"
     "  pull NAME (--ids 1,2,3 | --ids-file F) [--out F] [--json]\n"
@@ -259,6 +260,9 @@ static int cmd_create(cmd_t *cmd) {
       if (parse_u64(v, &u) || u > UINT32_MAX)
         return usage_error("--sync-workers \"%s\" is not a count", v);
       spec.sync_workers = (uint32_t)u;
+    } else if (!strcmp(a, "--dtype")) {
+      if (embps_dtype_parse(v, &spec.dtype))
+        return usage_error("--dtype \"%s\" is not f32|f16|bf16", v);
     } else if (!strcmp(a, "--init")) {
       if (parse_init(v, &spec))
         return usage_error("--init \"%s\" is not zeros|constant:V|uniform:A|"
@@ -317,8 +321,8 @@ static void print_spec_json(const embps_table_spec_t *s) {
     printf("\"dynamic\": true, ");
   else
     printf("\"rows\": %" PRIu64 ", ", s->rows);
-  printf("\"optimizer\": \"%s\", \"lr\": %.9g", embps_optimizer_name(s->optimizer),
-         s->lr);
+  printf("\"optimizer\": \"%s\", \"dtype\": \"%s\", \"lr\": %.9g",
+         embps_optimizer_name(s->optimizer), embps_dtype_name(s->dtype), s->lr);
 }
 
 static int cmd_tables(cmd_t *cmd) {
@@ -342,17 +346,18 @@ static int cmd_tables(cmd_t *cmd) {
     }
     printf("]\n");
   } else {
-    printf("%-24s %8s %14s %-8s %14s %14s\n", "NAME", "DIM", "ROWS",
-           "OPTIM", "ALLOCATED", "BYTES");
+    printf("%-24s %8s %14s %-8s %-5s %14s %14s\n", "NAME", "DIM", "ROWS",
+           "OPTIM", "DTYPE", "ALLOCATED", "BYTES");
     for (size_t i = 0; i < n; i++) {
       char rows[32];
       if (v[i].spec.dynamic)
         snprintf(rows, sizeof rows, "dynamic");
       else
         snprintf(rows, sizeof rows, "%" PRIu64, v[i].spec.rows);
-      printf("%-24s %8u %14s %-8s %14" PRIu64 " %14" PRIu64 "\n",
+      printf("%-24s %8u %14s %-8s %-5s %14" PRIu64 " %14" PRIu64 "\n",
              v[i].spec.name, v[i].spec.dim, rows,
-             embps_optimizer_name(v[i].spec.optimizer), v[i].rows_allocated,
+             embps_optimizer_name(v[i].spec.optimizer),
+             embps_dtype_name(v[i].spec.dtype), v[i].rows_allocated,
              v[i].bytes_used);
     }
   }
@@ -540,10 +545,11 @@ static int cmd_stats(cmd_t *cmd) {
       printf("  bytes in %" PRIu64 "  out %" PRIu64 "\n", x->bytes_in,
              x->bytes_out);
       for (size_t t = 0; t < x->n_tables; t++)
-        printf("  table %-20s dim %-5u %-8s rows %" PRIu64 "  bytes %" PRIu64
-               "  step %" PRIu64 "\n", x->tables[t].spec.name,
-               x->tables[t].spec.dim,
+        printf("  table %-20s dim %-5u %-8s %-5s rows %" PRIu64
+               "  bytes %" PRIu64 "  step %" PRIu64 "\n",
+               x->tables[t].spec.name, x->tables[t].spec.dim,
                embps_optimizer_name(x->tables[t].spec.optimizer),
+               embps_dtype_name(x->tables[t].spec.dtype),
                x->tables[t].rows_allocated, x->tables[t].bytes_used,
                x->tables[t].step);
     }

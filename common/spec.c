@@ -1,4 +1,4 @@
-/* spec.c - table specs: defaults, validation and optimizer names. The server
+/* spec.c - table specs: defaults, validation, optimizer and dtype names. The server
  * runs embps_table_spec_check() on every create, the client before sending. */
 #include <math.h>
 #include <stdarg.h>
@@ -21,6 +21,24 @@ int embps_optimizer_parse(const char *s, embps_optimizer_t *out) {
        i++) {
     if (strcmp(s, optimizer_names[i]) == 0) {
       *out = (embps_optimizer_t)i;
+      return 0;
+    }
+  }
+  return EMBPS_EINVAL;
+}
+
+static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+
+const char *embps_dtype_name(embps_dtype_t dtype) {
+  if ((unsigned)dtype < sizeof dtype_names / sizeof *dtype_names)
+    return dtype_names[dtype];
+  return "unknown";
+}
+
+int embps_dtype_parse(const char *s, embps_dtype_t *out) {
+  for (unsigned i = 0; i < sizeof dtype_names / sizeof *dtype_names; i++) {
+    if (strcmp(s, dtype_names[i]) == 0) {
+      *out = (embps_dtype_t)i;
       return 0;
     }
   }
@@ -126,7 +144,7 @@ int embps_table_spec_check(const embps_table_spec_t *s, char *why,
   if ((s->init == EMBPS_INIT_UNIFORM || s->init == EMBPS_INIT_NORMAL) &&
       s->init_value < 0)
     return refuse(why, why_len, "init scale must be >= 0");
-  if (s->dtype != EMBPS_DTYPE_F32)
+  if ((unsigned)s->dtype > EMBPS_DTYPE_BF16)
     return refuse(why, why_len, "unknown dtype %u", (unsigned)s->dtype);
   if (s->sync_workers > 4096)
     return refuse(why, why_len, "sync-workers %u too large (max 4096)",

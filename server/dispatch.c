@@ -112,7 +112,7 @@ static void do_create(embps_server_t *srv, embps_request_t *req) {
     return;
   }
   rc = embps_registry_create(&srv->registry, spec, srv->cfg.shards,
-                             srv->cfg.max_tables);
+                             srv->cfg.cluster_size, srv->cfg.max_tables);
   if (rc == EMBPS_EEXIST)
     embps_request_fail(srv, req, rc, "table \"%s\" already exists",
                        spec->name);

@@ -135,22 +135,26 @@ static void ftrl_pow(float *restrict w, float *restrict n, float *restrict z,
 
 void embps_optim_apply(const embps_optim_t *o, float *row, const float *g,
                        uint32_t dim) {
-  float *state = row + dim;
+  embps_optim_apply_split(o, row, row + dim, g, dim);
+}
+
+void embps_optim_apply_split(const embps_optim_t *o, float *w, float *state,
+                             const float *g, uint32_t dim) {
   switch (o->kind) {
   case EMBPS_OPT_SGD:
-    sgd(row, g, dim, o->lr);
+    sgd(w, g, dim, o->lr);
     break;
   case EMBPS_OPT_ADAGRAD:
-    adagrad(row, state, g, dim, o->lr, o->eps);
+    adagrad(w, state, g, dim, o->lr, o->eps);
     break;
   case EMBPS_OPT_ADAM:
-    adam(row, state, state + dim, g, dim, o);
+    adam(w, state, state + dim, g, dim, o);
     break;
   case EMBPS_OPT_FTRL:
     if (o->lr_power == -0.5f)
-      ftrl_sqrt(row, state, state + dim, g, dim, o);
+      ftrl_sqrt(w, state, state + dim, g, dim, o);
     else
-      ftrl_pow(row, state, state + dim, g, dim, o);
+      ftrl_pow(w, state, state + dim, g, dim, o);
     break;
   }
 }

@@ -1,7 +1,8 @@
-/* optim.h - per-row sparse optimizer updates. A row is one contiguous
- * record: dim weights, then the optimizer's state (k x dim floats), so an
- * update touches one place in memory. Formulas are DESIGN.md's and match
- * PyTorch (SGD, Adagrad, SparseAdam) and TensorFlow (ApplyFtrl). */
+/* optim.h - per-row sparse optimizer updates. The kernels work on float32
+ * weights and the optimizer's float32 state (k x dim floats); in a table
+ * both sit in one record (table.h), so an update touches one place.
+ * Formulas are DESIGN.md's and match PyTorch (SGD, Adagrad, SparseAdam) and
+ * TensorFlow (ApplyFtrl). */
 #ifndef EMBPS_OPTIM_H
 #define EMBPS_OPTIM_H
 #include <stdint.h>
@@ -26,4 +27,8 @@ void embps_optim_init_state(const embps_optim_t *o, float *state,
 /* One update of row (weights then state) with merged gradient g. */
 void embps_optim_apply(const embps_optim_t *o, float *row, const float *g,
                        uint32_t dim);
+/* The same update with the weights w and the state apart (tables that
+ * store weights in f16/bf16 update a float32 copy of them). */
+void embps_optim_apply_split(const embps_optim_t *o, float *w, float *state,
+                             const float *g, uint32_t dim);
 #endif

@@ -26,7 +26,8 @@ static size_t find_locked(const embps_registry_t *r, const char *name) {
 }
 
 int embps_registry_create(embps_registry_t *r, const embps_table_spec_t *spec,
-                          uint32_t n_shards, size_t max_tables) {
+                          uint32_t n_shards, uint32_t cluster_size,
+                          size_t max_tables) {
   embps_table_t *t;
   int rc = 0;
   pthread_rwlock_wrlock(&r->lock);
@@ -45,7 +46,7 @@ int embps_registry_create(embps_registry_t *r, const embps_table_spec_t *spec,
     }
   }
   if (!rc)
-    rc = embps_table_create(spec, n_shards, &t);
+    rc = embps_table_create(spec, n_shards, cluster_size, &t);
   if (!rc)
     r->tables[r->n++] = t;
   pthread_rwlock_unlock(&r->lock);

@@ -16,10 +16,13 @@ typedef struct {
 
 void embps_registry_init(embps_registry_t *r);
 void embps_registry_close(embps_registry_t *r);
-/* Creates a table from a spec that passed embps_table_spec_check.
+/* Creates a table from a spec that passed embps_table_spec_check, for a
+ * server of a cluster of cluster_size servers (see embps_table_create:
+ * dense tables of a cluster keep only this server's rows).
  * Returns 0, EMBPS_EEXIST, EMBPS_ELIMIT (max_tables reached) or -ENOMEM. */
 int embps_registry_create(embps_registry_t *r, const embps_table_spec_t *spec,
-                          uint32_t n_shards, size_t max_tables);
+                          uint32_t n_shards, uint32_t cluster_size,
+                          size_t max_tables);
 /* Returns 0 or EMBPS_ENOTABLE. */
 int embps_registry_drop(embps_registry_t *r, const char *name);
 /* A referenced table (release with embps_table_unref), or NULL. */

@@ -1,53 +1,78 @@
-/* table.c - row storage (see table.h for the design).
+/* table.c - row storage (see table.h for the design and the record).
  *
  * Locking: every shard has a writer-preferring rwlock. A gather groups its
- * ids by shard and holds one shard's read lock at a time; an apply groups
- * its rows the same way and holds one shard's write lock while it updates
- * that shard's rows. Dense tables' row array never moves; a dynamic shard's
- * map may grow, but only under its write lock, and its row chunks never move.
+ * ids by shard and holds one shard's read lock at a time. Only one thread
+ * applies to a table at a time, and nothing else writes to it, so the
+ * applying thread reads the table's structures without a lock and builds
+ * new ones (a grown map, a grown chunk index) without one; it takes a
+ * shard's write lock for every change a reader could see: writing rows,
+ * inserting into the map, swapping in a grown map or chunk index. Rows
+ * never move.
+ *
+ * Hashed storage, per shard:
+ *  - rows are slots 0..n_rows-1 in chunks that grow geometrically: level 0
+ *    is 2G chunks of R0 rows (R0 x row_bytes about 4 KiB), level L >= 1 is
+ *    G chunks of R0 << L rows, up to R_max rows (2 MiB) a chunk, which then
+ *    repeats. A new chunk is never more than 1/G of the rows before it, or
+ *    R0 rows: chunks hold at most ~3% (G = 32) more than the rows.
+ *  - the map is a linear-probing array of uint32 at load <= 0.8, grown by
+ *    1.5x: 5 to 7.5 bytes a row. Entry 0 is empty; otherwise its low bits
+ *    are slot + 1 and its high bits a tag from the id's hash (as many bits
+ *    as the capacity leaves free). The id itself is the first 8 bytes of
+ *    the record, so a probe reads a record only when the tag matches - at
+ *    most one record in ~64 probes at capacities below 2^26.
  */
 #include "table.h"
 
 #include <errno.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#include "dtype.h"
 #include "init.h"
 #include "optim.h"
 #include "route.h"
 
-#define CHUNK_BYTES (2u << 20)
+#define CHUNK_BYTES (2u << 20)     /* largest row chunk */
+#define FIRST_CHUNK_BYTES 4096u    /* smallest row chunk, rounded up to rows */
+#define LEVEL_SHIFT 5              /* G = 32 chunks per size level */
 #define PARALLEL_MIN_ROWS 4096 /* below this, OpenMP costs more than it gains */
-#define EMPTY_SLOT UINT32_MAX
-
-typedef struct {
-  int64_t key;
-  uint32_t slot;
-} map_entry_t;
+#define MAP_MIN_CAP 32u
+#define MAX_SHARD_ROWS (1u << 31)  /* slots are uint32 */
+#define ID_BYTES 8u                /* the id heading a hashed record */
+#define MAP_SEED 0x2545f4914f6cdd1dULL /* map hash != shard and server hash */
+#define PREFETCH_AHEAD 16          /* rows */
+#define PREFETCH_MAX 512u          /* bytes of a record prefetched */
 
 typedef struct {
   pthread_rwlock_t lock;
-  /* dynamic tables only */
-  map_entry_t *map;
-  size_t map_cap, n_rows;
-  float **chunks;
-  size_t n_chunks, chunks_cap;
+  /* hashed storage only */
+  uint32_t *map;       /* map_cap entries: 0, or tag | (slot + 1) */
+  uint32_t map_cap, tag_mask;
+  uint32_t n_rows;     /* slots in use */
+  uint32_t n_chunks, chunks_cap;
+  unsigned char **chunks;
   char pad[64];
 } shard_t;
 
 struct embps_table {
   embps_table_spec_t spec;
   embps_optim_t optim;
-  uint32_t n_shards;
-  uint32_t stride;          /* floats per row record */
-  uint32_t rows_per_chunk;  /* dynamic */
-  uint32_t chunk_shift;
-  float *rows;              /* dense: mmap'd row array */
+  uint32_t n_shards, dim;
+  embps_dtype_t dtype;
+  int hashed;               /* hashed storage, else array */
+  uint32_t row_bytes;       /* record size, a multiple of 16 */
+  uint32_t w_off, state_off; /* byte offsets of weights and state */
+  uint32_t w_bytes;         /* bytes of the stored weights */
+  uint32_t r0_shift;        /* hashed: log2 of R0, rows of a level-0 chunk */
+  uint32_t max_level;       /* hashed: log2 of R_max / R0 */
+  unsigned char *rows;      /* array: mmap'd records */
   size_t rows_len;
-  _Atomic uint64_t *live;   /* dense: bitmap of materialised rows */
+  _Atomic uint64_t *live;   /* array: bitmap of materialised rows */
   size_t live_words;
   shard_t *shards;
   atomic_uint_fast64_t rows_allocated, bytes, pushes, pulls, step;
@@ -72,14 +97,15 @@ void embps_table_scratch_init(embps_table_scratch_t *s) {
 void embps_table_scratch_close(embps_table_scratch_t *s) {
   free(s->order);
   free(s->shard);
+  free(s->rec);
   free(s->start);
+  free(s->fresh);
+  free(s->wide);
   embps_table_scratch_init(s);
 }
 
-/* Groups positions 0..n-1 by shard (a stable counting sort). */
-static int group_by_shard(const embps_table_t *t, embps_table_scratch_t *s,
-                          const int64_t *ids, size_t n) {
-  uint32_t S = t->n_shards;
+/* Makes room for n positions and S shards in s. 0 or -ENOMEM. */
+static int scratch_reserve(embps_table_scratch_t *s, size_t n, uint32_t S) {
   if (n > s->cap) {
     uint32_t *o = malloc(n * sizeof *o), *sh = malloc(n * sizeof *sh);
     if (!o || !sh) {
@@ -92,15 +118,33 @@ static int group_by_shard(const embps_table_t *t, embps_table_scratch_t *s,
     s->order = o;
     s->shard = sh;
     s->cap = n;
+    free(s->rec); /* sized with cap, on demand (apply only) */
+    s->rec = NULL;
   }
   if (S + 1 > s->shard_cap) {
     uint32_t *st = malloc((S + 1) * sizeof *st);
-    if (!st)
+    uint32_t *fr = malloc((S + 1) * sizeof *fr);
+    if (!st || !fr) {
+      free(st);
+      free(fr);
       return -ENOMEM;
+    }
     free(s->start);
+    free(s->fresh);
     s->start = st;
+    s->fresh = fr;
     s->shard_cap = S + 1;
   }
+  return 0;
+}
+
+/* Groups positions 0..n-1 by shard (a stable counting sort). */
+static int group_by_shard(const embps_table_t *t, embps_table_scratch_t *s,
+                          const int64_t *ids, size_t n) {
+  uint32_t S = t->n_shards;
+  int rc = scratch_reserve(s, n, S);
+  if (rc)
+    return rc;
   memset(s->start, 0, (S + 1) * sizeof *s->start);
   for (size_t i = 0; i < n; i++) {
     uint32_t k = embps_route_shard(ids[i], S);
@@ -118,18 +162,359 @@ static int group_by_shard(const embps_table_t *t, embps_table_scratch_t *s,
   return 0;
 }
 
+/* Floats of one thread's float32 row in s->wide (whole cache lines). */
+static size_t wide_stride(const embps_table_t *t) {
+  return ((size_t)t->dim + 15) & ~(size_t)15;
+}
+
+/* What an apply needs beyond group_by_shard: the record of each position
+ * (hashed storage) and a float32 row per OpenMP thread (f16/bf16 tables),
+ * allocated before any row changes. 0 or -ENOMEM. */
+static int scratch_reserve_apply(const embps_table_t *t,
+                                 embps_table_scratch_t *s) {
+  if (t->hashed && !s->rec) {
+    s->rec = malloc((s->cap ? s->cap : 1) * sizeof *s->rec);
+    if (!s->rec)
+      return -ENOMEM;
+  }
+  size_t wide = t->dtype == EMBPS_DTYPE_F32
+                    ? 0
+                    : (size_t)omp_get_max_threads() * wide_stride(t);
+  if (wide > s->wide_floats) {
+    float *w = aligned_alloc(64, wide * sizeof *w);
+    if (!w)
+      return -ENOMEM;
+    free(s->wide);
+    s->wide = w;
+    s->wide_floats = wide;
+  }
+  return 0;
+}
+
+/* The calling OpenMP thread's float32 row, or NULL for f32 tables. */
+static float *thread_wide(const embps_table_t *t,
+                          const embps_table_scratch_t *s) {
+  if (t->dtype == EMBPS_DTYPE_F32)
+    return NULL;
+  return s->wide + (size_t)omp_get_thread_num() * wide_stride(t);
+}
+
+/* ------------------------------------------------------------ records */
+
+static inline int is_padding(const embps_table_t *t, int64_t id) {
+  return t->spec.has_padding && id == t->spec.padding_id;
+}
+
+static inline int64_t rec_id(const unsigned char *rec) {
+  int64_t id;
+  memcpy(&id, rec, sizeof id);
+  return id;
+}
+
+/* Widens the stored weights of rec into dst (float32). */
+static inline void read_weights(const embps_table_t *t,
+                                const unsigned char *rec, float *dst) {
+  if (t->dtype == EMBPS_DTYPE_F32)
+    memcpy(dst, rec + t->w_off, t->dim * sizeof *dst);
+  else
+    embps_dtype_to_f32(t->dtype, rec + t->w_off, dst, t->dim);
+}
+
+/* The weights a row never pushed reads as: its initial value, rounded to
+ * the storage type, so a pull agrees before and after the row is
+ * materialised. */
+static inline void initial_weights(const embps_table_t *t, int64_t id,
+                                   float *dst) {
+  embps_init_row(&t->spec, id, dst);
+  if (t->dtype != EMBPS_DTYPE_F32)
+    embps_dtype_round(t->dtype, dst, t->dim);
+}
+
+/* Writes a fresh row's initial weights and optimizer state into rec (not
+ * the id). wide: a float32 row of scratch for f16/bf16 tables. */
+static void init_record(const embps_table_t *t, int64_t id,
+                        unsigned char *rec, float *wide) {
+  if (t->dtype == EMBPS_DTYPE_F32) {
+    embps_init_row(&t->spec, id, (float *)(rec + t->w_off));
+  } else {
+    embps_init_row(&t->spec, id, wide);
+    embps_dtype_from_f32(t->dtype, wide, rec + t->w_off, t->dim);
+  }
+  embps_optim_init_state(&t->optim, (float *)(rec + t->state_off), t->dim);
+}
+
+/* One optimizer step on rec with gradient g. The f32 path runs the kernel
+ * in place; f16/bf16 widen the weights into wide, run the same kernel and
+ * round back to nearest even. */
+static inline void apply_record(const embps_table_t *t, unsigned char *rec,
+                                const float *g, float *wide) {
+  void *w = rec + t->w_off;
+  if (t->dtype == EMBPS_DTYPE_F32) {
+    embps_optim_apply(&t->optim, w, g, t->dim); /* state follows w */
+    return;
+  }
+  embps_dtype_to_f32(t->dtype, w, wide, t->dim);
+  embps_optim_apply_split(&t->optim, wide, (float *)(rec + t->state_off), g,
+                          t->dim);
+  embps_dtype_from_f32(t->dtype, wide, w, t->dim);
+}
+
+/* ------------------------------------------------------------ array */
+
+static inline unsigned char *array_rec(const embps_table_t *t, int64_t id) {
+  return t->rows + (size_t)id * t->row_bytes;
+}
+
+static inline int array_live(const embps_table_t *t, int64_t id) {
+  uint64_t w = atomic_load_explicit(&t->live[(uint64_t)id >> 6],
+                                    memory_order_relaxed);
+  return (int)((w >> ((uint64_t)id & 63)) & 1);
+}
+
+/* The record of id, materialised if new (counted in *created). Write lock
+ * held. */
+static unsigned char *array_materialise(const embps_table_t *t, int64_t id,
+                                        float *wide, uint64_t *created) {
+  unsigned char *rec = array_rec(t, id);
+  if (array_live(t, id))
+    return rec;
+  init_record(t, id, rec, wide);
+  atomic_fetch_or_explicit(&t->live[(uint64_t)id >> 6],
+                           1ULL << ((uint64_t)id & 63), memory_order_relaxed);
+  (*created)++;
+  return rec;
+}
+
+/* ------------------------------------------------------------ chunks */
+
+/* The size level of slot's chunk (see the top of the file). */
+static inline uint32_t slot_level(const embps_table_t *t, uint32_t slot) {
+  uint32_t q = (slot >> (t->r0_shift + LEVEL_SHIFT)) | 1;
+  uint32_t level = 31 - (uint32_t)__builtin_clz(q);
+  return level < t->max_level ? level : t->max_level;
+}
+
+/* The record in slot of shard sh (its chunk must exist). Level L starts at
+ * slot G R0 2^L (L >= 1) and chunk G (L + 1), so slot's chunk is
+ * G L + slot / (R0 2^L) at every level, level 0 included. */
+static inline unsigned char *slot_rec(const embps_table_t *t,
+                                      const shard_t *sh, uint32_t slot) {
+  uint32_t level = slot_level(t, slot), shift = t->r0_shift + level;
+  uint32_t c = (level << LEVEL_SHIFT) + (slot >> shift);
+  return sh->chunks[c] + (size_t)(slot & ((1u << shift) - 1)) * t->row_bytes;
+}
+
+/* Chunks holding slots 0..rows-1. */
+static uint32_t chunks_for(const embps_table_t *t, uint32_t rows) {
+  if (!rows)
+    return 0;
+  uint32_t last = rows - 1, level = slot_level(t, last);
+  return (level << LEVEL_SHIFT) + (last >> (t->r0_shift + level)) + 1;
+}
+
+/* Bytes of chunk c: level 0 is chunks [0, 2G), level L >= 1 chunks
+ * [G (L + 1), G (L + 2)). */
+static size_t chunk_bytes(const embps_table_t *t, uint32_t c) {
+  uint32_t level = c < (2u << LEVEL_SHIFT) ? 0 : (c >> LEVEL_SHIFT) - 1;
+  if (level > t->max_level)
+    level = t->max_level;
+  return ((size_t)1 << (t->r0_shift + level)) * t->row_bytes;
+}
+
+/* Sets the chunk geometry: R_max the largest power of two of rows within
+ * CHUNK_BYTES, R0 the smallest reaching FIRST_CHUNK_BYTES (both >= 1). */
+static void chunk_geometry(embps_table_t *t) {
+  uint32_t max_shift = 0, r0_shift = 0;
+  while (((size_t)2 << max_shift) * t->row_bytes <= CHUNK_BYTES)
+    max_shift++;
+  while (r0_shift < max_shift &&
+         ((size_t)1 << r0_shift) * t->row_bytes < FIRST_CHUNK_BYTES)
+    r0_shift++;
+  t->r0_shift = r0_shift;
+  t->max_level = max_shift - r0_shift;
+}
+
+/* Gives sh chunks up to index want - 1. A grown chunk index is swapped in
+ * under the write lock; new chunk pointers go past every index a map entry
+ * names, so readers never see them until a row there is inserted (under
+ * the write lock). 0 or -ENOMEM (rows unchanged). */
+static int add_chunks(embps_table_t *t, shard_t *sh, uint32_t want) {
+  if (want > sh->chunks_cap) {
+    uint32_t cap = sh->chunks_cap ? sh->chunks_cap : 16;
+    while (cap < want)
+      cap *= 2;
+    unsigned char **index = malloc(cap * sizeof *index), **old = sh->chunks;
+    if (!index)
+      return -ENOMEM;
+    if (sh->n_chunks)
+      memcpy(index, old, sh->n_chunks * sizeof *index);
+    pthread_rwlock_wrlock(&sh->lock);
+    sh->chunks = index;
+    pthread_rwlock_unlock(&sh->lock);
+    free(old);
+    sh->chunks_cap = cap;
+  }
+  while (sh->n_chunks < want) {
+    size_t bytes = chunk_bytes(t, sh->n_chunks);
+    unsigned char *c = malloc(bytes);
+    if (!c)
+      return -ENOMEM;
+    sh->chunks[sh->n_chunks++] = c;
+    add_bytes(t, (int64_t)bytes);
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------ map */
+
+static inline uint64_t map_hash(int64_t id) {
+  return embps_mix64((uint64_t)id ^ MAP_SEED);
+}
+
+/* Home position: the hash's upper half scaled to [0, cap). */
+static inline uint32_t map_home(uint64_t h, uint32_t cap) {
+  return (uint32_t)(((h >> 32) * (uint64_t)cap) >> 32);
+}
+
+/* Rows a map of cap entries may hold: load <= 0.8. */
+static inline uint32_t map_max_rows(uint32_t cap) {
+  return (uint32_t)((uint64_t)cap * 4 / 5);
+}
+
+/* The tag bits of an entry: those above the ones slot + 1 needs. */
+static uint32_t map_tag_mask(uint32_t cap) {
+  uint32_t bits = 32 - (uint32_t)__builtin_clz(map_max_rows(cap));
+  return bits >= 32 ? 0 : ~0u << bits;
+}
+
+/* The smallest capacity of the growth sequence (x1.5 from cap, at least
+ * MAP_MIN_CAP) that holds rows. rows <= MAX_SHARD_ROWS, so it fits 32 bits. */
+static uint32_t map_cap_for(uint32_t cap, uint32_t rows) {
+  uint64_t c = cap > MAP_MIN_CAP ? cap : MAP_MIN_CAP;
+  while (map_max_rows((uint32_t)c) < rows)
+    c += c / 2;
+  return (uint32_t)c;
+}
+
+/* Records slot under hash h in map m (the id must not be there yet). */
+static inline void map_put(uint32_t *m, uint32_t cap, uint32_t tag_mask,
+                           uint64_t h, uint32_t slot) {
+  uint32_t i = map_home(h, cap);
+  while (m[i])
+    if (++i == cap)
+      i = 0;
+  m[i] = ((uint32_t)h & tag_mask) | (slot + 1);
+}
+
+/* The record of id in shard sh, or NULL. */
+static inline unsigned char *map_find(const embps_table_t *t,
+                                      const shard_t *sh, int64_t id) {
+  const uint32_t cap = sh->map_cap, tag_mask = sh->tag_mask;
+  if (!cap)
+    return NULL;
+  const uint64_t h = map_hash(id);
+  const uint32_t tag = (uint32_t)h & tag_mask;
+  for (uint32_t i = map_home(h, cap);;) {
+    uint32_t e = sh->map[i];
+    if (!e)
+      return NULL;
+    if ((e & tag_mask) == tag) {
+      unsigned char *rec = slot_rec(t, sh, (e & ~tag_mask) - 1);
+      if (rec_id(rec) == id)
+        return rec;
+    }
+    if (++i == cap)
+      i = 0;
+  }
+}
+
+/* Replaces sh's map with one of cap entries holding every row. Built
+ * without a lock (reading the ids from the records, in slot order), then
+ * swapped in under the write lock. 0 or -ENOMEM (map unchanged). */
+static int grow_map(embps_table_t *t, shard_t *sh, uint32_t cap) {
+  uint32_t *m = calloc(cap, sizeof *m), *old = sh->map;
+  if (!m)
+    return -ENOMEM;
+  const uint32_t tag_mask = map_tag_mask(cap), old_cap = sh->map_cap;
+  for (uint32_t slot = 0; slot < sh->n_rows; slot++)
+    map_put(m, cap, tag_mask, map_hash(rec_id(slot_rec(t, sh, slot))), slot);
+  pthread_rwlock_wrlock(&sh->lock);
+  sh->map = m;
+  sh->map_cap = cap;
+  sh->tag_mask = tag_mask;
+  pthread_rwlock_unlock(&sh->lock);
+  free(old);
+  add_bytes(t, ((int64_t)cap - old_cap) * (int64_t)sizeof *m);
+  return 0;
+}
+
+/* Bytes that room for `rows` rows in sh would add (chunks and map). */
+static uint64_t growth_bytes(const embps_table_t *t, const shard_t *sh,
+                             uint32_t rows) {
+  uint64_t bytes = 0;
+  const uint32_t want = chunks_for(t, rows);
+  for (uint32_t c = sh->n_chunks; c < want; c++)
+    bytes += chunk_bytes(t, c);
+  if (rows > map_max_rows(sh->map_cap))
+    bytes += (uint64_t)(map_cap_for(sh->map_cap, rows) - sh->map_cap) *
+             sizeof *sh->map;
+  return bytes;
+}
+
+/* The record of a new id in sh: next slot, id, initial row, map entry.
+ * Write lock held; room reserved. */
+static unsigned char *hashed_insert(const embps_table_t *t, shard_t *sh,
+                                    int64_t id, float *wide) {
+  uint32_t slot = sh->n_rows;
+  unsigned char *rec = slot_rec(t, sh, slot);
+  memcpy(rec, &id, sizeof id);
+  init_record(t, id, rec, wide);
+  map_put(sh->map, sh->map_cap, sh->tag_mask, map_hash(id), slot);
+  sh->n_rows = slot + 1;
+  return rec;
+}
+
 /* ------------------------------------------------------------ create */
 
+/* Record layout (table.h): weights after the id (hashed storage), state
+ * 4-byte aligned after them, the record padded to 16 bytes. */
+static void record_layout(embps_table_t *t) {
+  uint32_t k = embps_optim_state_per_weight(t->spec.optimizer);
+  t->w_bytes = (uint32_t)embps_dtype_size(t->dtype) * t->dim;
+  t->w_off = t->hashed ? ID_BYTES : 0;
+  t->state_off = t->w_off + ((t->w_bytes + 3) & ~3u);
+  t->row_bytes = (t->state_off + 4 * k * t->dim + 15) & ~15u;
+}
+
+static int create_array(embps_table_t *t) {
+  t->rows_len = t->spec.rows * t->row_bytes;
+  void *p = mmap(NULL, t->rows_len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return -ENOMEM;
+  t->rows = p;
+  if (t->rows_len >= CHUNK_BYTES)
+    madvise(p, t->rows_len, MADV_HUGEPAGE);
+  t->live_words = (t->spec.rows + 63) / 64;
+  t->live = calloc(t->live_words, sizeof *t->live);
+  if (!t->live)
+    return -ENOMEM;
+  add_bytes(t, (int64_t)(t->live_words * sizeof *t->live));
+  return 0;
+}
+
 int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
-                       embps_table_t **out) {
+                       uint32_t cluster_size, embps_table_t **out) {
   embps_table_t *t = calloc(1, sizeof *t);
   if (!t)
     return -ENOMEM;
   t->spec = *spec;
   embps_optim_from_spec(&t->optim, spec);
   t->n_shards = n_shards ? n_shards : 1;
-  uint32_t floats = spec->dim * (1 + embps_optim_state_per_weight(spec->optimizer));
-  t->stride = (floats + 3) & ~3u; /* 16-byte aligned records */
+  t->dim = spec->dim;
+  t->dtype = spec->dtype;
+  t->hashed = spec->dynamic || cluster_size > 1;
+  record_layout(t);
   atomic_init(&t->refs, 1);
   t->shards = calloc(t->n_shards, sizeof *t->shards);
   if (!t->shards)
@@ -141,29 +526,10 @@ int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
   for (uint32_t k = 0; k < t->n_shards; k++)
     pthread_rwlock_init(&t->shards[k].lock, &attr);
   pthread_rwlockattr_destroy(&attr);
-
-  size_t row_bytes = (size_t)t->stride * sizeof(float);
-  if (spec->dynamic) {
-    uint32_t rpc = 1;
-    while ((size_t)rpc * 2 * row_bytes <= CHUNK_BYTES)
-      rpc *= 2;
-    t->rows_per_chunk = rpc;
-    t->chunk_shift = (uint32_t)__builtin_ctz(rpc);
-  } else {
-    t->rows_len = spec->rows * row_bytes;
-    void *p = mmap(NULL, t->rows_len, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-      goto fail;
-    t->rows = p;
-    if (t->rows_len >= CHUNK_BYTES)
-      madvise(p, t->rows_len, MADV_HUGEPAGE);
-    t->live_words = (spec->rows + 63) / 64;
-    t->live = calloc(t->live_words, sizeof *t->live);
-    if (!t->live)
-      goto fail;
-    add_bytes(t, (int64_t)(t->live_words * sizeof *t->live));
-  }
+  if (t->hashed)
+    chunk_geometry(t);
+  else if (create_array(t))
+    goto fail;
   *out = t;
   return 0;
 fail:
@@ -177,7 +543,7 @@ void embps_table_destroy(embps_table_t *t) {
   if (t->shards) {
     for (uint32_t k = 0; k < t->n_shards; k++) {
       shard_t *sh = &t->shards[k];
-      for (size_t c = 0; c < sh->n_chunks; c++)
+      for (uint32_t c = 0; c < sh->n_chunks; c++)
         free(sh->chunks[c]);
       free(sh->chunks);
       free(sh->map);
@@ -203,9 +569,7 @@ const embps_table_spec_t *embps_table_spec(const embps_table_t *t) {
   return &t->spec;
 }
 
-size_t embps_table_row_bytes(const embps_table_t *t) {
-  return (size_t)t->stride * sizeof(float);
-}
+size_t embps_table_row_bytes(const embps_table_t *t) { return t->row_bytes; }
 
 void embps_table_info(embps_table_t *t, embps_table_info_t *out) {
   memset(out, 0, sizeof *out);
@@ -218,10 +582,6 @@ void embps_table_info(embps_table_t *t, embps_table_info_t *out) {
 }
 
 /* ------------------------------------------------------------ lookups */
-
-static inline int is_padding(const embps_table_t *t, int64_t id) {
-  return t->spec.has_padding && id == t->spec.padding_id;
-}
 
 int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
                           size_t n, uint32_t cluster_size,
@@ -247,43 +607,82 @@ int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
   return 0;
 }
 
-static inline float *dense_row(const embps_table_t *t, int64_t id) {
-  return t->rows + (size_t)id * t->stride;
+/* The stored record of id in shard sh, or NULL if never pushed. */
+static inline unsigned char *find_rec(const embps_table_t *t,
+                                      const shard_t *sh, int64_t id) {
+  if (!t->hashed)
+    return array_live(t, id) ? array_rec(t, id) : NULL;
+  return map_find(t, sh, id);
 }
 
-static inline int dense_live(const embps_table_t *t, int64_t id) {
-  uint64_t w = atomic_load_explicit(&t->live[(uint64_t)id >> 6],
-                                    memory_order_relaxed);
-  return (int)((w >> ((uint64_t)id & 63)) & 1);
+/* The prefetch helpers must be inlined early: gcc 12 otherwise finds them
+ * free of side effects (a prefetch writes nothing) and deletes the calls. */
+#define PREFETCH_HELPER static inline __attribute__((always_inline)) void
+
+/* Starts loading the first `bytes` of rec, at most PREFETCH_MAX (the
+ * hardware prefetcher takes longer rows from there). */
+PREFETCH_HELPER prefetch_rec(const unsigned char *rec, uint32_t bytes) {
+  if (bytes > PREFETCH_MAX)
+    bytes = PREFETCH_MAX;
+  for (uint32_t off = 0; off < bytes; off += 64)
+    __builtin_prefetch(rec + off);
 }
 
-static inline float *chunk_row(const embps_table_t *t, const shard_t *sh,
-                               uint32_t slot) {
-  return sh->chunks[slot >> t->chunk_shift] +
-         (size_t)(slot & (t->rows_per_chunk - 1)) * t->stride;
-}
-
-/* The map slot holding id, or the empty slot where it would go. */
-static inline map_entry_t *map_find(const shard_t *sh, int64_t id) {
-  size_t mask = sh->map_cap - 1;
-  size_t h = embps_mix64((uint64_t)id) & mask;
-  for (;;) {
-    map_entry_t *e = &sh->map[h];
-    if (e->slot == EMPTY_SLOT || e->key == id)
-      return e;
-    h = (h + 1) & mask;
+/* Prefetching for a loop over the ids at order positions [p, b): the
+ * record of the id PREFETCH_AHEAD positions on (array storage: its
+ * address; hashed: through its home map entry, when that is the id's,
+ * which the entry prefetched 2 x PREFETCH_AHEAD on most often is). Every
+ * row in flight keeps the memory busy while this one is converted. */
+PREFETCH_HELPER prefetch_ahead(const embps_table_t *t, const shard_t *sh,
+                               const uint32_t *order, const int64_t *ids,
+                               uint32_t p, uint32_t b, uint32_t bytes) {
+  if (p + PREFETCH_AHEAD >= b)
+    return;
+  int64_t id = ids[order[p + PREFETCH_AHEAD]];
+  if (!t->hashed) {
+    prefetch_rec(array_rec(t, id), bytes);
+    return;
   }
+  if (!sh->map_cap)
+    return;
+  if (p + 2 * PREFETCH_AHEAD < b) {
+    int64_t far = ids[order[p + 2 * PREFETCH_AHEAD]];
+    __builtin_prefetch(&sh->map[map_home(map_hash(far), sh->map_cap)]);
+  }
+  const uint64_t h = map_hash(id);
+  const uint32_t e = sh->map[map_home(h, sh->map_cap)];
+  if (e && (e & sh->tag_mask) == ((uint32_t)h & sh->tag_mask))
+    prefetch_rec(slot_rec(t, sh, (e & ~sh->tag_mask) - 1), bytes);
 }
 
-/* The stored row of id in shard sh, or NULL if never pushed. */
-static inline float *find_row(const embps_table_t *t, const shard_t *sh,
-                              int64_t id) {
-  if (!t->spec.dynamic)
-    return dense_live(t, id) ? dense_row(t, id) : NULL;
-  if (!sh->map_cap)
-    return NULL;
-  map_entry_t *e = map_find(sh, id);
-  return e->slot == EMPTY_SLOT ? NULL : chunk_row(t, sh, e->slot);
+/* Prefetching for apply: the record at order position p, known from
+ * find_all (hashed storage) or from its id (array), weights and state. */
+PREFETCH_HELPER prefetch_known(const embps_table_t *t,
+                               const embps_table_scratch_t *s,
+                               const int64_t *ids, uint32_t p) {
+  const unsigned char *rec =
+      t->hashed ? s->rec[p] : array_rec(t, ids[s->order[p]]);
+  if (rec)
+    prefetch_rec(rec, t->row_bytes);
+}
+
+/* Gathers the ids at order positions [a, b) of shard sh. Read lock held. */
+static void gather_shard(const embps_table_t *t, const shard_t *sh,
+                         const embps_table_scratch_t *s, const int64_t *ids,
+                         uint32_t a, uint32_t b, float *out) {
+  const uint32_t dim = t->dim;
+  for (uint32_t p = a; p < b; p++) {
+    uint32_t i = s->order[p];
+    prefetch_ahead(t, sh, s->order, ids, p, b, t->w_off + t->w_bytes);
+    float *dst = out + (size_t)i * dim;
+    const unsigned char *rec;
+    if (is_padding(t, ids[i]))
+      memset(dst, 0, dim * sizeof *dst);
+    else if ((rec = find_rec(t, sh, ids[i])))
+      read_weights(t, rec, dst);
+    else
+      initial_weights(t, ids[i], dst);
+  }
 }
 
 int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
@@ -291,27 +690,13 @@ int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
   int rc = group_by_shard(t, s, ids, n);
   if (rc)
     return rc;
-  const uint32_t dim = t->spec.dim;
-  const size_t row_len = dim * sizeof(float);
   for (uint32_t k = 0; k < t->n_shards; k++) {
     uint32_t a = s->start[k], b = s->start[k + 1];
     if (a == b)
       continue;
     shard_t *sh = &t->shards[k];
     pthread_rwlock_rdlock(&sh->lock);
-    for (uint32_t p = a; p < b; p++) {
-      uint32_t i = s->order[p];
-      if (p + 8 < b && !t->spec.dynamic)
-        __builtin_prefetch(dense_row(t, ids[s->order[p + 8]]));
-      float *dst = out + (size_t)i * dim;
-      float *row = is_padding(t, ids[i]) ? NULL : find_row(t, sh, ids[i]);
-      if (row)
-        memcpy(dst, row, row_len);
-      else if (is_padding(t, ids[i]))
-        memset(dst, 0, row_len);
-      else
-        embps_init_row(&t->spec, ids[i], dst);
-    }
+    gather_shard(t, sh, s, ids, a, b, out);
     pthread_rwlock_unlock(&sh->lock);
   }
   atomic_fetch_add(&t->pulls, 1);
@@ -320,163 +705,128 @@ int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
 
 /* ------------------------------------------------------------ apply */
 
-/* Makes room in a dynamic shard for `more` new rows (an upper bound): map
- * at load <= 1/2 and row chunks. Called with the shard's write lock held.
- * Contents are unchanged whatever happens. */
-static int reserve_locked(embps_table_t *t, shard_t *sh, size_t more,
-                          uint64_t max_bytes) {
-  size_t need = sh->n_rows + more;
-  if (!more)
+/* Array storage: under a memory limit, refuses a push whose new rows
+ * would pass it. */
+static int reserve_array(const embps_table_t *t, const int64_t *ids,
+                         size_t n, uint64_t max_bytes) {
+  if (!max_bytes)
     return 0;
-  size_t row_bytes = embps_table_row_bytes(t);
-  size_t chunks_needed = (need + t->rows_per_chunk - 1) >> t->chunk_shift;
-  size_t new_map_cap = sh->map_cap ? sh->map_cap : 16;
-  while (new_map_cap < 2 * need)
-    new_map_cap *= 2;
-  uint64_t extra = (chunks_needed > sh->n_chunks
-                        ? (chunks_needed - sh->n_chunks) * t->rows_per_chunk *
-                              row_bytes
-                        : 0) +
-                   (new_map_cap > sh->map_cap
-                        ? (new_map_cap - sh->map_cap) * sizeof(map_entry_t)
-                        : 0);
+  uint64_t fresh = 0;
+  for (size_t i = 0; i < n; i++)
+    fresh += !is_padding(t, ids[i]) && !array_live(t, ids[i]);
+  if (fresh && embps_tables_total_bytes() + fresh * t->row_bytes > max_bytes)
+    return EMBPS_ELIMIT;
+  return 0;
+}
+
+/* Hashed storage: s->rec[p] = the record of the id at order position p
+ * (NULL: new or padding), s->fresh[k] = new rows of shard k. No lock: the
+ * applying thread is the only writer. */
+static void find_all(const embps_table_t *t, embps_table_scratch_t *s,
+                     const int64_t *ids, size_t n) {
+  const uint32_t S = t->n_shards;
+#pragma omp parallel for schedule(dynamic, 1) \
+    if (n >= PARALLEL_MIN_ROWS && S > 1)
+  for (uint32_t k = 0; k < S; k++) {
+    const shard_t *sh = &t->shards[k];
+    uint32_t fresh = 0;
+    for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
+      int64_t id = ids[s->order[p]];
+      unsigned char *rec = is_padding(t, id) ? NULL : map_find(t, sh, id);
+      s->rec[p] = rec;
+      fresh += !rec && !is_padding(t, id);
+    }
+    s->fresh[k] = fresh;
+  }
+}
+
+/* Hashed storage: finds every id's record, then makes room for exactly
+ * the new rows in every shard, after checking that all of it fits under
+ * max_bytes (0: no limit). Returns 0, EMBPS_ELIMIT or -ENOMEM; the rows are
+ * unchanged whatever happens (a failure may leave shards with more room). */
+static int reserve_hashed(embps_table_t *t, embps_table_scratch_t *s,
+                          const int64_t *ids, size_t n, uint64_t max_bytes) {
+  find_all(t, s, ids, n);
+  uint64_t extra = 0;
+  for (uint32_t k = 0; k < t->n_shards; k++) {
+    const shard_t *sh = &t->shards[k];
+    uint64_t rows = (uint64_t)sh->n_rows + s->fresh[k];
+    if (rows > MAX_SHARD_ROWS)
+      return EMBPS_ELIMIT;
+    if (s->fresh[k])
+      extra += growth_bytes(t, sh, (uint32_t)rows);
+  }
   if (max_bytes && extra && embps_tables_total_bytes() + extra > max_bytes)
     return EMBPS_ELIMIT;
-  if (chunks_needed > sh->chunks_cap) {
-    size_t cap = sh->chunks_cap ? sh->chunks_cap : 4;
-    while (cap < chunks_needed)
-      cap *= 2;
-    float **c = realloc(sh->chunks, cap * sizeof *c);
-    if (!c)
-      return -ENOMEM;
-    sh->chunks = c;
-    sh->chunks_cap = cap;
-  }
-  while (sh->n_chunks < chunks_needed) {
-    float *c = aligned_alloc(64, (size_t)t->rows_per_chunk * row_bytes);
-    if (!c)
-      return -ENOMEM;
-    sh->chunks[sh->n_chunks++] = c;
-    add_bytes(t, (int64_t)((size_t)t->rows_per_chunk * row_bytes));
-  }
-  if (new_map_cap > sh->map_cap) {
-    map_entry_t *m = malloc(new_map_cap * sizeof *m);
-    if (!m)
-      return -ENOMEM;
-    for (size_t i = 0; i < new_map_cap; i++)
-      m[i].slot = EMPTY_SLOT;
-    shard_t grown = *sh;
-    grown.map = m;
-    grown.map_cap = new_map_cap;
-    for (size_t i = 0; i < sh->map_cap; i++) {
-      if (sh->map[i].slot != EMPTY_SLOT)
-        *map_find(&grown, sh->map[i].key) = sh->map[i];
-    }
-    add_bytes(t, (int64_t)((new_map_cap - sh->map_cap) * sizeof *m));
-    free(sh->map);
-    sh->map = m;
-    sh->map_cap = new_map_cap;
+  for (uint32_t k = 0; k < t->n_shards; k++) {
+    shard_t *sh = &t->shards[k];
+    uint32_t rows = sh->n_rows + s->fresh[k];
+    if (!s->fresh[k])
+      continue;
+    int rc = add_chunks(t, sh, chunks_for(t, rows));
+    if (!rc && rows > map_max_rows(sh->map_cap))
+      rc = grow_map(t, sh, map_cap_for(sh->map_cap, rows));
+    if (rc)
+      return rc;
   }
   return 0;
 }
 
-/* How many ids at order positions [a, b) of shard sh have no row yet.
- * Lock held. */
-static size_t count_new_locked(const embps_table_t *t, const shard_t *sh,
-                               const embps_table_scratch_t *s,
-                               const int64_t *ids, uint32_t a, uint32_t b) {
-  size_t fresh = 0;
-  for (uint32_t p = a; p < b; p++) {
-    int64_t id = ids[s->order[p]];
-    fresh += !is_padding(t, id) && !find_row(t, sh, id);
+/* Applies the rows of shard k (its order positions), materialising the new
+ * ones. Write lock held; room reserved. Returns the rows materialised. */
+static uint64_t apply_shard(embps_table_t *t, const embps_table_scratch_t *s,
+                            uint32_t k, const int64_t *ids, const float *g) {
+  shard_t *sh = &t->shards[k];
+  float *wide = thread_wide(t, s);
+  uint64_t created = 0;
+  const uint32_t b = s->start[k + 1];
+  for (uint32_t p = s->start[k]; p < b; p++) {
+    uint32_t i = s->order[p];
+    int64_t id = ids[i];
+    if (p + PREFETCH_AHEAD < b)
+      prefetch_known(t, s, ids, p + PREFETCH_AHEAD);
+    if (is_padding(t, id))
+      continue;
+    unsigned char *rec;
+    if (!t->hashed)
+      rec = array_materialise(t, id, wide, &created);
+    else if (!(rec = s->rec[p])) {
+      rec = hashed_insert(t, sh, id, wide);
+      created++;
+    }
+    apply_record(t, rec, g + (size_t)i * t->dim, wide);
   }
-  return fresh;
-}
-
-/* The row of id, materialised with initial weights and state if new.
- * Write lock held; room reserved. */
-static float *materialise_locked(embps_table_t *t, shard_t *sh, int64_t id,
-                                 uint64_t *created) {
-  float *row;
-  if (!t->spec.dynamic) {
-    row = dense_row(t, id);
-    if (dense_live(t, id))
-      return row;
-    embps_init_row(&t->spec, id, row);
-    embps_optim_init_state(&t->optim, row + t->spec.dim, t->spec.dim);
-    atomic_fetch_or_explicit(&t->live[(uint64_t)id >> 6],
-                             1ULL << ((uint64_t)id & 63),
-                             memory_order_relaxed);
-  } else {
-    map_entry_t *e = map_find(sh, id);
-    if (e->slot != EMPTY_SLOT)
-      return chunk_row(t, sh, e->slot);
-    e->key = id;
-    e->slot = (uint32_t)sh->n_rows++;
-    row = chunk_row(t, sh, e->slot);
-    embps_init_row(&t->spec, id, row);
-    embps_optim_init_state(&t->optim, row + t->spec.dim, t->spec.dim);
-  }
-  (*created)++;
-  return row;
+  return created;
 }
 
 int embps_table_apply(embps_table_t *t, embps_table_scratch_t *s,
                       const int64_t *ids, const float *g, size_t n,
                       uint64_t max_bytes) {
   int rc = group_by_shard(t, s, ids, n);
+  if (!rc)
+    rc = scratch_reserve_apply(t, s);
+  if (!rc)
+    rc = t->hashed ? reserve_hashed(t, s, ids, n, max_bytes)
+                   : reserve_array(t, ids, n, max_bytes);
   if (rc)
     return rc;
-  const uint32_t S = t->n_shards, dim = t->spec.dim;
-  if (t->spec.dynamic) {
-    for (uint32_t k = 0; k < S; k++) {
-      uint32_t a = s->start[k], b = s->start[k + 1];
-      if (a == b)
-        continue;
-      shard_t *sh = &t->shards[k];
-      pthread_rwlock_wrlock(&sh->lock);
-      /* room for every id is an upper bound; under a memory limit, count
-       * the ids really new, so pushes to existing rows always pass */
-      size_t more = max_bytes ? count_new_locked(t, sh, s, ids, a, b) : b - a;
-      rc = reserve_locked(t, sh, more, max_bytes);
-      pthread_rwlock_unlock(&sh->lock);
-      if (rc)
-        return rc;
-    }
-  } else if (max_bytes) {
-    uint64_t fresh = 0;
-    for (size_t i = 0; i < n; i++)
-      fresh += !is_padding(t, ids[i]) && !dense_live(t, ids[i]);
-    if (fresh &&
-        embps_tables_total_bytes() + fresh * embps_table_row_bytes(t) >
-            max_bytes)
-      return EMBPS_ELIMIT;
-  }
+  const uint32_t S = t->n_shards;
   uint64_t t_step = atomic_fetch_add(&t->step, 1) + 1;
   embps_optim_begin_step(&t->optim, t_step);
   uint64_t created_total = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created_total) \
     if (n >= PARALLEL_MIN_ROWS && S > 1)
   for (uint32_t k = 0; k < S; k++) {
-    uint32_t a = s->start[k], b = s->start[k + 1];
-    if (a == b)
+    if (s->start[k] == s->start[k + 1])
       continue;
     shard_t *sh = &t->shards[k];
-    uint64_t created = 0;
     pthread_rwlock_wrlock(&sh->lock);
-    for (uint32_t p = a; p < b; p++) {
-      uint32_t i = s->order[p];
-      if (is_padding(t, ids[i]))
-        continue;
-      float *row = materialise_locked(t, sh, ids[i], &created);
-      embps_optim_apply(&t->optim, row, g + (size_t)i * dim, dim);
-    }
+    created_total += apply_shard(t, s, k, ids, g);
     pthread_rwlock_unlock(&sh->lock);
-    created_total += created;
   }
   atomic_fetch_add(&t->rows_allocated, created_total);
-  if (!t->spec.dynamic)
-    add_bytes(t, (int64_t)(created_total * embps_table_row_bytes(t)));
+  if (!t->hashed)
+    add_bytes(t, (int64_t)(created_total * t->row_bytes));
   atomic_fetch_add(&t->pushes, 1);
   return 0;
 }

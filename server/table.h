@@ -3,14 +3,24 @@
  * read concurrently with each other and with pushes to other shards, and a
  * pull never sees a torn row. No lock covers the whole table.
  *
- * Dense tables (rows = N) keep every row in one array reserved (not
- * committed) with mmap, plus a bitmap of the rows a push has materialised.
- * Dynamic tables keep, per shard, an open-addressing map id -> slot and the
- * rows in fixed chunks that never move. Either way a pull of a row never
- * pushed computes its initial value and allocates nothing; the first push
- * materialises the row with its initial weights and optimizer state.
+ * Two storages:
+ *  - array: dense tables on a single server keep every row in one array
+ *    reserved (not committed) with mmap, plus a bitmap of the rows a push
+ *    has materialised;
+ *  - hashed: dynamic tables, and dense tables of a cluster (whose ids are
+ *    spread over the whole range by the cluster hash, so an array would get
+ *    pages touched everywhere), keep per shard an open-addressing map to
+ *    slots, and the rows by slot in chunks that never move.
+ * Either way a pull of a row never pushed computes its initial value and
+ * allocates nothing; the first push materialises the row with its initial
+ * weights (rounded to the storage type) and optimizer state.
  *
- * Row record: dim weights, then optimizer state (optim.h). */
+ * Row record, 16-byte aligned, `row_bytes` long:
+ *   [int64 id, hashed only] dim weights (f32/f16/bf16) [pad to 4]
+ *   k x dim float32 optimizer state [pad to 16]
+ * so row_bytes = round_up(8 h + round_up(w dim, 4) + 4 k dim, 16), with
+ * w = 4/2/2 bytes per weight, k = 0 sgd, 1 adagrad, 2 adam and ftrl,
+ * h = 1 for hashed storage. */
 #ifndef EMBPS_TABLE_H
 #define EMBPS_TABLE_H
 #include <stddef.h>
@@ -20,26 +30,36 @@
 
 typedef struct embps_table embps_table_t;
 
-/* Scratch for grouping a batch by shard; one per thread, reused. */
+/* Scratch for grouping a batch by shard and applying it; one per thread,
+ * reused. */
 typedef struct {
-  uint32_t *order;   /* positions sorted by shard */
-  uint32_t *shard;   /* shard of each position */
-  uint32_t *start;   /* n_shards + 1 bucket starts */
-  size_t cap, shard_cap;
+  uint32_t *order;      /* positions sorted by shard */
+  uint32_t *shard;      /* shard of each position */
+  unsigned char **rec;  /* apply: the record found at each order position */
+  uint32_t *start;      /* n_shards + 1 bucket starts */
+  uint32_t *fresh;      /* apply: new rows per shard */
+  float *wide;          /* apply: a float32 row per OpenMP thread */
+  size_t cap, shard_cap, wide_floats;
 } embps_table_scratch_t;
 
 void embps_table_scratch_init(embps_table_scratch_t *s);
 void embps_table_scratch_close(embps_table_scratch_t *s);
 
-/* Creates an empty table for a checked spec. Returns 0, -ENOMEM. */
+/* Creates an empty table for a checked spec on a server of a cluster of
+ * cluster_size servers (0 or 1: a single server). A dense table of a
+ * cluster (cluster_size > 1) holds only this server's share of the ids, so
+ * it uses hashed storage; its semantics (ids in [0, rows)) do not change.
+ * Returns 0, -ENOMEM. */
 int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
-                       embps_table_t **out);
+                       uint32_t cluster_size, embps_table_t **out);
 void embps_table_destroy(embps_table_t *t);
 
 const embps_table_spec_t *embps_table_spec(const embps_table_t *t);
-/* Spec plus counters; bytes_used counts rows, maps and bitmaps. */
+/* Spec plus counters. bytes_used is the memory the table holds: array
+ * storage, materialised rows x row_bytes plus the bitmap; hashed storage,
+ * the row chunks allocated plus the maps. */
 void embps_table_info(embps_table_t *t, embps_table_info_t *out);
-/* Memory per materialised row, in bytes. */
+/* Bytes of one row record (the formula above). */
 size_t embps_table_row_bytes(const embps_table_t *t);
 
 /* Checks that every id may be used with this table and this server:

@@ -374,6 +374,49 @@ expect_fail "stale step refused" "stale" push syn --indices 1 \
 expect_fail "push without a step refused" "must name its step" \
   push syn --indices 1 --values 1,1
 
+# storage types: f16/bf16 weights are stored rounded to nearest even and
+# pulled widened (exactly); 0.1 reads as bf16(0.1) = 0.10009765625 and
+# f16(0.1) = 0.0999755859375 before and after a push; lr 1, so a push of g
+# stores round(w - g)
+expect_ok "create-table --dtype bf16" create-table hb --dim 2 --rows 4 \
+  --dtype bf16 --init constant:0.1 --lr 1
+expect_ok "create-table --dtype f16 (dynamic)" create-table hf --dim 2 \
+  --dynamic --dtype f16 --init constant:0.1 --lr 1
+expect_out "bf16: a row never pushed reads as its rounded initial value" \
+  '3\t0.100097656 0.100097656\n' pull hb --ids 3
+expect_out "f16: a row never pushed reads as its rounded initial value" \
+  '7\t0.0999755859 0.0999755859\n' pull hf --ids 7
+expect_ok "push to a bf16 table" push hb --indices 3 --values 0.05,-1
+expect_ok "push to an f16 table" push hf --indices 7 --values 0.05,-1
+expect_out "bf16: pushed weights rounded to nearest even" \
+  '3\t0.0500488281 1.1015625\n2\t0.100097656 0.100097656\n' pull hb --ids 3,2
+expect_out "f16: pushed weights rounded to nearest even" \
+  '7\t0.049987793 1.09960938\n' pull hf --ids 7
+cli tables
+if [ "$RC" -eq 0 ] && grep -qE '^hb +2 +4 +sgd +bf16 +1 ' "$TMP/out" &&
+  grep -qE '^hf +2 +dynamic +sgd +f16 +1 ' "$TMP/out" &&
+  grep -qE '^emb +3 +10 +sgd +f32 ' "$TMP/out"; then
+  ok "tables shows the dtype"
+else
+  bad "tables shows the dtype" "exit $RC" "$(cat "$TMP/out" "$TMP/err")"
+fi
+cli tables --json
+json_check "tables --json has the dtype" \
+  "[t for t in d if t['name']=='hb'][0]['dtype'] == 'bf16' and \
+   [t for t in d if t['name']=='hf'][0]['dtype'] == 'f16' and \
+   [t for t in d if t['name']=='emb'][0]['dtype'] == 'f32'"
+cli stats
+if [ "$RC" -eq 0 ] && grep -qE 'table hb +dim 2 +sgd +bf16 +rows 1 ' "$TMP/out"; then
+  ok "stats shows the dtype"
+else
+  bad "stats shows the dtype" "exit $RC" "$(cat "$TMP/out" "$TMP/err")"
+fi
+cli stats --json
+json_check "stats --json has the dtype" \
+  "[t for t in d[0]['tables'] if t['name']=='hf'][0]['dtype'] == 'f16'"
+expect_fail "create-table: unknown dtype" '--dtype "f64" is not f32|f16|bf16' \
+  create-table h64 --dim 2 --rows 4 --dtype f64
+
 stop_server MAIN
 
 echo "$PASS passed, $FAIL failed"

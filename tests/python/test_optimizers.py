@@ -2,9 +2,9 @@
 server on random IndexedSlices with heavy duplicates, must match PyTorch
 (SGD, Adagrad, SparseAdam on nn.Embedding(sparse=True)) or TensorFlow's
 FTRL formula (numpy) to float32 rounding: normwise relative error <= 1e-5
-after 200 steps. Also: duplicates vs pre-merged pushes, deterministic
-initial rows across shard counts and restarts, synchronous tables, and
-refusal of bad input.
+after 200 steps. Also: f16/bf16 storage, duplicates vs pre-merged pushes,
+deterministic initial rows across shard counts and restarts, synchronous
+tables, and refusal of bad input.
 
 Run with Debian's /usr/bin/python3 (python3-torch, python3-numpy).
 """
@@ -157,6 +157,61 @@ class FrameworkParity(unittest.TestCase):
             self.assertLessEqual(err, RTOL, "ftrl dim %d p %g: %.3g"
                                  % (dim, p, err))
             c.drop_table(name)
+
+
+class HalfStorage(unittest.TestCase):
+    """f16/bf16 tables: weights stored rounded to nearest even after every
+    step (optimizer state float32), pulled exactly. SGD (lr a power of two,
+    distinct ids) equals float32 math then rounding bit for bit; SparseAdam
+    stays within one unit in the last place of torch's run rounded the same
+    way; dense and dynamic."""
+
+    def test_half_storage(self):
+        rows, dim = 30, 8
+        with Server("--shards", "3") as s, embps.Client(s.address) as c:
+            with self.assertRaises(ValueError):
+                c.create_table("bad", dim, rows=rows, dtype="f64")
+            for dt, tdt, ulp in (("f16", torch.float16, 2.0 ** -10),
+                                 ("bf16", torch.bfloat16, 2.0 ** -7)):
+                for opt, dynamic in (("sgd", False), ("sgd", True),
+                                     ("adam", False)):
+                    self.check(c, dt, tdt, ulp, opt, dynamic, rows, dim)
+
+    def check(self, c, dt, tdt, ulp, opt, dynamic, rows, dim):
+        name = "half_%s_%s_%d" % (dt, opt, dynamic)
+        lr = 0.25 if opt == "sgd" else 0.05
+        c.create_table(name, dim, rows=None if dynamic else rows,
+                       dynamic=dynamic, optimizer=opt, init="normal",
+                       init_value=0.5, seed=3, dtype=dt, lr=lr)
+        info = c.describe(name)
+        self.assertEqual(info["dtype"], dt)
+        ids = np.arange(rows) * (7919 if dynamic else 1)
+        w0 = c.pull(name, ids)
+        rounded = torch.from_numpy(w0).to(tdt).float().numpy()
+        self.assertTrue(np.array_equal(w0, rounded), "initial rows rounded")
+        emb = torch.nn.Embedding(rows, dim, sparse=True)
+        with torch.no_grad():
+            emb.weight.copy_(torch.from_numpy(w0))
+        optim = (torch.optim.SGD(emb.parameters(), lr=lr) if opt == "sgd"
+                 else torch.optim.SparseAdam(emb.parameters(), lr=lr))
+        rng = np.random.default_rng(7)
+        for _ in range(50):
+            pos = rng.choice(rows, size=12, replace=False).astype(np.int64)
+            vals = rng.standard_normal((12, dim)).astype(np.float32)
+            c.push(name, ids[pos], vals)
+            optim.zero_grad()
+            emb.weight.grad = torch_sparse_grad(pos, vals, rows, dim)
+            optim.step()
+            with torch.no_grad():
+                emb.weight.copy_(emb.weight.to(tdt).float())
+        got, want = c.pull(name, ids), emb.weight.detach().numpy()
+        if opt == "sgd":
+            self.assertTrue(np.array_equal(got, want), name)
+        else:
+            tol = ulp * np.maximum(np.abs(want), 2.0 ** -14)
+            self.assertTrue(np.all(np.abs(got - want) <= tol), name)
+        self.assertFalse(np.array_equal(got, w0), "the table never moved")
+        c.drop_table(name)
 
 
 class Semantics(unittest.TestCase):

@@ -49,7 +49,7 @@ static embps_table_t *make_table(const embps_table_spec_t *spec,
                                  uint32_t shards) {
   assert_int_equal(embps_table_spec_check(spec, NULL, 0), 0);
   embps_table_t *t = NULL;
-  assert_int_equal(embps_table_create(spec, shards, &t), 0);
+  assert_int_equal(embps_table_create(spec, shards, 1, &t), 0);
   assert_non_null(t);
   return t;
 }

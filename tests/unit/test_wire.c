@@ -50,7 +50,7 @@ static void full_spec(embps_table_spec_t *s, const char *name, int dynamic,
   s->seed = UINT64_MAX - 12345;
   s->has_padding = 1;
   s->padding_id = dynamic ? INT64_MIN + 7 : 123;
-  s->dtype = EMBPS_DTYPE_F32;
+  s->dtype = dynamic ? EMBPS_DTYPE_BF16 : EMBPS_DTYPE_F16; /* travels */
   s->sync_workers = 17;
 }
 
@@ -829,7 +829,9 @@ static void test_spec_refusals(void **state) {
       EXPECT_REFUSED(s->dim = EMBPS_DIM_MAX + 1);
       EXPECT_REFUSED(s->optimizer = (embps_optimizer_t)4);
       EXPECT_REFUSED(s->init = (embps_init_t)4);
-      EXPECT_REFUSED(s->dtype = (embps_dtype_t)1);
+      EXPECT_REFUSED(s->dtype = (embps_dtype_t)3);
+      EXPECT_ACCEPTED(s->dtype = EMBPS_DTYPE_F16);
+      EXPECT_ACCEPTED(s->dtype = EMBPS_DTYPE_BF16);
       EXPECT_REFUSED(s->sync_workers = 4097);
       EXPECT_REFUSED(s->init = EMBPS_INIT_UNIFORM; s->init_value = -0.1);
       EXPECT_REFUSED(s->init = EMBPS_INIT_NORMAL; s->init_value = -0.1);

@@ -90,8 +90,13 @@ typedef enum {
   EMBPS_INIT_NORMAL = 3,   /* N(0, init_value^2) */
 } embps_init_t;
 
+/* Storage type of a table's weights (optimizer state is always float32).
+ * Pulls and pushes carry float32 either way: the server widens on pull
+ * (exact) and rounds to nearest even on push. */
 typedef enum {
   EMBPS_DTYPE_F32 = 0,
+  EMBPS_DTYPE_F16 = 1,  /* IEEE 754 binary16 */
+  EMBPS_DTYPE_BF16 = 2, /* bfloat16: float32's upper 16 bits */
 } embps_dtype_t;
 
 #define EMBPS_TABLE_NAME_MAX 128
@@ -127,6 +132,10 @@ EMBPS_EXTERN int embps_table_spec_check(const embps_table_spec_t *spec,
 EMBPS_EXTERN const char *embps_optimizer_name(embps_optimizer_t opt);
 /* Parses "sgd", "adagrad", ...; returns 0 or EMBPS_EINVAL. */
 EMBPS_EXTERN int embps_optimizer_parse(const char *s, embps_optimizer_t *out);
+/* "f32", "f16", "bf16" ("unknown" otherwise); never NULL. */
+EMBPS_EXTERN const char *embps_dtype_name(embps_dtype_t dtype);
+/* Parses "f32", "f16", "bf16"; returns 0 or EMBPS_EINVAL. */
+EMBPS_EXTERN int embps_dtype_parse(const char *s, embps_dtype_t *out);
 
 typedef struct {
   embps_table_spec_t spec;

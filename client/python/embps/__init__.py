@@ -22,6 +22,7 @@ import numpy as np
 __all__ = ["Client", "EmbpsError", "Ticket", "load_library"]
 
 OPTIMIZERS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2}  # storage type of the weights
 _INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
 PUSH_MERGE = 1
 
@@ -192,6 +193,7 @@ def _spec_dict(s):
     d = {f: getattr(s, f) for f, _ in _Spec._fields_}
     d["name"] = s.name.decode()
     d["optimizer"] = {v: k for k, v in OPTIMIZERS.items()}[s.optimizer]
+    d["dtype"] = {v: k for k, v in DTYPES.items()}.get(s.dtype, "unknown")
     d["dynamic"] = bool(s.dynamic)
     return d
 
@@ -271,11 +273,13 @@ class Client:
     # ---- tables ----
     def create_table(self, name, dim, rows=None, dynamic=False,
                      optimizer="sgd", init="zeros", init_value=0.0, seed=0,
-                     padding_id=None, sync_workers=0, **params):
+                     padding_id=None, sync_workers=0, dtype="f32", **params):
         """Creates a table on every server. params: lr, eps, beta1, beta2,
         initial_accumulator, l1, l2, lr_power, weight_decay (defaults per
         optimizer as in DESIGN.md). init: zeros|constant|uniform|normal,
-        with init_value the constant, bound or std."""
+        with init_value the constant, bound or std. dtype: f32|f16|bf16,
+        how the server stores the weights (pulls and pushes stay float32;
+        optimizer state is float32)."""
         spec = _Spec()
         _lib().embps_table_spec_init(ctypes.byref(spec), name.encode(), dim,
                                      OPTIMIZERS[optimizer])
@@ -287,6 +291,10 @@ class Client:
         if padding_id is not None:
             spec.has_padding, spec.padding_id = 1, padding_id
         spec.sync_workers = sync_workers
+        if dtype not in DTYPES:
+            raise ValueError("dtype must be one of %s, not %r"
+                             % ("|".join(DTYPES), dtype))
+        spec.dtype = DTYPES[dtype]
         for k, v in params.items():
             if k not in ("lr", "eps", "beta1", "beta2", "initial_accumulator",
                          "l1", "l2", "lr_power", "weight_decay"):
