@@ -99,6 +99,7 @@ struct embps_ticket {
   uint32_t *inverse;
   float *urows; /* n_unique x dim, grouped by server; or == out */
   size_t n_unique;
+  size_t uniq_cap, inverse_cap, urows_cap; /* bytes, for buf_give */
   /* push: merged copies when EMBPS_PUSH_MERGE */
   int64_t *m_idx;
   float *m_vals;
@@ -121,6 +122,13 @@ struct embps_client {
   cached_table_t *tables;
   size_t n_tables;
   embps_dedup_t dedup;
+  /* Buffers of finished pulls kept for the next ones: a pull's row buffer
+   * is megabytes, and malloc returns freed ones to the kernel, so without
+   * them every pull would page-fault its buffers in again. */
+  struct {
+    void *p;
+    size_t cap;
+  } spare[8];
 };
 
 /* ------------------------------------------------------------ errors */
@@ -153,6 +161,64 @@ static void ticket_fail(embps_ticket_t *t, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(t->error, sizeof t->error, fmt, ap);
   va_end(ap);
+}
+
+/* ------------------------------------------------------------ buffers */
+
+/* A buffer of at least `bytes` (>= 1): the smallest spare that fits, else
+ * a new one. *cap gets its size. NULL when out of memory. */
+static void *buf_take(embps_client_t *c, size_t bytes, size_t *cap) {
+  const size_t n_spare = sizeof c->spare / sizeof *c->spare;
+  size_t best = n_spare;
+  if (!bytes)
+    bytes = 1;
+  for (size_t i = 0; i < n_spare; i++)
+    if (c->spare[i].p && c->spare[i].cap >= bytes &&
+        (best == n_spare || c->spare[i].cap < c->spare[best].cap))
+      best = i;
+  if (best == n_spare) {
+    *cap = bytes;
+    return malloc(bytes);
+  }
+  void *p = c->spare[best].p;
+  *cap = c->spare[best].cap;
+  c->spare[best].p = NULL;
+  return p;
+}
+
+/* Keeps p (cap bytes; may be NULL) as a spare, in place of the smallest
+ * spare when all are taken and that one is smaller; else frees it. */
+static void buf_give(embps_client_t *c, void *p, size_t cap) {
+  const size_t n_spare = sizeof c->spare / sizeof *c->spare;
+  if (!p)
+    return;
+  size_t low = 0;
+  for (size_t i = 0; i < n_spare; i++) {
+    if (!c->spare[i].p) {
+      low = i;
+      break;
+    }
+    if (c->spare[i].cap < c->spare[low].cap)
+      low = i;
+  }
+  if (c->spare[low].p && c->spare[low].cap >= cap) {
+    free(p);
+    return;
+  }
+  free(c->spare[low].p);
+  c->spare[low].p = p;
+  c->spare[low].cap = cap;
+}
+
+/* Hands a finished pull's buffers to the spares. */
+static void pull_give_buffers(embps_client_t *c, embps_ticket_t *t) {
+  buf_give(c, t->uniq, t->uniq_cap);
+  buf_give(c, t->inverse, t->inverse_cap);
+  if (t->urows != t->out)
+    buf_give(c, t->urows, t->urows_cap);
+  t->uniq = NULL;
+  t->inverse = NULL;
+  t->urows = t->out;
 }
 
 /* ------------------------------------------------------------ tickets */
@@ -779,6 +845,8 @@ void embps_client_destroy(embps_client_t *c) {
   free(c->conns);
   free(c->tables);
   embps_dedup_close(&c->dedup);
+  for (size_t i = 0; i < sizeof c->spare / sizeof *c->spare; i++)
+    free(c->spare[i].p);
   free(c);
 }
 
@@ -1128,8 +1196,8 @@ int embps_pull_async(embps_client_t *c, const char *table,
   t->out = out;
   t->n = n;
   t->dim = dim;
-  t->uniq = malloc((n ? n : 1) * sizeof *t->uniq);
-  t->inverse = malloc((n ? n : 1) * sizeof *t->inverse);
+  t->uniq = buf_take(c, n * sizeof *t->uniq, &t->uniq_cap);
+  t->inverse = buf_take(c, n * sizeof *t->inverse, &t->inverse_cap);
   int64_t k = t->uniq && t->inverse
                   ? embps_dedup_ids(&c->dedup, ids, n, t->uniq, t->inverse)
                   : -ENOMEM;
@@ -1138,7 +1206,8 @@ int embps_pull_async(embps_client_t *c, const char *table,
     /* all distinct on one server: the rows land in the caller's buffer */
     t->urows = (size_t)k == n && c->n == 1
                    ? out
-                   : malloc((k ? (size_t)k : 1) * dim * sizeof(float));
+                   : buf_take(c, (size_t)k * dim * sizeof(float),
+                              &t->urows_cap);
     if (!t->urows)
       k = -ENOMEM;
   }
@@ -1312,6 +1381,8 @@ int embps_wait(embps_client_t *c, embps_ticket_t *t) {
     embps_lookup(t->urows, t->dim, t->inverse, t->n, t->out);
   if (rc)
     set_error(c, rc, "%s", t->error[0] ? t->error : embps_strerror(rc));
+  if (t->op == OP_PULL && !rc)
+    pull_give_buffers(c, t);
   ticket_free(t);
   return rc;
 }

@@ -628,28 +628,26 @@ PREFETCH_HELPER prefetch_rec(const unsigned char *rec, uint32_t bytes) {
     __builtin_prefetch(rec + off);
 }
 
-/* Prefetching for a loop over the ids at order positions [p, b): the
- * record of the id PREFETCH_AHEAD positions on (array storage: its
- * address; hashed: through its home map entry, when that is the id's,
- * which the entry prefetched 2 x PREFETCH_AHEAD on most often is). Every
- * row in flight keeps the memory busy while this one is converted. */
-PREFETCH_HELPER prefetch_ahead(const embps_table_t *t, const shard_t *sh,
-                               const uint32_t *order, const int64_t *ids,
-                               uint32_t p, uint32_t b, uint32_t bytes) {
-  if (p + PREFETCH_AHEAD >= b)
-    return;
-  int64_t id = ids[order[p + PREFETCH_AHEAD]];
+/* Prefetching for a loop over ids in request order: the record of `near`
+ * (array storage: its address; hashed: through its home map entry, when
+ * that entry is near's, which the prefetch of `far`'s entry a loop earlier
+ * makes likely to be in cache). Every row in flight keeps the memory busy
+ * while this one is converted. */
+PREFETCH_HELPER prefetch_ids(const embps_table_t *t, int64_t near,
+                             const int64_t *far, uint32_t bytes) {
   if (!t->hashed) {
-    prefetch_rec(array_rec(t, id), bytes);
+    prefetch_rec(array_rec(t, near), bytes);
     return;
   }
+  if (far) {
+    const shard_t *fs = &t->shards[embps_route_shard(*far, t->n_shards)];
+    if (fs->map_cap)
+      __builtin_prefetch(&fs->map[map_home(map_hash(*far), fs->map_cap)]);
+  }
+  const shard_t *sh = &t->shards[embps_route_shard(near, t->n_shards)];
   if (!sh->map_cap)
     return;
-  if (p + 2 * PREFETCH_AHEAD < b) {
-    int64_t far = ids[order[p + 2 * PREFETCH_AHEAD]];
-    __builtin_prefetch(&sh->map[map_home(map_hash(far), sh->map_cap)]);
-  }
-  const uint64_t h = map_hash(id);
+  const uint64_t h = map_hash(near);
   const uint32_t e = sh->map[map_home(h, sh->map_cap)];
   if (e && (e & sh->tag_mask) == ((uint32_t)h & sh->tag_mask))
     prefetch_rec(slot_rec(t, sh, (e & ~sh->tag_mask) - 1), bytes);
@@ -666,39 +664,36 @@ PREFETCH_HELPER prefetch_known(const embps_table_t *t,
     prefetch_rec(rec, t->row_bytes);
 }
 
-/* Gathers the ids at order positions [a, b) of shard sh. Read lock held. */
-static void gather_shard(const embps_table_t *t, const shard_t *sh,
-                         const embps_table_scratch_t *s, const int64_t *ids,
-                         uint32_t a, uint32_t b, float *out) {
-  const uint32_t dim = t->dim;
-  for (uint32_t p = a; p < b; p++) {
-    uint32_t i = s->order[p];
-    prefetch_ahead(t, sh, s->order, ids, p, b, t->w_off + t->w_bytes);
-    float *dst = out + (size_t)i * dim;
-    const unsigned char *rec;
-    if (is_padding(t, ids[i]))
-      memset(dst, 0, dim * sizeof *dst);
-    else if ((rec = find_rec(t, sh, ids[i])))
-      read_weights(t, rec, dst);
-    else
-      initial_weights(t, ids[i], dst);
-  }
-}
-
+/* Reads the ids in request order, so `out` is written front to back (the
+ * rows' loads get the memory's parallelism, not scattered stores), with
+ * every shard's read lock held: each row is read whole between two
+ * pushes. Pushes wait for at most one pull's reads, as they would shard by
+ * shard. */
 int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
                        const int64_t *ids, size_t n, float *out) {
-  int rc = group_by_shard(t, s, ids, n);
-  if (rc)
-    return rc;
-  for (uint32_t k = 0; k < t->n_shards; k++) {
-    uint32_t a = s->start[k], b = s->start[k + 1];
-    if (a == b)
-      continue;
-    shard_t *sh = &t->shards[k];
-    pthread_rwlock_rdlock(&sh->lock);
-    gather_shard(t, sh, s, ids, a, b, out);
-    pthread_rwlock_unlock(&sh->lock);
+  (void)s;
+  const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
+  for (uint32_t k = 0; k < t->n_shards; k++)
+    pthread_rwlock_rdlock(&t->shards[k].lock);
+  for (size_t i = 0; i < n; i++) {
+    if (i + PREFETCH_AHEAD < n)
+      prefetch_ids(t, ids[i + PREFETCH_AHEAD],
+                   i + 2 * PREFETCH_AHEAD < n ? &ids[i + 2 * PREFETCH_AHEAD]
+                                              : NULL,
+                   bytes);
+    float *dst = out + i * dim;
+    const int64_t id = ids[i];
+    const unsigned char *rec;
+    if (is_padding(t, id))
+      memset(dst, 0, dim * sizeof *dst);
+    else if ((rec = find_rec(t, &t->shards[embps_route_shard(id, t->n_shards)],
+                             id)))
+      read_weights(t, rec, dst);
+    else
+      initial_weights(t, id, dst);
   }
+  for (uint32_t k = t->n_shards; k > 0; k--)
+    pthread_rwlock_unlock(&t->shards[k - 1].lock);
   atomic_fetch_add(&t->pulls, 1);
   return 0;
 }
