@@ -35,6 +35,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "bufpool.h"
 #include "embps/embps.h"
 #include "merge.h"
 #include "util.h"
@@ -46,9 +47,13 @@
 
 typedef struct part part_t;
 
+/* A queued request frame: buf (owned) and, for a bulk sent from the
+ * caller's buffers, up to two borrowed segments after it. seg[] holds the
+ * bytes not yet sent; cur is the first segment with bytes left. */
 typedef struct out_buf {
   uint8_t *buf;
-  size_t len, off;
+  struct iovec seg[3];
+  int n_seg, cur;
   struct out_buf *next;
 } out_buf_t;
 
@@ -99,7 +104,7 @@ struct embps_ticket {
   uint32_t *inverse;
   float *urows; /* n_unique x dim, grouped by server; or == out */
   size_t n_unique;
-  size_t uniq_cap, inverse_cap, urows_cap; /* bytes, for buf_give */
+  size_t uniq_cap, inverse_cap, urows_cap; /* bytes, for the pool */
   /* push: merged copies when EMBPS_PUSH_MERGE */
   int64_t *m_idx;
   float *m_vals;
@@ -122,13 +127,7 @@ struct embps_client {
   cached_table_t *tables;
   size_t n_tables;
   embps_dedup_t dedup;
-  /* Buffers of finished pulls kept for the next ones: a pull's row buffer
-   * is megabytes, and malloc returns freed ones to the kernel, so without
-   * them every pull would page-fault its buffers in again. */
-  struct {
-    void *p;
-    size_t cap;
-  } spare[8];
+  embps_bufpool_t pool; /* the buffers of finished pulls, for the next */
 };
 
 /* ------------------------------------------------------------ errors */
@@ -165,57 +164,12 @@ static void ticket_fail(embps_ticket_t *t, int code, const char *fmt, ...) {
 
 /* ------------------------------------------------------------ buffers */
 
-/* A buffer of at least `bytes` (>= 1): the smallest spare that fits, else
- * a new one. *cap gets its size. NULL when out of memory. */
-static void *buf_take(embps_client_t *c, size_t bytes, size_t *cap) {
-  const size_t n_spare = sizeof c->spare / sizeof *c->spare;
-  size_t best = n_spare;
-  if (!bytes)
-    bytes = 1;
-  for (size_t i = 0; i < n_spare; i++)
-    if (c->spare[i].p && c->spare[i].cap >= bytes &&
-        (best == n_spare || c->spare[i].cap < c->spare[best].cap))
-      best = i;
-  if (best == n_spare) {
-    *cap = bytes;
-    return malloc(bytes);
-  }
-  void *p = c->spare[best].p;
-  *cap = c->spare[best].cap;
-  c->spare[best].p = NULL;
-  return p;
-}
-
-/* Keeps p (cap bytes; may be NULL) as a spare, in place of the smallest
- * spare when all are taken and that one is smaller; else frees it. */
-static void buf_give(embps_client_t *c, void *p, size_t cap) {
-  const size_t n_spare = sizeof c->spare / sizeof *c->spare;
-  if (!p)
-    return;
-  size_t low = 0;
-  for (size_t i = 0; i < n_spare; i++) {
-    if (!c->spare[i].p) {
-      low = i;
-      break;
-    }
-    if (c->spare[i].cap < c->spare[low].cap)
-      low = i;
-  }
-  if (c->spare[low].p && c->spare[low].cap >= cap) {
-    free(p);
-    return;
-  }
-  free(c->spare[low].p);
-  c->spare[low].p = p;
-  c->spare[low].cap = cap;
-}
-
-/* Hands a finished pull's buffers to the spares. */
+/* Hands a finished pull's buffers to the pool. */
 static void pull_give_buffers(embps_client_t *c, embps_ticket_t *t) {
-  buf_give(c, t->uniq, t->uniq_cap);
-  buf_give(c, t->inverse, t->inverse_cap);
+  embps_bufpool_give(&c->pool, t->uniq, t->uniq_cap);
+  embps_bufpool_give(&c->pool, t->inverse, t->inverse_cap);
   if (t->urows != t->out)
-    buf_give(c, t->urows, t->urows_cap);
+    embps_bufpool_give(&c->pool, t->urows, t->urows_cap);
   t->uniq = NULL;
   t->inverse = NULL;
   t->urows = t->out;
@@ -332,8 +286,11 @@ static int connect_fd(conn_t *k, int timeout_ms, char *why, size_t why_len) {
   return EMBPS_ECONN;
 }
 
-/* Queues a frame (taking it) on connection k, with p awaiting its reply. */
-static void conn_send(conn_t *k, uint8_t *frame, size_t len, part_t *p) {
+/* Queues a frame (taking it; len bytes) on connection k, followed by the
+ * n_bulk borrowed segments of its bulk (which must stay unchanged until
+ * the reply), with p awaiting its reply. */
+static void conn_send(conn_t *k, uint8_t *frame, size_t len,
+                      const struct iovec *bulk, int n_bulk, part_t *p) {
   out_buf_t *o = malloc(sizeof *o);
   if (!o) {
     free(frame);
@@ -342,8 +299,12 @@ static void conn_send(conn_t *k, uint8_t *frame, size_t len, part_t *p) {
     return;
   }
   o->buf = frame;
-  o->len = len;
-  o->off = 0;
+  o->seg[0] = (struct iovec){.iov_base = frame, .iov_len = len};
+  o->n_seg = 1;
+  for (int i = 0; i < n_bulk; i++)
+    if (bulk[i].iov_len)
+      o->seg[o->n_seg++] = bulk[i];
+  o->cur = 0;
   o->next = NULL;
   if (k->out_tail)
     k->out_tail->next = o;
@@ -363,10 +324,9 @@ static void conn_write(conn_t *k) {
   while (k->out_head) {
     struct iovec iov[16];
     int n = 0;
-    for (out_buf_t *o = k->out_head; o && n < 16; o = o->next, n++) {
-      iov[n].iov_base = o->buf + o->off;
-      iov[n].iov_len = o->len - o->off;
-    }
+    for (out_buf_t *o = k->out_head; o && n < 16; o = o->next)
+      for (int j = o->cur; j < o->n_seg && n < 16; j++)
+        iov[n++] = o->seg[j];
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
     if (w < 0) {
@@ -379,12 +339,14 @@ static void conn_write(conn_t *k) {
     size_t left = (size_t)w;
     while (left && k->out_head) {
       out_buf_t *o = k->out_head;
-      size_t take = o->len - o->off;
-      if (take > left)
-        take = left;
-      o->off += take;
+      struct iovec *v = &o->seg[o->cur];
+      size_t take = v->iov_len < left ? v->iov_len : left;
+      v->iov_base = (uint8_t *)v->iov_base + take;
+      v->iov_len -= take;
       left -= take;
-      if (o->off == o->len) {
+      if (!v->iov_len)
+        o->cur++;
+      if (o->cur == o->n_seg) {
         k->out_head = o->next;
         if (!k->out_head)
           k->out_tail = NULL;
@@ -635,9 +597,9 @@ static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
   return t->result;
 }
 
-/* Queues the frame for message m (bulk filled by fill) to server s. */
+/* Queues the frame for message m (no bulk) to server s. */
 static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
-                    const embps_msg_t *m, const void *bulk, size_t bulk_len);
+                    const embps_msg_t *m);
 
 static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   embps_ticket_t *t = ticket_new(OP_HELLO, 1);
@@ -650,7 +612,7 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   memcpy(m.u.hello.token, c->token, c->token_len);
   m.u.hello.token_len = c->token_len;
   t->parts[0].server = index;
-  int rc = send_msg(c, index, &t->parts[0], &m, NULL, 0);
+  int rc = send_msg(c, index, &t->parts[0], &m);
   if (!rc)
     rc = ticket_run(c, t);
   if (!rc) {
@@ -696,17 +658,17 @@ static int frame_fits(embps_client_t *c, uint32_t s, size_t frame_len) {
 }
 
 static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
-                    const embps_msg_t *m, const void *bulk, size_t bulk_len) {
+                    const embps_msg_t *m) {
   if (m->kind != EMBPS_KIND_HELLO) {
     int rc = ensure_conn(c, s);
     if (rc)
       return rc;
   }
   uint8_t *frame;
-  size_t len, off;
+  size_t len;
   p->server = s;
   p->req_id = ++c->next_req_id;
-  int rc = embps_frame_build(m, p->req_id, bulk_len, &frame, &len, &off);
+  int rc = embps_frame_build(m, p->req_id, 0, &frame, &len, NULL);
   if (rc)
     return set_error(c, rc, "%s", embps_strerror(rc));
   rc = frame_fits(c, s, len);
@@ -714,9 +676,7 @@ static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
     free(frame);
     return rc;
   }
-  if (bulk_len)
-    memcpy(frame + off, bulk, bulk_len);
-  conn_send(&c->conns[s], frame, len, p);
+  conn_send(&c->conns[s], frame, len, NULL, 0, p);
   return 0;
 }
 
@@ -810,6 +770,7 @@ int embps_client_create(const embps_client_options_t *opts,
     return -ENOMEM;
   }
   embps_dedup_init(&c->dedup);
+  embps_bufpool_init(&c->pool, 64 << 10, (size_t)256 << 20);
   const char *servers = opts && opts->servers ? opts->servers : NULL;
   if (!servers)
     servers = getenv("EMBPS_SERVERS");
@@ -845,8 +806,7 @@ void embps_client_destroy(embps_client_t *c) {
   free(c->conns);
   free(c->tables);
   embps_dedup_close(&c->dedup);
-  for (size_t i = 0; i < sizeof c->spare / sizeof *c->spare; i++)
-    free(c->spare[i].p);
+  embps_bufpool_close(&c->pool);
   free(c);
 }
 
@@ -862,7 +822,7 @@ static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
     return set_error(c, -ENOMEM, "out of memory");
   int rc = 0;
   for (uint32_t i = 0; i < n && !rc; i++) {
-    rc = send_msg(c, only < c->n ? only : i, &t->parts[i], m, NULL, 0);
+    rc = send_msg(c, only < c->n ? only : i, &t->parts[i], m);
     if (rc) /* parts never sent count as done */
       t->n_done += n - i;
   }
@@ -1076,15 +1036,24 @@ static int split_by_server(embps_client_t *c, embps_ticket_t *t,
   return rc;
 }
 
-/* Sends one request per part in parts [0, n_parts) whose bulk is built by
- * build(part, buffer). Parts not sent are marked done; returns the first
- * error. */
-typedef void (*bulk_fill_t)(const embps_ticket_t *t, const part_t *p,
-                            const void *ctx, uint8_t *dst);
+/* Where a request's bulk comes from. */
+typedef struct {
+  size_t (*len)(const part_t *p, uint32_t dim);
+  /* The bulk as up to two segments of memory that stays unchanged until
+   * the reply (the caller's buffers or the ticket's): sent from there, not
+   * copied. Returns how many, or 0 when fill must gather it. */
+  int (*borrow)(const embps_ticket_t *t, const part_t *p, const void *ctx,
+                struct iovec seg[2]);
+  /* Writes the bulk at dst. */
+  void (*fill)(const embps_ticket_t *t, const part_t *p, const void *ctx,
+               uint8_t *dst);
+} bulk_ops_t;
 
+/* Sends one request per part in parts [0, n_parts), with the bulk that ops
+ * gives for it. Parts not sent are marked done; returns the first error. */
 static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
-                      size_t (*bulk_len)(const part_t *p, uint32_t dim),
-                      bulk_fill_t fill, const void *ctx, int send_empty) {
+                      const bulk_ops_t *ops, const void *ctx,
+                      int send_empty) {
   int rc = 0;
   for (uint32_t s = 0; s < t->n_parts; s++) {
     part_t *p = &t->parts[s];
@@ -1103,12 +1072,15 @@ static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
       continue;
     }
     uint8_t *frame;
-    size_t len, off;
+    size_t len, off = 0;
+    const size_t bulk_len = ops->len(p, t->dim);
+    struct iovec seg[2];
+    const int n_seg = ops->borrow(t, p, ctx, seg);
     p->server = s;
     p->req_id = ++c->next_req_id;
-    rc = embps_frame_build(m, p->req_id, bulk_len(p, t->dim), &frame, &len,
-                           &off);
-    if (!rc && (rc = frame_fits(c, s, len)) != 0) {
+    rc = n_seg ? embps_frame_build_head(m, p->req_id, bulk_len, &frame, &len)
+               : embps_frame_build(m, p->req_id, bulk_len, &frame, &len, &off);
+    if (!rc && (rc = frame_fits(c, s, n_seg ? len + bulk_len : len)) != 0) {
       free(frame);
       ticket_fail(t, rc, "%s", c->last_error);
       part_done(p);
@@ -1119,8 +1091,9 @@ static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
       part_done(p);
       continue;
     }
-    fill(t, p, ctx, frame + off);
-    conn_send(&c->conns[s], frame, len, p);
+    if (!n_seg)
+      ops->fill(t, p, ctx, frame + off);
+    conn_send(&c->conns[s], frame, len, seg, n_seg, p);
   }
   return rc;
 }
@@ -1170,10 +1143,15 @@ static size_t pull_bulk_len(const part_t *p, uint32_t dim) {
   return p->n * sizeof(int64_t);
 }
 
-static void pull_fill(const embps_ticket_t *t, const part_t *p,
-                      const void *ctx, uint8_t *dst) {
-  memcpy(dst, t->uniq + p->base, p->n * sizeof *t->uniq);
+/* A part's ids are contiguous in the ticket's unique ids. */
+static int pull_borrow(const embps_ticket_t *t, const part_t *p,
+                       const void *ctx, struct iovec seg[2]) {
+  seg[0] = (struct iovec){.iov_base = t->uniq + p->base,
+                          .iov_len = p->n * sizeof *t->uniq};
+  return 1;
 }
+
+static const bulk_ops_t pull_ops = {pull_bulk_len, pull_borrow, NULL};
 
 static int check_name(embps_client_t *c, const char *table) {
   if (!table || !*table || strlen(table) >= EMBPS_TABLE_NAME_MAX)
@@ -1196,8 +1174,9 @@ int embps_pull_async(embps_client_t *c, const char *table,
   t->out = out;
   t->n = n;
   t->dim = dim;
-  t->uniq = buf_take(c, n * sizeof *t->uniq, &t->uniq_cap);
-  t->inverse = buf_take(c, n * sizeof *t->inverse, &t->inverse_cap);
+  t->uniq = embps_bufpool_take(&c->pool, n * sizeof *t->uniq, &t->uniq_cap);
+  t->inverse =
+      embps_bufpool_take(&c->pool, n * sizeof *t->inverse, &t->inverse_cap);
   int64_t k = t->uniq && t->inverse
                   ? embps_dedup_ids(&c->dedup, ids, n, t->uniq, t->inverse)
                   : -ENOMEM;
@@ -1206,8 +1185,9 @@ int embps_pull_async(embps_client_t *c, const char *table,
     /* all distinct on one server: the rows land in the caller's buffer */
     t->urows = (size_t)k == n && c->n == 1
                    ? out
-                   : buf_take(c, (size_t)k * dim * sizeof(float),
-                              &t->urows_cap);
+                   : embps_bufpool_take(&c->pool,
+                                        (size_t)k * dim * sizeof(float),
+                                        &t->urows_cap);
     if (!t->urows)
       k = -ENOMEM;
   }
@@ -1222,7 +1202,7 @@ int embps_pull_async(embps_client_t *c, const char *table,
   m.kind = EMBPS_KIND_PULL;
   strcpy(m.u.pull.table, table);
   m.u.pull.dim = dim;
-  send_parts(c, t, &m, pull_bulk_len, pull_fill, NULL, 0);
+  send_parts(c, t, &m, &pull_ops, NULL, 0);
   *ticket = t;
   return 0;
 }
@@ -1245,17 +1225,26 @@ static size_t push_bulk_len(const part_t *p, uint32_t dim) {
   return p->n * (sizeof(int64_t) + dim * sizeof(float));
 }
 
+/* One server: the arrays as they are. */
+static int push_borrow(const embps_ticket_t *t, const part_t *p,
+                       const void *ctx, struct iovec seg[2]) {
+  const push_src_t *src = ctx;
+  if (p->pos)
+    return 0;
+  seg[0] = (struct iovec){.iov_base = (void *)src->idx,
+                          .iov_len = p->n * sizeof *src->idx};
+  seg[1] = (struct iovec){.iov_base = (void *)src->vals,
+                          .iov_len = p->n * t->dim * sizeof *src->vals};
+  return 2;
+}
+
+/* Several servers: the part's rows, gathered. */
 static void push_fill(const embps_ticket_t *t, const part_t *p,
                       const void *ctx, uint8_t *dst) {
   const push_src_t *src = ctx;
   uint32_t dim = t->dim;
   int64_t *idx = (int64_t *)dst;
   float *vals = (float *)(dst + p->n * sizeof(int64_t));
-  if (!p->pos) { /* one server: the arrays as they are */
-    memcpy(idx, src->idx, p->n * sizeof *idx);
-    memcpy(vals, src->vals, p->n * dim * sizeof *vals);
-    return;
-  }
   for (size_t i = 0; i < p->n; i++) {
     idx[i] = src->idx[p->pos[i]];
     memcpy(vals + i * dim, src->vals + (size_t)p->pos[i] * dim,
@@ -1338,7 +1327,8 @@ static int push_async(embps_client_t *c, const char *table,
   m.u.push.client_id = c->client_id;
   m.u.push.seq = ++c->seq;
   m.u.push.step = step;
-  send_parts(c, t, &m, push_bulk_len, push_fill, &src, 1);
+  static const bulk_ops_t push_ops = {push_bulk_len, push_borrow, push_fill};
+  send_parts(c, t, &m, &push_ops, &src, 1);
   *ticket = t;
   return 0;
 }

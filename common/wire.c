@@ -514,14 +514,17 @@ void embps_msg_free(embps_msg_t *m) {
 
 /* ---- frames ---- */
 
-int embps_frame_build(const embps_msg_t *m, uint32_t req_id, size_t bulk_len,
-                      uint8_t **frame, size_t *frame_len, size_t *bulk_off) {
+/* A frame of m whose header counts bulk_len bulk bytes, allocated with
+ * room for the first `room` of them. */
+static int frame_alloc(const embps_msg_t *m, uint32_t req_id, size_t bulk_len,
+                       size_t room, uint8_t **frame, size_t *frame_len,
+                       size_t *bulk_off) {
   size_t meta_len = embps_msg_size(m);
   size_t off = embps_bulk_offset(meta_len);
   size_t body = off + bulk_len;
   if (body > UINT32_MAX)
     return EMBPS_EFRAMESIZE;
-  uint8_t *f = malloc(EMBPS_FRAME_HEADER_LEN + body);
+  uint8_t *f = malloc(EMBPS_FRAME_HEADER_LEN + off + room);
   if (!f)
     return -ENOMEM;
   embps_frame_header_t h = {.body_len = (uint32_t)body,
@@ -532,10 +535,21 @@ int embps_frame_build(const embps_msg_t *m, uint32_t req_id, size_t bulk_len,
   embps_msg_pack(m, f + EMBPS_FRAME_HEADER_LEN);
   memset(f + EMBPS_FRAME_HEADER_LEN + meta_len, 0, off - meta_len);
   *frame = f;
-  *frame_len = EMBPS_FRAME_HEADER_LEN + body;
+  *frame_len = EMBPS_FRAME_HEADER_LEN + off + room;
   if (bulk_off)
     *bulk_off = EMBPS_FRAME_HEADER_LEN + off;
   return 0;
+}
+
+int embps_frame_build(const embps_msg_t *m, uint32_t req_id, size_t bulk_len,
+                      uint8_t **frame, size_t *frame_len, size_t *bulk_off) {
+  return frame_alloc(m, req_id, bulk_len, bulk_len, frame, frame_len,
+                     bulk_off);
+}
+
+int embps_frame_build_head(const embps_msg_t *m, uint32_t req_id,
+                           size_t bulk_len, uint8_t **head, size_t *head_len) {
+  return frame_alloc(m, req_id, bulk_len, 0, head, head_len, NULL);
 }
 
 int embps_frame_error(uint32_t req_id, int code, const char *message,

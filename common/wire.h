@@ -93,6 +93,12 @@ void embps_msg_free(embps_msg_t *m);
  * Returns 0 or -ENOMEM. */
 int embps_frame_build(const embps_msg_t *m, uint32_t req_id, size_t bulk_len,
                       uint8_t **frame, size_t *frame_len, size_t *bulk_off);
+/* The same frame, for a bulk the caller sends from its own buffers:
+ * *head (malloc'd, *head_len bytes) holds the header, meta and padding, and
+ * the header counts bulk_len more bytes, which must follow it on the wire.
+ * Returns 0, EMBPS_EFRAMESIZE or -ENOMEM. */
+int embps_frame_build_head(const embps_msg_t *m, uint32_t req_id,
+                           size_t bulk_len, uint8_t **head, size_t *head_len);
 
 /* An error frame for `code` with a printf-style message. */
 int embps_frame_error(uint32_t req_id, int code, const char *message,

@@ -16,7 +16,7 @@ void embps_request_free(embps_request_t *req) {
   if (!req)
     return;
   embps_msg_free(&req->msg);
-  free(req->body);
+  embps_bufpool_give(req->bodies, req->body, req->body_cap);
   free(req->reply);
   embps_table_unref(req->table);
   free(req);

@@ -36,9 +36,9 @@ int main(int argc, char **argv) {
   embps_log_set_level(cfg.log_level);
   signal(SIGPIPE, SIG_IGN);
   /* Request and reply buffers of a few MiB come and go at every batch; keep
-   * them on the heap instead of a fresh mmap (and page faults) each time.
-   * 32 MiB is the largest threshold glibc accepts on 64-bit machines. */
-  if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) ||
+   * them on the heap instead of a fresh mmap (and page faults) each time;
+   * larger request bodies go back to a pool (server.h). */
+  if (!mallopt(M_MMAP_THRESHOLD, EMBPS_MMAP_THRESHOLD) ||
       !mallopt(M_TRIM_THRESHOLD, 256 << 20))
     fprintf(stderr, "embps-server: mallopt refused; large buffers will be "
             "mmap'd per request\n");

@@ -268,7 +268,9 @@ static int start_frame(embps_conn_t *c) {
     return -1;
   }
   embps_request_t *req = calloc(1, sizeof *req);
-  uint8_t *body = req ? malloc(h.body_len ? h.body_len : 1) : NULL;
+  embps_bufpool_t *bodies = &c->io->srv->bodies;
+  uint8_t *body =
+      req ? embps_bufpool_take(bodies, h.body_len, &req->body_cap) : NULL;
   if (!body) {
     free(req);
     fail_frame(c, &h, EMBPS_ENOMEM, "out of memory for a request", 0);
@@ -276,6 +278,7 @@ static int start_frame(embps_conn_t *c) {
   }
   req->hdr = h;
   req->body = body;
+  req->bodies = bodies;
   c->cur = req;
   c->body_got = 0;
   if (h.body_len == 0)
@@ -706,6 +709,7 @@ int embps_server_run(const embps_server_config_t *cfg) {
   srv->cfg = *cfg;
   srv->start_ns = embps_now_ns();
   embps_registry_init(&srv->registry);
+  embps_bufpool_init(&srv->bodies, EMBPS_MMAP_THRESHOLD, EMBPS_BODY_POOL_BYTES);
   int port;
   net->listen_fd = listen_on(cfg, &port);
   if (net->listen_fd < 0)
@@ -754,6 +758,7 @@ int embps_server_run(const embps_server_config_t *cfg) {
   close(net->listen_fd);
   uv_loop_close(&net->loop);
   embps_registry_close(&srv->registry);
+  embps_bufpool_close(&srv->bodies);
   LOG_INFO("stopped");
   free(net);
   the_net = NULL;

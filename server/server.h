@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bufpool.h"
 #include "frame.h"
 #include "log.h"
 #include "merge.h"
@@ -57,11 +58,19 @@ typedef struct {
 typedef struct embps_server embps_server_t;
 typedef struct embps_conn embps_conn_t;
 
+/* Buffers below this come from the heap (main.c sets malloc's mmap
+ * threshold to it, the largest glibc takes); larger request bodies are
+ * kept in srv->bodies, up to EMBPS_BODY_POOL_BYTES in all. */
+#define EMBPS_MMAP_THRESHOLD (32u << 20)
+#define EMBPS_BODY_POOL_BYTES ((size_t)256 << 20)
+
 /* One request, from the frame that carried it to the reply sent for it. */
 typedef struct embps_request {
   embps_conn_t *conn;
   embps_frame_header_t hdr;
   uint8_t *body; /* the frame body (owned); bulk arrays are read in place */
+  size_t body_cap;         /* bytes allocated at body */
+  embps_bufpool_t *bodies; /* where body goes back to */
   embps_msg_t msg;
   uint8_t *reply; /* the reply frame (owned until handed to the writer) */
   size_t reply_len;
@@ -78,6 +87,7 @@ struct embps_server {
   embps_server_config_t cfg;
   embps_registry_t registry;
   embps_counters_t counters;
+  embps_bufpool_t bodies; /* request bodies past malloc's mmap threshold */
   uint64_t start_ns;
   struct embps_apply *apply;
 };

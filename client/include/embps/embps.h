@@ -14,7 +14,8 @@
  *  - the library never aborts and never prints;
  *  - an embps_client_t is used by one thread at a time (make one per thread);
  *  - buffers passed to the asynchronous calls stay owned by the caller and
- *    must stay valid until embps_wait() returns for that ticket.
+ *    must stay valid, and unchanged, until embps_wait() returns for that
+ *    ticket: a push to a single server is sent straight from them.
  *
  * The second half of this header holds local helpers for workers: embedding
  * lookup, bag lookup and their backward passes, which produce the

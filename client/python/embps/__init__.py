@@ -371,6 +371,9 @@ class Client:
         return idx, vals, dim
 
     def push_async(self, name, indices, values, merge=False, step=None):
+        """Starts a push; the ticket's wait() returns its result. indices
+        and values must not change until then: they may be sent from
+        where they are."""
         idx, vals, dim = self._push_args(name, indices, values)
         h = ctypes.c_void_p()
         self._check(_lib().embps_push_step_async(
