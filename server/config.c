@@ -17,7 +17,7 @@ static const char usage[] =
     "  --port-file FILE          write the bound port to FILE once listening\n"
     "  --io-threads N            I/O event loops (default 2)\n"
     "  --shards N                row shards per table (default 16)\n"
-    "  --omp-threads N           threads applying a push (default: cores)\n"
+    "  --omp-threads N           threads applying a push (default: cores/2)\n"
     "  --cluster-size K          servers in the cluster (default 1)\n"
     "  --cluster-index I         this server's slot, 0..K-1 (default 0)\n"
     "  --auth-token-file FILE    require this token in every client's hello\n"
