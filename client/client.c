@@ -1111,7 +1111,8 @@ static int group_unique_by_server(embps_client_t *c, embps_ticket_t *t) {
   }
   uint32_t *owner = malloc((n ? n : 1) * sizeof *owner);
   uint32_t *moved = malloc((n ? n : 1) * sizeof *moved);
-  int64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  size_t ids_cap;
+  int64_t *ids = embps_bufpool_take(&c->pool, n * sizeof *ids, &ids_cap);
   size_t *fill = calloc(K, sizeof *fill);
   int rc = owner && moved && ids && fill ? 0 : -ENOMEM;
   if (!rc) {
@@ -1128,13 +1129,14 @@ static int group_unique_by_server(embps_client_t *c, embps_ticket_t *t) {
     }
     for (size_t i = 0; i < t->n; i++)
       t->inverse[i] = moved[t->inverse[i]];
-    free(t->uniq);
-    t->uniq = ids;
+    embps_bufpool_give(&c->pool, t->uniq, t->uniq_cap);
+    t->uniq = ids; /* with its own capacity: it goes back to the pool */
+    t->uniq_cap = ids_cap;
     ids = NULL;
   }
   free(owner);
   free(moved);
-  free(ids);
+  embps_bufpool_give(&c->pool, ids, ids_cap);
   free(fill);
   return rc;
 }

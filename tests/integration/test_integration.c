@@ -1388,6 +1388,36 @@ static uint64_t server_rows(const embps_server_stats_t *s, const char *table) {
   return 0;
 }
 
+/* Pulls through client c alternate between 3 x NB ids drawn from 50 and
+ * NB distinct ids, so c's reused buffers (client.c, common/bufpool.c) keep
+ * changing hands between sizes (the distinct pull needs more room than the
+ * duplicated one kept); every pull must read what a fresh client (fresh)
+ * reads. */
+static void check_pull_buffer_reuse(embps_client_t *c, embps_client_t *fresh,
+                                    const char *table, uint32_t dim) {
+  enum { NB = 12000, FEW = 50 };
+  int64_t *ids_b = xmalloc(NB * sizeof *ids_b);
+  int64_t *ids_a = xmalloc(3 * NB * sizeof *ids_a);
+  for (size_t i = 0; i < NB; i++)
+    ids_b[i] = (int64_t)(mix(i + 777) % 2000000000000ULL) - 1000000000000LL;
+  for (size_t i = 0; i < 3 * NB; i++)
+    ids_a[i] = ids_b[mix(i) % FEW];
+  float *want = pull_ids(fresh, table, ids_b, NB, dim);
+  for (int round = 0; round < 3; round++) {
+    float *a = pull_ids(c, table, ids_a, 3 * NB, dim);
+    for (size_t i = 0; i < 3 * NB; i++)
+      assert_memory_equal(a + i * dim, want + (mix(i) % FEW) * dim,
+                          dim * sizeof *a);
+    free(a);
+    float *b = pull_ids(c, table, ids_b, NB, dim);
+    assert_memory_equal(b, want, (size_t)NB * dim * sizeof *b);
+    free(b);
+  }
+  free(want);
+  free(ids_a);
+  free(ids_b);
+}
+
 static void test_two_servers(void **state) {
   fx_t *f = *state;
   assert_int_equal(embps_client_n_servers(f->c), 2);
@@ -1434,6 +1464,15 @@ static void test_two_servers(void **state) {
     ref_push(&ref, bi, bn, bv);
   }
   check_rows(f->c, "c", &ref, pool, POOL, 0, "two servers: pull of the pool");
+  {
+    char both[80];
+    snprintf(both, sizeof both, "%s,%s", f->srv[0].addr, f->srv[1].addr);
+    embps_client_t *c2 = connect_ok(both, NULL);
+    embps_client_t *fresh = connect_ok(both, NULL);
+    check_pull_buffer_reuse(c2, fresh, "c", dim);
+    embps_client_destroy(fresh);
+    embps_client_destroy(c2);
+  }
   /* each server holds only its own rows */
   size_t want[2] = {0, 0};
   for (size_t i = 0; i < ref.n; i++)
