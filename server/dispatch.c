@@ -163,8 +163,7 @@ static int check_dim(embps_server_t *srv, embps_request_t *req,
   return -1;
 }
 
-static void do_pull(embps_server_t *srv, embps_request_t *req,
-                    embps_scratch_t *scratch) {
+static void do_pull(embps_server_t *srv, embps_request_t *req) {
   const embps_pull_t *p = &req->msg.u.pull;
   embps_table_t *t = get_table(srv, req, p->table);
   if (!t)
@@ -201,11 +200,7 @@ static void do_pull(embps_server_t *srv, embps_request_t *req,
   float *rows = reply(srv, req, EMBPS_KIND_PULL, &m, (size_t)reply_bytes);
   if (!rows)
     goto out;
-  rc = embps_table_gather(t, &scratch->table, ids, p->n_ids, rows);
-  if (rc) {
-    embps_request_fail(srv, req, rc, "pull: %s", embps_strerror(rc));
-    goto out;
-  }
+  embps_table_gather(t, ids, p->n_ids, rows);
   atomic_fetch_add_explicit(&srv->counters.pulls, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&srv->counters.pull_rows, p->n_ids,
                             memory_order_relaxed);
@@ -374,7 +369,7 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     do_stats(srv, req);
     break;
   case EMBPS_KIND_PULL:
-    do_pull(srv, req, scratch);
+    do_pull(srv, req);
     break;
   case EMBPS_KIND_PUSH:
     return do_push(srv, req, scratch);

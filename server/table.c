@@ -669,9 +669,8 @@ PREFETCH_HELPER prefetch_known(const embps_table_t *t,
  * every shard's read lock held: each row is read whole between two
  * pushes. Pushes wait for at most one pull's reads, as they would shard by
  * shard. */
-int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
-                       const int64_t *ids, size_t n, float *out) {
-  (void)s;
+void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
+                        float *out) {
   const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
   for (uint32_t k = 0; k < t->n_shards; k++)
     pthread_rwlock_rdlock(&t->shards[k].lock);
@@ -695,7 +694,6 @@ int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
   for (uint32_t k = t->n_shards; k > 0; k--)
     pthread_rwlock_unlock(&t->shards[k - 1].lock);
   atomic_fetch_add(&t->pulls, 1);
-  return 0;
 }
 
 /* ------------------------------------------------------------ apply */

@@ -1,7 +1,9 @@
 /* table.h - one embedding table inside a server: rows sharded by id hash
- * into n_shards shards, each behind its own reader-writer lock, so pulls
- * read concurrently with each other and with pushes to other shards, and a
- * pull never sees a torn row. No lock covers the whole table.
+ * into n_shards shards, each behind its own reader-writer lock. A push
+ * writes one shard at a time under its write lock; a pull reads its rows in
+ * request order under every shard's read lock. So pulls run concurrently
+ * with each other, interleave with pushes shard by shard, and never see a
+ * torn row.
  *
  * Two storages:
  *  - array: dense tables on a single server keep every row in one array
@@ -72,8 +74,8 @@ int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
 
 /* Copies the weights of ids[i] into out[i*dim..] (checked ids). Padding
  * ids read as zeros, rows never pushed as their initial value. */
-int embps_table_gather(embps_table_t *t, embps_table_scratch_t *s,
-                       const int64_t *ids, size_t n, float *out);
+void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
+                        float *out);
 
 /* Applies one optimizer step to n distinct, checked rows with merged
  * gradients g (n x dim). Padding ids are skipped. All memory the step

@@ -61,12 +61,11 @@ static embps_table_info_t info_of(embps_table_t *t) {
 }
 
 /* Gathers ids into a fresh array. */
-static float *gather(embps_table_t *t, embps_table_scratch_t *s,
-                     const int64_t *ids, size_t n) {
+static float *gather(embps_table_t *t, const int64_t *ids, size_t n) {
   uint32_t dim = embps_table_spec(t)->dim;
   float *out = xmalloc(n * dim * sizeof *out);
   memset(out, 0xee, n * dim * sizeof *out);
-  assert_int_equal(embps_table_gather(t, s, ids, n, out), 0);
+  embps_table_gather(t, ids, n, out);
   return out;
 }
 
@@ -87,8 +86,6 @@ static void test_gather_unpushed(void **state) {
     spec.init_value = 0.5;
     spec.seed = 77;
     embps_table_t *t = make_table(&spec, 5);
-    embps_table_scratch_t sc;
-    embps_table_scratch_init(&sc);
     uint64_t total0 = embps_tables_total_bytes();
     embps_table_info_t before = info_of(t);
     assert_int_equal(before.rows_allocated, 0);
@@ -105,7 +102,7 @@ static void test_gather_unpushed(void **state) {
     }
     ids[N - 1] = ids[0]; /* a duplicate */
     for (int round = 0; round < 3; round++) {
-      float *out = gather(t, &sc, ids, N);
+      float *out = gather(t, ids, N);
       float want[24];
       for (int i = 0; i < N; i++) {
         embps_init_row(&spec, ids[i], want);
@@ -119,7 +116,6 @@ static void test_gather_unpushed(void **state) {
     assert_int_equal(after.pulls, before.pulls + 3);
     assert_int_equal(after.pushes, 0);
     assert_int_equal(embps_tables_total_bytes(), total0);
-    embps_table_scratch_close(&sc);
     embps_table_destroy(t);
   }
 }
@@ -161,7 +157,7 @@ static void test_sgd_exact(void **state) {
         }
       }
       assert_int_equal(embps_table_apply(t, &sc, batch, g, n, 0), 0);
-      float *out = gather(t, &sc, ids, R);
+      float *out = gather(t, ids, R);
       assert_memory_equal(out, want, sizeof want);
       free(out);
     }
@@ -230,7 +226,7 @@ static void test_first_push_materialises(void **state) {
             want[r][j] = (float)(w - 0.5 * gj / sqrt(0.25 + (double)gj * gj));
         }
       }
-      float *out = gather(t, &sc, first, 5);
+      float *out = gather(t, first, 5);
       for (int r = 0; r < 5; r++)
         for (uint32_t j = 0; j < dim; j++) {
           if (!opt)
@@ -242,7 +238,7 @@ static void test_first_push_materialises(void **state) {
 
       /* untouched rows still read as initial */
       const int64_t other[] = {1, 2, 501, 998};
-      out = gather(t, &sc, other, 4);
+      out = gather(t, other, 4);
       for (int r = 0; r < 4; r++) {
         embps_init_row(&spec, other[r], rec);
         assert_memory_equal(out + r * dim, rec, dim * sizeof(float));
@@ -254,10 +250,10 @@ static void test_first_push_materialises(void **state) {
       float g2[3 * 6];
       for (size_t k = 0; k < 3 * dim; k++)
         g2[k] = 1.0f;
-      float *prev = gather(t, &sc, second, 3);
+      float *prev = gather(t, second, 3);
       assert_int_equal(embps_table_apply(t, &sc, second, g2, 3, 0), 0);
       assert_int_equal(info_of(t).rows_allocated, 6);
-      out = gather(t, &sc, second, 3);
+      out = gather(t, second, 3);
       if (!opt) {
         for (size_t k = 0; k < 3 * dim; k++)
           assert_true(out[k] == prev[k] - 0.5f);
@@ -290,7 +286,7 @@ static void test_padding(void **state) {
     embps_table_scratch_t sc;
     embps_table_scratch_init(&sc);
     const int64_t ids[] = {pad, 4, pad, 2};
-    float *out = gather(t, &sc, ids, 4);
+    float *out = gather(t, ids, 4);
     for (uint32_t j = 0; j < dim; j++) {
       assert_true(out[0 * dim + j] == 0.0f);
       assert_true(out[1 * dim + j] == 2.0f);
@@ -306,7 +302,7 @@ static void test_padding(void **state) {
       assert_int_equal(embps_table_apply(t, &sc, push, g, 3, 0), 0);
     /* only the padding id alone, too */
     assert_int_equal(embps_table_apply(t, &sc, &pad, g, 1, 0), 0);
-    out = gather(t, &sc, ids, 4);
+    out = gather(t, ids, 4);
     for (uint32_t j = 0; j < dim; j++) {
       assert_true(out[0 * dim + j] == 0.0f);
       assert_true(out[1 * dim + j] == 1.25f); /* 2 - 3 * 0.25 */
@@ -433,7 +429,7 @@ static void test_shards_identical(void **state) {
       assert_int_equal(embps_table_apply(t1, &sc, batch, g, n, 0), 0);
       assert_int_equal(embps_table_apply(t7, &sc, batch, g, n, 0), 0);
     }
-    float *a = gather(t1, &sc, pool, POOL), *b7 = gather(t7, &sc, pool, POOL);
+    float *a = gather(t1, pool, POOL), *b7 = gather(t7, pool, POOL);
     assert_memory_equal(a, b7, (size_t)POOL * dim * sizeof *a);
     embps_table_info_t i1 = info_of(t1), i7 = info_of(t7);
     assert_int_equal(i1.rows_allocated, i7.rows_allocated);
@@ -524,7 +520,7 @@ static void test_dynamic_int64_range(void **state) {
     done += n;
     batch *= 2;
     /* every row pushed so far still holds its value */
-    float *out = gather(t, &sc, ids, done);
+    float *out = gather(t, ids, done);
     for (size_t i = 0; i < done; i++) {
       if (memcmp(out + i * dim, want + i * dim, dim * sizeof *out)) {
         print_error("row %zu (id %lld) lost its value after %zu rows\n", i,
@@ -550,7 +546,7 @@ static void test_dynamic_int64_range(void **state) {
   for (size_t i = 0; i < N; i++)
     rev[i] = ids[N - 1 - i];
   assert_int_equal(embps_table_apply(t, &sc, rev, g, N, 0), 0);
-  float *out = gather(t, &sc, ids, N);
+  float *out = gather(t, ids, N);
   assert_memory_equal(out, want, (size_t)N * dim * sizeof *out);
   free(out);
   assert_int_equal(info_of(t).rows_allocated, N);
@@ -559,7 +555,7 @@ static void test_dynamic_int64_range(void **state) {
   int64_t fresh[16];
   for (int i = 0; i < 16; i++)
     fresh[i] = (int64_t)rng_next(&s);
-  out = gather(t, &sc, fresh, 16);
+  out = gather(t, fresh, 16);
   float *row = xmalloc(dim * sizeof *row);
   for (int i = 0; i < 16; i++) {
     embps_init_row(&spec, fresh[i], row);
@@ -599,7 +595,7 @@ static void test_max_bytes(void **state) {
     /* some rows exist */
     assert_int_equal(embps_table_apply(t, &sc, ids, g, N / 2, 0), 0);
     embps_table_info_t before = info_of(t);
-    float *g_before = gather(t, &sc, ids, N);
+    float *g_before = gather(t, ids, N);
 
     /* the rest would need memory beyond the limit */
     uint64_t total = embps_tables_total_bytes();
@@ -609,7 +605,7 @@ static void test_max_bytes(void **state) {
       assert_int_equal(
           embps_table_apply(t, &sc, ids + N / 2, g, N / 2, limits[l]),
           EMBPS_ELIMIT);
-      float *g_after = gather(t, &sc, ids, N);
+      float *g_after = gather(t, ids, N);
       assert_memory_equal(g_after, g_before, (size_t)N * dim * sizeof *g);
       free(g_after);
       embps_table_info_t after = info_of(t);
@@ -621,7 +617,7 @@ static void test_max_bytes(void **state) {
         embps_table_apply(t, &sc, ids + N / 2, g, N / 2, total + (64u << 20)),
         0);
     assert_int_equal(info_of(t).rows_allocated, N);
-    float *g_after = gather(t, &sc, ids, N);
+    float *g_after = gather(t, ids, N);
     assert_memory_equal(g_after, g_before,
                         (size_t)(N / 2) * dim * sizeof *g); /* old rows */
     assert_memory_not_equal(g_after + (N / 2) * dim, g_before + (N / 2) * dim,
@@ -666,7 +662,7 @@ static void test_max_bytes_existing_rows(void **state) {
                   embps_err_name(rc));
       failed = 1;
     } else {
-      float *out = gather(t, &sc, ids, N);
+      float *out = gather(t, ids, N);
       for (size_t k = 0; k < N * dim; k++)
         assert_true(out[k] == -1.0f); /* two steps of -0.5 */
       free(out);
@@ -740,8 +736,6 @@ static void *writer(void *arg) {
  * 1 - 0.25 k with all elements equal, and k never goes back. */
 static void *reader(void *arg) {
   conc_t *c = arg;
-  embps_table_scratch_t sc;
-  embps_table_scratch_init(&sc);
   const size_t n = C_ROWS + 4;
   int64_t ids[C_ROWS + 4];
   memcpy(ids, c->ids, sizeof c->ids);
@@ -766,10 +760,7 @@ static void *reader(void *arg) {
           c->dynamic
               ? 1000000 + (int64_t)(rng_next(&rs) % (C_PUSHES * C_FRESH))
               : 1 + (int64_t)(rng_next(&rs) % 4999);
-    if (embps_table_gather(c->t, &sc, ids, n, out) != 0) {
-      atomic_store(&c->bad_value, 1);
-      break;
-    }
+    embps_table_gather(c->t, ids, n, out);
     if (!final_pass)
       atomic_fetch_add(&c->reads_during, 1);
     for (size_t r = 0; r < n; r++) {
@@ -788,7 +779,6 @@ static void *reader(void *arg) {
     }
   }
   free(out);
-  embps_table_scratch_close(&sc);
   return NULL;
 }
 
@@ -833,15 +823,12 @@ static void test_concurrent_no_torn_rows(void **state) {
     /* the readers did overlap the writer */
     assert_true(atomic_load(&c->reads_during) >= 4);
     /* the end state: every row pushed C_PUSHES times */
-    embps_table_scratch_t sc;
-    embps_table_scratch_init(&sc);
-    float *out = gather(c->t, &sc, c->ids, C_ROWS);
+    float *out = gather(c->t, c->ids, C_ROWS);
     for (size_t k = 0; k < (size_t)C_ROWS * spec.dim; k++)
       assert_true(out[k] == 1.0f - 0.25f * C_PUSHES);
     free(out);
     assert_int_equal(info_of(c->t).rows_allocated,
                      dyn ? C_ROWS + C_PUSHES * C_FRESH : C_ROWS);
-    embps_table_scratch_close(&sc);
     embps_table_destroy(c->t);
     free(c);
   }
