@@ -54,6 +54,7 @@ typedef struct out_buf {
   uint8_t *buf;
   struct iovec seg[3];
   int n_seg, cur;
+  const part_t *part; /* the part awaiting this frame's reply */
   struct out_buf *next;
 } out_buf_t;
 
@@ -305,6 +306,7 @@ static void conn_send(conn_t *k, uint8_t *frame, size_t len,
     if (bulk[i].iov_len)
       o->seg[o->n_seg++] = bulk[i];
   o->cur = 0;
+  o->part = p;
   o->next = NULL;
   if (k->out_tail)
     k->out_tail->next = o;
@@ -454,6 +456,17 @@ static int end_body(conn_t *k) {
   k->cur = NULL;
   k->bulk = NULL;
   if (p) {
+    /* A server replies once it has read the whole request. A reply that
+     * comes earlier would let embps_wait() return while the queue still
+     * points into the caller's buffers: treat it as the protocol error it
+     * is. */
+    for (const out_buf_t *o = k->out_head; o; o = o->next) {
+      if (o->part == p && o->n_seg > 1) {
+        conn_fail(k, EMBPS_EPROTO,
+                  "server replied before reading the whole request");
+        return -1;
+      }
+    }
     unlink_part(k, p);
     deliver(k, p, &k->h, k->body, in_place);
     part_done(p);

@@ -1853,6 +1853,95 @@ static void sigterm_during_push(fx_t *f, int slot, int delay_us) {
   free(v);
 }
 
+/* A fake server, forked: answers the hello, then replies to the next
+ * request after reading only its header, and reads nothing more until it
+ * is killed, so the client cannot finish sending that request. */
+static void fake_early_replier(int lfd) {
+  int fd = accept(lfd, NULL, NULL);
+  if (fd < 0)
+    _exit(2);
+  uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
+  embps_frame_header_t h;
+  if (raw_read(fd, hdr, sizeof hdr, 10000) ||
+      embps_frame_header_decode(hdr, 1u << 20, &h))
+    _exit(3);
+  uint8_t *body = malloc(h.body_len ? h.body_len : 1);
+  if (!body || raw_read(fd, body, h.body_len, 10000))
+    _exit(4);
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.u.hello_reply.version = EMBPS_PROTOCOL_VERSION;
+  m.u.hello_reply.cluster_size = 1;
+  m.u.hello_reply.max_frame_bytes = 1u << 30;
+  m.kind = EMBPS_KIND_HELLO | EMBPS_KIND_REPLY;
+  uint8_t *frame;
+  size_t len;
+  if (embps_frame_build(&m, h.req_id, 0, &frame, &len, NULL) ||
+      raw_write(fd, frame, len))
+    _exit(5);
+  free(frame);
+  if (raw_read(fd, hdr, sizeof hdr, 10000) ||
+      embps_frame_header_decode(hdr, 1u << 30, &h))
+    _exit(6);
+  memset(&m, 0, sizeof m);
+  m.kind = (uint16_t)(h.kind | EMBPS_KIND_REPLY);
+  if (embps_frame_build(&m, h.req_id, 0, &frame, &len, NULL) ||
+      raw_write(fd, frame, len))
+    _exit(7);
+  free(frame);
+  for (;;)
+    pause();
+}
+
+/* A push goes out from the caller's arrays; a server that replies before
+ * it has read the whole request must not let embps_push() return while
+ * the client still has the rest of those arrays queued: the connection
+ * fails with EMBPS_EPROTO instead. */
+static void test_early_reply_fails_connection(void **state) {
+  (void)state;
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(lfd >= 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(lfd, 1), 0);
+  socklen_t al = sizeof a;
+  assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    fake_early_replier(lfd);
+  close(lfd);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+  embps_client_t *c = connect_ok(addr, NULL);
+  /* 72 MB: far more than the socket buffers hold */
+  enum { N = 2 << 20, DIM = 7 };
+  int64_t *idx = xmalloc((size_t)N * sizeof *idx);
+  float *vals = xmalloc((size_t)N * DIM * sizeof *vals);
+  for (size_t i = 0; i < N; i++)
+    idx[i] = (int64_t)i;
+  for (size_t i = 0; i < (size_t)N * DIM; i++)
+    vals[i] = 0.25f;
+  int rc = embps_push(c, "t", idx, N, vals, DIM, 0);
+  if (rc != EMBPS_EPROTO)
+    fail_msg("push answered early: got %s: %s", embps_err_name(rc),
+             embps_client_last_error(c));
+  assert_non_null(strstr(embps_client_last_error(c), "before reading"));
+  free(idx);
+  free(vals);
+  embps_client_destroy(c);
+  /* the fake server got as far as its pause(), or it exited with the step
+   * that failed */
+  int status;
+  assert_int_equal(waitpid(pid, &status, WNOHANG), 0);
+  kill(pid, SIGKILL);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status));
+}
+
 static void test_sigterm_in_flight(void **state) {
   fx_t *f = *state;
   embps_client_destroy(f->c);
@@ -1937,6 +2026,7 @@ int main(void) {
       T(test_concurrent_clients),
       T(test_no_torn_rows),
       T(test_async_tickets),
+      cmocka_unit_test(test_early_reply_fails_connection),
       T(test_sigterm_in_flight),
       T(test_cli_via_harness),
   };
