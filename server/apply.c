@@ -135,7 +135,7 @@ static void complete_all(embps_request_t *reqs) {
   while (reqs) {
     embps_request_t *next = reqs->next;
     reqs->next = NULL;
-    embps_net_complete(reqs);
+    reqs->complete(reqs);
     reqs = next;
   }
 }
@@ -145,7 +145,7 @@ static void fail_shutdown(void *ctx, embps_request_t *req) {
   embps_apply_t *a = ctx;
   embps_request_fail(a->srv, req, EMBPS_ESHUTDOWN, "server stopping before "
                      "the synchronous step completed");
-  embps_net_complete(req);
+  req->complete(req);
 }
 
 /* Handles one push from the queue and completes whatever it finishes: the

@@ -100,6 +100,7 @@ typedef struct {
 static void conn_close(embps_conn_t *c);
 static void conn_resume_maybe(embps_conn_t *c);
 static void run_waiting(embps_conn_t *c);
+static void net_complete(embps_request_t *req);
 
 /* ------------------------------------------------------------ writing */
 
@@ -279,6 +280,7 @@ static int start_frame(embps_conn_t *c) {
   req->hdr = h;
   req->body = body;
   req->bodies = bodies;
+  req->complete = net_complete;
   c->cur = req;
   c->body_got = 0;
   if (h.body_len == 0)
@@ -530,7 +532,9 @@ static void *io_main(void *arg) {
   return NULL;
 }
 
-void embps_net_complete(embps_request_t *req) {
+/* A deferred request's completion (req->complete), on the apply thread:
+ * queues it for its connection's loop and wakes that loop. */
+static void net_complete(embps_request_t *req) {
   io_thread_t *io = req->conn->io;
   pthread_mutex_lock(&io->mu);
   req->next = NULL;

@@ -80,6 +80,10 @@ typedef struct embps_request {
   float *vals;
   size_t n_unique;
   struct embps_request *next;
+  /* Set by the request's owner: called (on the apply thread) once a
+   * deferred request has its reply; owner is the owner's context. */
+  void (*complete)(struct embps_request *req);
+  void *owner;
 } embps_request_t;
 
 /* State shared by all threads. */
@@ -118,8 +122,8 @@ void embps_request_free(embps_request_t *req);
 /* ---- apply.c: the apply thread ---- */
 typedef struct embps_apply embps_apply_t;
 int embps_apply_start(embps_server_t *srv, embps_apply_t **out);
-/* Queues a validated, merged push; complete(req) is called on the apply
- * thread once req->reply is set. */
+/* Queues a validated, merged push; req->complete(req) is called on the
+ * apply thread once req->reply is set. */
 void embps_apply_submit(embps_apply_t *a, embps_request_t *req);
 /* Shutdown has begun: refuses synchronous pushes from now on and fails the
  * ones held, so no connection waits for a step that cannot complete. */
@@ -131,6 +135,4 @@ void embps_apply_stop(embps_apply_t *a);
 /* Runs the server until SIGTERM/SIGINT: binds, writes the port file, prints
  * the ready line, serves, drains, and returns the exit status. */
 int embps_server_run(const embps_server_config_t *cfg);
-/* Called by the apply thread when a deferred request has its reply. */
-void embps_net_complete(embps_request_t *req);
 #endif
