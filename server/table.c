@@ -56,6 +56,7 @@ typedef struct {
   uint32_t n_rows;     /* slots in use */
   uint32_t n_chunks, chunks_cap;
   unsigned char **chunks;
+  uint64_t lsn;        /* log position of the last push applied here */
   char pad[64];
 } shard_t;
 
@@ -76,6 +77,7 @@ struct embps_table {
   size_t live_words;
   shard_t *shards;
   atomic_uint_fast64_t rows_allocated, bytes, pushes, pulls, step;
+  uint64_t incarnation;     /* the LSN that created it (durable.c) */
   atomic_int refs;
 };
 
@@ -261,6 +263,10 @@ static inline void apply_record(const embps_table_t *t, unsigned char *rec,
 
 /* ------------------------------------------------------------ array */
 
+/* Passed as `wide` to materialise a row whose contents the caller writes
+ * (restore): no initial value is computed. */
+#define RAW_ROW ((float *)(uintptr_t)1)
+
 static inline unsigned char *array_rec(const embps_table_t *t, int64_t id) {
   return t->rows + (size_t)id * t->row_bytes;
 }
@@ -278,7 +284,8 @@ static unsigned char *array_materialise(const embps_table_t *t, int64_t id,
   unsigned char *rec = array_rec(t, id);
   if (array_live(t, id))
     return rec;
-  init_record(t, id, rec, wide);
+  if (wide != RAW_ROW)
+    init_record(t, id, rec, wide);
   atomic_fetch_or_explicit(&t->live[(uint64_t)id >> 6],
                            1ULL << ((uint64_t)id & 63), memory_order_relaxed);
   (*created)++;
@@ -468,7 +475,8 @@ static unsigned char *hashed_insert(const embps_table_t *t, shard_t *sh,
   uint32_t slot = sh->n_rows;
   unsigned char *rec = slot_rec(t, sh, slot);
   memcpy(rec, &id, sizeof id);
-  init_record(t, id, rec, wide);
+  if (wide != RAW_ROW)
+    init_record(t, id, rec, wide);
   map_put(sh->map, sh->map_cap, sh->tag_mask, map_hash(id), slot);
   sh->n_rows = slot + 1;
   return rec;
@@ -792,17 +800,20 @@ static uint64_t apply_shard(embps_table_t *t, const embps_table_scratch_t *s,
   return created;
 }
 
-int embps_table_apply(embps_table_t *t, embps_table_scratch_t *s,
-                      const int64_t *ids, const float *g, size_t n,
-                      uint64_t max_bytes) {
+int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t *ids, size_t n, uint64_t max_bytes) {
   int rc = group_by_shard(t, s, ids, n);
   if (!rc)
     rc = scratch_reserve_apply(t, s);
   if (!rc)
     rc = t->hashed ? reserve_hashed(t, s, ids, n, max_bytes)
                    : reserve_array(t, ids, n, max_bytes);
-  if (rc)
-    return rc;
+  return rc;
+}
+
+void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t *ids, const float *g, size_t n,
+                        uint64_t lsn) {
   const uint32_t S = t->n_shards;
   uint64_t t_step = atomic_fetch_add(&t->step, 1) + 1;
   embps_optim_begin_step(&t->optim, t_step);
@@ -815,11 +826,150 @@ int embps_table_apply(embps_table_t *t, embps_table_scratch_t *s,
     shard_t *sh = &t->shards[k];
     pthread_rwlock_wrlock(&sh->lock);
     created_total += apply_shard(t, s, k, ids, g);
+    if (lsn)
+      sh->lsn = lsn;
     pthread_rwlock_unlock(&sh->lock);
   }
   atomic_fetch_add(&t->rows_allocated, created_total);
   if (!t->hashed)
     add_bytes(t, (int64_t)(created_total * t->row_bytes));
   atomic_fetch_add(&t->pushes, 1);
+}
+
+int embps_table_apply(embps_table_t *t, embps_table_scratch_t *s,
+                      const int64_t *ids, const float *g, size_t n,
+                      uint64_t max_bytes) {
+  int rc = embps_table_prepare(t, s, ids, n, max_bytes);
+  if (!rc)
+    embps_table_commit(t, s, ids, g, n, 0);
+  return rc;
+}
+
+void embps_table_set_step(embps_table_t *t, uint64_t step) {
+  atomic_store(&t->step, step);
+}
+
+uint64_t embps_table_incarnation(const embps_table_t *t) {
+  return t->incarnation;
+}
+
+void embps_table_set_incarnation(embps_table_t *t, uint64_t incarnation) {
+  t->incarnation = incarnation;
+}
+
+uint32_t embps_table_n_shards(const embps_table_t *t) { return t->n_shards; }
+
+/* ------------------------------------------------------------ snapshots */
+
+/* Bytes of the stored weights and state, pad between them included: the
+ * part of a record after the id, the same in both storages. */
+static size_t body_bytes(const embps_table_t *t) {
+  return t->state_off - t->w_off +
+         4u * embps_optim_state_per_weight(t->spec.optimizer) * t->dim;
+}
+
+size_t embps_table_file_record_bytes(const embps_table_t *t) {
+  return (ID_BYTES + body_bytes(t) + 15) & ~(size_t)15;
+}
+
+/* Writes the file record of id from the memory record rec into out. */
+static void to_file_record(const embps_table_t *t, int64_t id,
+                           const unsigned char *rec, unsigned char *out) {
+  const size_t fr = embps_table_file_record_bytes(t);
+  const size_t state = body_bytes(t) - (t->state_off - t->w_off);
+  memset(out, 0, fr);
+  memcpy(out, &id, sizeof id);
+  memcpy(out + ID_BYTES, rec + t->w_off, t->w_bytes);
+  memcpy(out + ID_BYTES + (t->state_off - t->w_off), rec + t->state_off,
+         state);
+}
+
+/* Appends one file record to a growing buffer. 0 or -ENOMEM. */
+static int snap_push(const embps_table_t *t, unsigned char **buf, size_t *n,
+                     size_t *cap, int64_t id, const unsigned char *rec) {
+  const size_t fr = embps_table_file_record_bytes(t);
+  if (*n == *cap) {
+    size_t c = *cap ? 2 * *cap : 1024;
+    unsigned char *v = realloc(*buf, c * fr);
+    if (!v)
+      return -ENOMEM;
+    *buf = v;
+    *cap = c;
+  }
+  to_file_record(t, id, rec, *buf + *n * fr);
+  (*n)++;
+  return 0;
+}
+
+int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
+                               unsigned char **out, size_t *rows,
+                               uint64_t *lsn) {
+  shard_t *sh = &t->shards[k];
+  unsigned char *buf = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+  pthread_rwlock_rdlock(&sh->lock);
+  if (t->hashed) {
+    cap = sh->n_rows;
+    buf = malloc((cap ? cap : 1) * embps_table_file_record_bytes(t));
+    if (!buf)
+      rc = -ENOMEM;
+    for (uint32_t slot = 0; !rc && slot < sh->n_rows; slot++) {
+      const unsigned char *rec = slot_rec(t, sh, slot);
+      rc = snap_push(t, &buf, &n, &cap, rec_id(rec), rec);
+    }
+  } else {
+    for (size_t w = 0; !rc && w < t->live_words; w++) {
+      uint64_t bits = atomic_load_explicit(&t->live[w], memory_order_relaxed);
+      while (bits && !rc) {
+        int64_t id = (int64_t)(w * 64 + (size_t)__builtin_ctzll(bits));
+        bits &= bits - 1;
+        if (embps_route_shard(id, t->n_shards) == k)
+          rc = snap_push(t, &buf, &n, &cap, id, array_rec(t, id));
+      }
+    }
+  }
+  *lsn = sh->lsn;
+  pthread_rwlock_unlock(&sh->lock);
+  if (rc) {
+    free(buf);
+    return rc;
+  }
+  *out = buf;
+  *rows = n;
+  return 0;
+}
+
+int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
+                        const unsigned char *recs, size_t n, int64_t *ids) {
+  const size_t fr = embps_table_file_record_bytes(t), body = body_bytes(t);
+  for (size_t i = 0; i < n; i++)
+    memcpy(&ids[i], recs + i * fr, sizeof *ids);
+  size_t bad;
+  if (embps_table_check_ids(t, ids, n, 1, 0, &bad))
+    return EMBPS_ERANGE;
+  int rc = embps_table_prepare(t, s, ids, n, 0);
+  if (rc)
+    return rc;
+  uint64_t created = 0;
+  for (uint32_t k = 0; k < t->n_shards; k++) {
+    shard_t *sh = &t->shards[k];
+    pthread_rwlock_wrlock(&sh->lock);
+    for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
+      const uint32_t i = s->order[p];
+      unsigned char *rec;
+      if (!t->hashed)
+        rec = array_materialise(t, ids[i], RAW_ROW, &created);
+      else if (!(rec = s->rec[p])) {
+        rec = hashed_insert(t, sh, ids[i], RAW_ROW);
+        created++;
+      }
+      memcpy(rec + t->w_off, recs + i * fr + ID_BYTES, body);
+    }
+    pthread_rwlock_unlock(&sh->lock);
+  }
+  atomic_fetch_add(&t->rows_allocated, created);
+  if (!t->hashed)
+    add_bytes(t, (int64_t)(created * t->row_bytes));
   return 0;
 }

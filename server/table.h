@@ -87,6 +87,39 @@ int embps_table_apply(embps_table_t *t, embps_table_scratch_t *s,
                       const int64_t *ids, const float *g, size_t n,
                       uint64_t max_bytes);
 
+/* The same in two steps, so a step can be logged in between (durable.c):
+ * prepare groups the ids and reserves all memory (0, EMBPS_ELIMIT or
+ * -ENOMEM; nothing changed either way); commit, with the same scratch, ids
+ * and n, applies the step and cannot fail. lsn != 0 becomes the log
+ * position of every shard it writes (set under the shard's write lock). */
+int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t *ids, size_t n, uint64_t max_bytes);
+void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t *ids, const float *g, size_t n,
+                        uint64_t lsn);
+/* Replay: the table's step counter (the next commit makes it step + 1). */
+void embps_table_set_step(embps_table_t *t, uint64_t step);
+/* A number naming this table's life across restarts (its CREATE's LSN). */
+uint64_t embps_table_incarnation(const embps_table_t *t);
+void embps_table_set_incarnation(embps_table_t *t, uint64_t incarnation);
+uint32_t embps_table_n_shards(const embps_table_t *t);
+
+/* Checkpoints. A file record is the hashed record whatever the storage:
+ * int64 id, weights, zeros to 4 bytes, float32 state, zeros to 16 bytes;
+ * this is its size. */
+size_t embps_table_file_record_bytes(const embps_table_t *t);
+/* Copies the rows of shard k as file records into *out (malloc'd, *rows
+ * records) under the shard's read lock, with the shard's log position in
+ * *lsn. Pulls go on; a push to that shard waits for the copy. 0, -ENOMEM. */
+int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
+                               unsigned char **out, size_t *rows,
+                               uint64_t *lsn);
+/* Inserts (or overwrites) n file records, by id, into a table of any shard
+ * count; ids is scratch for n ids. Applying thread only. 0, EMBPS_ERANGE
+ * (an id outside a dense table), -ENOMEM. */
+int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
+                        const unsigned char *recs, size_t n, int64_t *ids);
+
 /* Bytes used by all tables of the process (for --max-memory). */
 uint64_t embps_tables_total_bytes(void);
 
