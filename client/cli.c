@@ -32,6 +32,7 @@ static const char usage[] =
     "  push NAME (--indices 1,2,2 --values v,v,... |\n"
     "             --indices-file F --values-file F) [--step S]\n"
     "  stats [--json]\n"
+    "  checkpoint           take a checkpoint on every server (--data-dir)\n"
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
@@ -496,6 +497,71 @@ static int cmd_push(cmd_t *cmd) {
   return rc;
 }
 
+/* A JSON string (quotes and control characters escaped). */
+static void print_json_string(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      printf("\\%c", *s);
+    else if ((unsigned char)*s < 0x20)
+      printf("\\u%04x", (unsigned char)*s);
+    else
+      putchar(*s);
+  }
+  putchar('"');
+}
+
+static void print_durability(const embps_server_stats_t *x, int json) {
+  if (json) {
+    printf(", \"data_dir\": ");
+    print_json_string(x->data_dir);
+    printf(", \"fsync\": ");
+    print_json_string(x->fsync);
+    printf(", \"checkpoint_unix_s\": %" PRIu64 ", \"checkpoint_bytes\": %"
+           PRIu64 ", \"checkpoint_ms\": %" PRIu64 ", \"checkpoint_lsn\": %"
+           PRIu64 ", \"log_bytes\": %" PRIu64 ", \"durability_failed\": ",
+           x->checkpoint_unix_s, x->checkpoint_bytes, x->checkpoint_ms,
+           x->checkpoint_lsn, x->log_bytes);
+    print_json_string(x->durability_failed);
+    return;
+  }
+  if (!x->data_dir[0]) {
+    printf("  data dir: none (memory only)\n");
+    return;
+  }
+  printf("  data dir %s  fsync %s  log %" PRIu64 " bytes\n", x->data_dir,
+         x->fsync, x->log_bytes);
+  if (x->checkpoint_unix_s)
+    printf("  last checkpoint: unix time %" PRIu64 ", %" PRIu64 " bytes in %"
+           PRIu64 " ms, covers LSN %" PRIu64 "\n", x->checkpoint_unix_s,
+           x->checkpoint_bytes, x->checkpoint_ms, x->checkpoint_lsn);
+  else
+    printf("  last checkpoint: none since start (restored up to LSN %" PRIu64
+           ")\n", x->checkpoint_lsn);
+  if (x->durability_failed[0])
+    printf("  DURABILITY FAILED: %s\n", x->durability_failed);
+}
+
+static int cmd_checkpoint(cmd_t *cmd) {
+  if (cmd->argc)
+    return usage_error("unknown option %s for checkpoint", cmd->argv[0]);
+  size_t n = embps_client_n_servers(cmd->client);
+  embps_checkpoint_info_t *info = calloc(n ? n : 1, sizeof *info);
+  if (!info)
+    return die(1, "out of memory");
+  int rc = embps_checkpoint(cmd->client, info);
+  if (rc) {
+    free(info);
+    return server_error(cmd->client, rc);
+  }
+  for (size_t i = 0; i < n; i++)
+    printf("server %zu: checkpoint at LSN %" PRIu64 ", %" PRIu64 " bytes in %"
+           PRIu64 " ms\n", i, info[i].lsn, info[i].bytes,
+           info[i].duration_ms);
+  free(info);
+  return 0;
+}
+
 static int cmd_stats(cmd_t *cmd) {
   int json = has_flag(cmd, "--json");
   for (int i = 0; i < cmd->argc; i++)
@@ -531,7 +597,9 @@ static int cmd_stats(cmd_t *cmd) {
                x->tables[t].rows_allocated, x->tables[t].bytes_used,
                x->tables[t].step);
       }
-      printf("]}");
+      printf("]");
+      print_durability(x, 1);
+      printf("}");
     } else {
       printf("server %s (embps %s, slot %u of %u, %u io threads, %u shards, "
              "up %.1f s)\n", x->address, x->version, x->cluster_index,
@@ -544,6 +612,7 @@ static int cmd_stats(cmd_t *cmd) {
              x->pushes, x->push_rows);
       printf("  bytes in %" PRIu64 "  out %" PRIu64 "\n", x->bytes_in,
              x->bytes_out);
+      print_durability(x, 0);
       for (size_t t = 0; t < x->n_tables; t++)
         printf("  table %-20s dim %-5u %-8s %-5s rows %" PRIu64
                "  bytes %" PRIu64 "  step %" PRIu64 "\n",
@@ -569,6 +638,7 @@ static const command_t commands[] = {
     {"create-table", cmd_create}, {"drop-table", cmd_drop},
     {"tables", cmd_tables},       {"pull", cmd_pull},
     {"push", cmd_push},           {"stats", cmd_stats},
+    {"checkpoint", cmd_checkpoint},
 };
 
 int main(int argc, char **argv) {

@@ -982,6 +982,20 @@ void embps_stats_free(embps_server_stats_t *s, size_t n_servers) {
   free(s);
 }
 
+int embps_checkpoint(embps_client_t *c, embps_checkpoint_info_t *info) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_CHECKPOINT;
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (rc)
+    return rc;
+  for (uint32_t i = 0; info && i < c->n; i++)
+    info[i] = t->parts[i].reply.u.checkpoint;
+  ticket_free(t);
+  return 0;
+}
+
 /* The cached spec of a table (fetched once per client). */
 static int table_spec(embps_client_t *c, const char *name,
                       const embps_table_spec_t **out) {

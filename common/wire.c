@@ -298,16 +298,35 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     STAT_(errors);
     STAT_(bytes_in);
     STAT_(bytes_out);
+    STAT_(checkpoint_unix_s);
+    STAT_(checkpoint_bytes);
+    STAT_(checkpoint_ms);
+    STAT_(checkpoint_lsn);
+    STAT_(log_bytes);
 #undef STAT_
     p.version = (char *)s->version;
+    p.data_dir = (char *)s->data_dir;
+    p.fsync = (char *)s->fsync;
+    p.durability_failed = (char *)s->durability_failed;
     p.n_tables = s->n_tables;
     p.tables = v.ptrs;
     r = RUN_(stats_reply, p);
     views_free(&v);
     break;
   }
+  case EMBPS_KIND_CHECKPOINT | EMBPS_KIND_REPLY: {
+    Embps__CheckpointReply p = EMBPS__CHECKPOINT_REPLY__INIT;
+    p.has_lsn = p.has_bytes = p.has_duration_ms = p.has_unix_s = 1;
+    p.lsn = m->u.checkpoint.lsn;
+    p.bytes = m->u.checkpoint.bytes;
+    p.duration_ms = m->u.checkpoint.duration_ms;
+    p.unix_s = m->u.checkpoint.unix_s;
+    r = RUN_(checkpoint_reply, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
+  case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY: {
     Embps__Ack p = EMBPS__ACK__INIT;
@@ -473,16 +492,39 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
     STAT_(errors);
     STAT_(bytes_in);
     STAT_(bytes_out);
+    STAT_(checkpoint_unix_s);
+    STAT_(checkpoint_bytes);
+    STAT_(checkpoint_ms);
+    STAT_(checkpoint_lsn);
+    STAT_(log_bytes);
 #undef STAT_
     rc = bounded_copy(s->version, sizeof s->version, p->version);
+    if (!rc && p->data_dir)
+      rc = bounded_copy(s->data_dir, sizeof s->data_dir, p->data_dir);
+    if (!rc && p->fsync)
+      rc = bounded_copy(s->fsync, sizeof s->fsync, p->fsync);
+    if (!rc && p->durability_failed)
+      snprintf(s->durability_failed, sizeof s->durability_failed, "%.255s",
+               p->durability_failed);
     if (!rc)
       rc = infos_from_pb(p->tables, p->n_tables, &s->tables);
     s->n_tables = rc ? 0 : p->n_tables;
     FREE_(stats_reply, p);
     break;
   }
+  case EMBPS_KIND_CHECKPOINT | EMBPS_KIND_REPLY: {
+    UNPACK_(checkpoint_reply, p);
+    m->u.checkpoint.lsn = p->lsn;
+    m->u.checkpoint.bytes = p->bytes;
+    m->u.checkpoint.duration_ms = p->duration_ms;
+    m->u.checkpoint.unix_s = p->unix_s;
+    rc = 0;
+    FREE_(checkpoint_reply, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
+  case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY: {
     UNPACK_(ack, p);

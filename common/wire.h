@@ -73,6 +73,7 @@ typedef struct {
     embps_push_t push;
     embps_push_reply_t push_reply;
     embps_server_stats_t stats;      /* STATS | REPLY; tables malloc'd */
+    embps_checkpoint_info_t checkpoint; /* CHECKPOINT | REPLY */
   } u;                               /* CREATE|DROP|LIST|STATS replies: none */
 } embps_msg_t;
 

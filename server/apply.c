@@ -8,12 +8,18 @@
  *
  * Exactly once: a push may carry (client_id, seq). The highest seq applied
  * per client is remembered; a push at or below it is acknowledged as a
- * duplicate without being applied again. */
+ * duplicate without being applied again.
+ *
+ * CREATE and DROP run here too, and with --data-dir every mutation gets the
+ * next LSN and is logged between table prepare and commit (durable.h); a
+ * CHECKPOINT marker hands the state at its LSN to the checkpoint thread. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "durable.h"
 #include "route.h"
 #include "server.h"
 #include "sync.h"
@@ -36,6 +42,7 @@ struct embps_apply {
   embps_sync_t sync;
   seen_t *seen; /* open addressing on client id; client 0 = empty */
   size_t seen_cap, seen_n;
+  uint64_t lsn; /* of the last mutation logged (--data-dir) */
 };
 
 static seen_t *seen_slot(embps_apply_t *a, uint64_t client) {
@@ -102,17 +109,38 @@ static void push_reply(embps_server_t *srv, embps_request_t *req, int applied,
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
 }
 
-/* Applies one step to req->table; on success records every request's
- * (client, seq) and replies "applied" to each of `reqs` (linked list). */
-static void apply_step(embps_apply_t *a, embps_request_t *reqs,
-                       embps_table_t *table, const int64_t *idx,
-                       const float *vals, size_t n) {
+/* Applies one step to req->table (prepare, log, commit); on success
+ * records every request's (client, seq) and replies "applied" to each of
+ * `reqs` (linked list). Returns the LSN to acknowledge at (0: now). */
+static uint64_t apply_step(embps_apply_t *a, embps_request_t *reqs,
+                           embps_table_t *table, const int64_t *idx,
+                           const float *vals, size_t n) {
   embps_server_t *srv = a->srv;
-  int rc = embps_table_apply(table, &a->scratch.table, idx, vals, n,
+  embps_durable_t *dur = srv->dur;
+  char msg[2048];
+  uint64_t lsn = 0;
+  const char *failed = dur ? embps_durable_failed(dur) : NULL;
+  int rc = failed ? EMBPS_EIO : 0;
+  if (failed)
+    snprintf(msg, sizeof msg, "%s", failed);
+  if (!rc)
+    rc = embps_table_prepare(table, &a->scratch.table, idx, n,
                              srv->cfg.max_memory);
+  if (!rc && dur) {
+    embps_table_info_t info;
+    embps_table_info(table, &info);
+    rc = embps_durable_log_push(dur, a->lsn + 1, table, info.step + 1, reqs,
+                                idx, vals, n, msg, sizeof msg);
+    if (!rc)
+      lsn = ++a->lsn;
+  }
+  if (!rc)
+    embps_table_commit(table, &a->scratch.table, idx, vals, n, lsn);
   for (embps_request_t *req = reqs; req; req = req->next) {
     const embps_push_t *p = &req->msg.u.push;
-    if (rc == EMBPS_ELIMIT) {
+    if (rc == EMBPS_EIO) {
+      embps_request_fail(srv, req, rc, "%s", msg);
+    } else if (rc == EMBPS_ELIMIT) {
       embps_request_fail(srv, req, rc, "--max-memory %llu bytes reached; "
                          "push refused, nothing changed",
                          (unsigned long long)srv->cfg.max_memory);
@@ -129,13 +157,20 @@ static void apply_step(embps_apply_t *a, embps_request_t *reqs,
       push_reply(srv, req, 1, 0);
     }
   }
+  return lsn;
 }
 
-static void complete_all(embps_request_t *reqs) {
+/* Completes every request of reqs; with --data-dir, once the log is
+ * durable up to lsn (--fsync always). */
+static void complete_all(embps_apply_t *a, embps_request_t *reqs,
+                         uint64_t lsn) {
   while (reqs) {
     embps_request_t *next = reqs->next;
     reqs->next = NULL;
-    reqs->complete(reqs);
+    if (a->srv->dur && lsn)
+      embps_durable_ack(a->srv->dur, reqs, lsn);
+    else
+      reqs->complete(reqs);
     reqs = next;
   }
 }
@@ -155,13 +190,24 @@ static void apply_one(embps_apply_t *a, embps_request_t *req) {
   const embps_push_t *p = &req->msg.u.push;
   req->next = NULL;
   if (already_applied(a, p->client_id, p->seq)) {
-    push_reply(srv, req, 1, 1);
-    complete_all(req);
+    push_reply(srv, req, 1, 1); /* acknowledged once what it saw is durable */
+    complete_all(a, req, a->lsn);
     return;
   }
+  if (srv->dur) { /* dropped since dispatch: its pushes are not logged */
+    embps_table_t *now = embps_registry_get(&srv->registry, p->table);
+    embps_table_unref(now);
+    if (now != req->table) {
+      embps_request_fail(srv, req, EMBPS_ENOTABLE, "table \"%s\" was "
+                         "dropped", p->table);
+      complete_all(a, req, 0);
+      return;
+    }
+  }
   if (!embps_table_spec(req->table)->sync_workers) {
-    apply_step(a, req, req->table, req->idx, req->vals, req->n_unique);
-    complete_all(req);
+    uint64_t lsn =
+        apply_step(a, req, req->table, req->idx, req->vals, req->n_unique);
+    complete_all(a, req, lsn);
     return;
   }
   if (a->draining) {
@@ -174,14 +220,75 @@ static void apply_one(embps_apply_t *a, embps_request_t *req) {
   size_t n = 0;
   int rc = embps_sync_offer(&a->sync, srv, req, &ready, &idx, &vals, &n);
   if (rc < 0) {
-    complete_all(req);
+    complete_all(a, req, 0);
   } else if (rc == 1) {
-    apply_step(a, ready, req->table, idx, vals, n);
-    complete_all(ready);
+    uint64_t lsn = apply_step(a, ready, req->table, idx, vals, n);
+    complete_all(a, ready, lsn);
   } else if (rc == 2) {
-    complete_all(ready);
+    complete_all(a, ready, 0);
   } /* rc == 0: held until the step's other pushes arrive */
 }
+
+/* CREATE or DROP: done, then logged; a table whose record cannot be
+ * logged is dropped again, so the log and the registry never disagree. */
+static void apply_ddl(embps_apply_t *a, embps_request_t *req) {
+  embps_server_t *srv = a->srv;
+  embps_durable_t *dur = srv->dur;
+  char msg[2048];
+  const char *failed = dur ? embps_durable_failed(dur) : NULL;
+  if (failed) {
+    embps_request_fail(srv, req, EMBPS_EIO, "%s", failed);
+    complete_all(a, req, 0);
+    return;
+  }
+  int create = req->hdr.kind == EMBPS_KIND_CREATE;
+  const char *name = create ? req->msg.u.spec.name : req->msg.u.name;
+  embps_table_t *t = create ? NULL : embps_registry_get(&srv->registry, name);
+  int rc = create ? embps_dispatch_create(srv, req)
+                  : embps_dispatch_drop(srv, req);
+  if (create && !rc)
+    t = embps_registry_get(&srv->registry, name);
+  uint64_t lsn = 0;
+  if (!rc && dur && t) {
+    if (create)
+      embps_table_set_incarnation(t, a->lsn + 1);
+    rc = create ? embps_durable_log_create(dur, a->lsn + 1, t, msg, sizeof msg)
+                : embps_durable_log_drop(dur, a->lsn + 1, t, msg, sizeof msg);
+    if (rc) {
+      if (create)
+        embps_registry_drop(&srv->registry, name);
+      else
+        LOG_ERROR("table \"%s\" dropped but not logged: it returns at the "
+                  "next restart", name);
+      embps_request_fail(srv, req, rc, "%s", msg);
+    } else {
+      lsn = ++a->lsn;
+    }
+  }
+  embps_table_unref(t);
+  complete_all(a, req, lsn);
+}
+
+/* A checkpoint marker: the state at this LSN goes to the checkpoint thread
+ * (the exactly-once table copied here; tables and rows there). */
+static void apply_marker(embps_apply_t *a) {
+  embps_ckpt_seen_t *v = malloc((a->seen_n ? a->seen_n : 1) * sizeof *v);
+  size_t n = 0;
+  for (size_t i = 0; v && i < a->seen_cap; i++)
+    if (a->seen[i].client)
+      v[n++] = (embps_ckpt_seen_t){a->seen[i].client, a->seen[i].seq};
+  if (!v)
+    LOG_WARN("no memory to copy the exactly-once table: the checkpoint "
+             "holds none");
+  embps_durable_on_marker(a->srv->dur, a->lsn, v, n);
+}
+
+void embps_apply_seen_note(embps_apply_t *a, uint64_t client, uint64_t seq) {
+  if (!already_applied(a, client, seq))
+    seen_record(a, client, seq);
+}
+
+void embps_apply_set_lsn(embps_apply_t *a, uint64_t lsn) { a->lsn = lsn; }
 
 static void *apply_main(void *arg) {
   embps_apply_t *a = arg;
@@ -204,7 +311,12 @@ static void *apply_main(void *arg) {
     if (!a->head)
       a->tail = NULL;
     pthread_mutex_unlock(&a->mu);
-    apply_one(a, req);
+    if (req->hdr.kind == EMBPS_KIND_PUSH)
+      apply_one(a, req);
+    else if (req->hdr.kind == EMBPS_KIND_CHECKPOINT)
+      apply_marker(a);
+    else
+      apply_ddl(a, req);
     pthread_mutex_lock(&a->mu);
   }
   pthread_mutex_unlock(&a->mu);

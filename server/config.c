@@ -9,6 +9,7 @@
 
 #include "server.h"
 #include "util.h"
+#include "wal.h"
 
 static const char usage[] =
     "usage: embps-server [options]\n"
@@ -27,10 +28,14 @@ static const char usage[] =
     "  --idle-timeout SECONDS    close idle connections (default 0: never)\n"
     "  --max-memory BYTES        cap on table storage (default 0: none)\n"
     "  --log-level L             debug|info|warn|error (default info)\n"
+    "  --data-dir DIR            keep tables in DIR: checkpoints and a log\n"
+    "                            (default: memory only)\n"
+    "  --fsync MODE              always|everysec|never (default everysec)\n"
+    "  --checkpoint-every SECONDS  periodic checkpoints (default 0: on\n"
+    "                            demand and at SIGTERM only)\n"
     "  --version, --help\n"
-    "Sizes take K, M or G suffixes. The durability flags of the design\n"
-    "(--data-dir, --fsync, --checkpoint-every) and --metrics-listen are not\n"
-    "built yet and are refused.\n";
+    "Sizes take K, M or G suffixes. --metrics-listen is not built yet and\n"
+    "is refused.\n";
 
 static int fail(char *err, size_t len, const char *fmt, ...) {
   va_list ap;
@@ -76,6 +81,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   cfg->max_connections = 1024;
   cfg->max_tables = 1024;
   cfg->log_level = EMBPS_LOG_INFO;
+  cfg->fsync = EMBPS_FSYNC_EVERYSEC;
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -88,8 +94,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
              EMBPS_PROTOCOL_VERSION);
       return 1;
     }
-    if (!strcmp(a, "--data-dir") || !strcmp(a, "--fsync") ||
-        !strcmp(a, "--checkpoint-every") || !strcmp(a, "--metrics-listen"))
+    if (!strcmp(a, "--metrics-listen"))
       return fail(err, err_len,
                   "%s: not available in this version of embps-server", a);
     if (strncmp(a, "--", 2) != 0)
@@ -116,11 +121,27 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     NUM_("--max-tables", 1, 1000000, max_tables)
     NUM_("--idle-timeout", 0, 86400 * 365, idle_timeout_s)
     NUM_("--max-memory", 0, UINT64_MAX, max_memory)
+    NUM_("--checkpoint-every", 0, 86400 * 365, checkpoint_every_s)
 #undef NUM_
     if (!strcmp(a, "--listen")) {
       if (embps_parse_hostport(v, cfg->listen_host, sizeof cfg->listen_host,
                                &cfg->listen_port))
         return fail(err, err_len, "--listen: \"%s\" is not HOST:PORT", v);
+    } else if (!strcmp(a, "--data-dir")) {
+      if (!*v || strlen(v) >= 900)
+        return fail(err, err_len, "--data-dir: \"%s\" is empty or too long",
+                    v);
+      snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", v);
+    } else if (!strcmp(a, "--fsync")) {
+      if (!strcmp(v, "always"))
+        cfg->fsync = EMBPS_FSYNC_ALWAYS;
+      else if (!strcmp(v, "everysec"))
+        cfg->fsync = EMBPS_FSYNC_EVERYSEC;
+      else if (!strcmp(v, "never"))
+        cfg->fsync = EMBPS_FSYNC_NEVER;
+      else
+        return fail(err, err_len, "--fsync: \"%s\" is not "
+                    "always|everysec|never", v);
     } else if (!strcmp(a, "--port-file")) {
       snprintf(cfg->port_file, sizeof cfg->port_file, "%s", v);
     } else if (!strcmp(a, "--auth-token-file")) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "durable.h"
 #include "server.h"
 
 void embps_request_free(embps_request_t *req) {
@@ -103,13 +104,13 @@ static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
   return EMBPS_DISPATCH_REPLY;
 }
 
-static void do_create(embps_server_t *srv, embps_request_t *req) {
+int embps_dispatch_create(embps_server_t *srv, embps_request_t *req) {
   const embps_table_spec_t *spec = &req->msg.u.spec;
   char why[256];
   int rc = embps_table_spec_check(spec, why, sizeof why);
   if (rc) {
     embps_request_fail(srv, req, rc, "%s", why);
-    return;
+    return rc;
   }
   rc = embps_registry_create(&srv->registry, spec, srv->cfg.shards,
                              srv->cfg.cluster_size, srv->cfg.max_tables);
@@ -128,6 +129,19 @@ static void do_create(embps_server_t *srv, embps_request_t *req) {
              embps_optimizer_name(spec->optimizer));
     reply(srv, req, EMBPS_KIND_CREATE, NULL, 0);
   }
+  return rc;
+}
+
+int embps_dispatch_drop(embps_server_t *srv, embps_request_t *req) {
+  int rc = embps_registry_drop(&srv->registry, req->msg.u.name);
+  if (rc)
+    embps_request_fail(srv, req, rc, "unknown table \"%s\"",
+                       req->msg.u.name);
+  else {
+    LOG_INFO("dropped table \"%s\"", req->msg.u.name);
+    reply(srv, req, EMBPS_KIND_DROP, NULL, 0);
+  }
+  return rc;
 }
 
 static embps_table_t *get_table(embps_server_t *srv, embps_request_t *req,
@@ -299,6 +313,8 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
   s->bytes_in = atomic_load(&c->bytes_in);
   s->bytes_out = atomic_load(&c->bytes_out);
   snprintf(s->version, sizeof s->version, "%s", EMBPS_VERSION_STRING);
+  if (srv->dur)
+    embps_durable_stats(srv->dur, s);
   if (embps_registry_list(&srv->registry, &s->tables, &s->n_tables)) {
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
     return;
@@ -330,19 +346,18 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     return EMBPS_DISPATCH_CLOSE;
   }
   switch (req->hdr.kind) {
-  case EMBPS_KIND_CREATE:
-    do_create(srv, req);
-    break;
+  case EMBPS_KIND_CREATE: /* in order with the pushes, on the apply thread */
   case EMBPS_KIND_DROP:
-    rc = embps_registry_drop(&srv->registry, req->msg.u.name);
-    if (rc)
-      embps_request_fail(srv, req, rc, "unknown table \"%s\"",
-                         req->msg.u.name);
-    else {
-      LOG_INFO("dropped table \"%s\"", req->msg.u.name);
-      reply(srv, req, EMBPS_KIND_DROP, NULL, 0);
+    embps_apply_submit(srv->apply, req);
+    return EMBPS_DISPATCH_DEFERRED;
+  case EMBPS_KIND_CHECKPOINT:
+    if (!srv->dur) {
+      embps_request_fail(srv, req, EMBPS_ENODATADIR, "server has no "
+                         "--data-dir");
+      break;
     }
-    break;
+    embps_durable_checkpoint_request(srv->dur, req);
+    return EMBPS_DISPATCH_DEFERRED;
   case EMBPS_KIND_DESCRIBE: {
     embps_table_t *t = get_table(srv, req, req->msg.u.name);
     if (t) {

@@ -35,6 +35,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "durable.h"
 #include "server.h"
 
 #define STAGE_LEN (32u << 10)
@@ -57,6 +58,7 @@ struct embps_conn {
   int authed, reading, closing, close_after_write, dead;
   size_t write_pending;
   uint32_t in_flight; /* pushes at the apply thread */
+  uint32_t barriers;  /* of them, CREATE/DROP: everything after waits */
   uint32_t n_waiting;
   embps_request_t *wait_head, *wait_tail;
   uint64_t last_active_ns;
@@ -165,6 +167,8 @@ static void run_request(embps_conn_t *c, embps_request_t *req) {
   switch (embps_dispatch(srv, req, &c->authed, &c->io->scratch)) {
   case EMBPS_DISPATCH_DEFERRED:
     c->in_flight++;
+    if (req->hdr.kind == EMBPS_KIND_CREATE || req->hdr.kind == EMBPS_KIND_DROP)
+      c->barriers++;
     break;
   case EMBPS_DISPATCH_CLOSE:
     c->close_after_write = 1;
@@ -180,12 +184,19 @@ static void run_request(embps_conn_t *c, embps_request_t *req) {
   }
 }
 
+/* Kinds handed to the apply thread or the checkpoint thread, in order. */
+static int deferred_kind(uint16_t kind) {
+  return kind == EMBPS_KIND_PUSH || kind == EMBPS_KIND_CREATE ||
+         kind == EMBPS_KIND_DROP || kind == EMBPS_KIND_CHECKPOINT;
+}
+
 /* A request must wait while earlier requests of its connection wait, or
- * while earlier pushes are being applied (unless it is a push itself, which
- * the apply FIFO orders anyway). */
+ * while earlier deferred requests are in flight (unless it is deferred
+ * itself: the apply FIFO orders those), or while a CREATE/DROP is (a push
+ * finds its table at dispatch). */
 static int must_wait(const embps_conn_t *c, const embps_request_t *req) {
-  return c->wait_head ||
-         (c->in_flight && req->hdr.kind != EMBPS_KIND_PUSH);
+  return c->wait_head || c->barriers ||
+         (c->in_flight && !deferred_kind(req->hdr.kind));
 }
 
 static void handle_frame(embps_conn_t *c, embps_request_t *req) {
@@ -206,7 +217,7 @@ static void handle_frame(embps_conn_t *c, embps_request_t *req) {
 static void run_waiting(embps_conn_t *c) {
   while (c->wait_head && !c->closing && !c->close_after_write) {
     embps_request_t *req = c->wait_head;
-    if (c->in_flight && req->hdr.kind != EMBPS_KIND_PUSH)
+    if (c->barriers || (c->in_flight && !deferred_kind(req->hdr.kind)))
       return;
     c->wait_head = req->next;
     if (!c->wait_head)
@@ -444,6 +455,8 @@ static void conn_open(io_thread_t *io, int fd) {
 static void push_done(embps_request_t *req) {
   embps_conn_t *c = req->conn;
   c->in_flight--;
+  if (req->hdr.kind == EMBPS_KIND_CREATE || req->hdr.kind == EMBPS_KIND_DROP)
+    c->barriers--;
   if (c->dead) {
     embps_request_free(req);
     if (!c->in_flight)
@@ -451,7 +464,7 @@ static void push_done(embps_request_t *req) {
     return;
   }
   send_reply(c, req);
-  if (!c->in_flight)
+  if (!c->in_flight || !c->barriers)
     run_waiting(c);
   conn_resume_maybe(c);
 }
@@ -715,13 +728,21 @@ int embps_server_run(const embps_server_config_t *cfg) {
   embps_registry_init(&srv->registry);
   embps_bufpool_init(&srv->bodies, EMBPS_MMAP_THRESHOLD, EMBPS_BODY_POOL_BYTES);
   int port;
-  net->listen_fd = listen_on(cfg, &port);
-  if (net->listen_fd < 0)
-    return 1;
   if (embps_apply_start(srv, &srv->apply)) {
     LOG_ERROR("cannot start the apply thread");
     return 1;
   }
+  if (cfg->data_dir[0]) { /* restored before anyone can connect */
+    char err[2048];
+    if (embps_durable_open(srv, err, sizeof err)) {
+      LOG_ERROR("%s", err);
+      fprintf(stderr, "embps-server: %s\n", err);
+      return 1;
+    }
+  }
+  net->listen_fd = listen_on(cfg, &port);
+  if (net->listen_fd < 0)
+    return 1;
   net->io = calloc(cfg->io_threads, sizeof *net->io);
   if (!net->io)
     return 1;
@@ -755,7 +776,9 @@ int embps_server_run(const embps_server_config_t *cfg) {
   uv_run(&net->loop, UV_RUN_DEFAULT);
   for (uint32_t i = 0; i < cfg->io_threads; i++)
     pthread_join(net->io[i].tid, NULL);
+  int status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */
   embps_apply_stop(srv->apply);
+  embps_durable_close(srv);
   for (uint32_t i = 0; i < cfg->io_threads; i++)
     io_close(&net->io[i]);
   free(net->io);
@@ -766,5 +789,5 @@ int embps_server_run(const embps_server_config_t *cfg) {
   LOG_INFO("stopped");
   free(net);
   the_net = NULL;
-  return 0;
+  return status;
 }

@@ -101,3 +101,42 @@ int embps_registry_list(embps_registry_t *r, embps_table_info_t **out,
   *out = v;
   return 0;
 }
+
+int embps_registry_add(embps_registry_t *r, embps_table_t *t) {
+  int rc = 0;
+  pthread_rwlock_wrlock(&r->lock);
+  if (find_locked(r, embps_table_spec(t)->name) != SIZE_MAX) {
+    rc = EMBPS_EEXIST;
+  } else if (r->n == r->cap) {
+    size_t cap = r->cap ? 2 * r->cap : 8;
+    embps_table_t **v = realloc(r->tables, cap * sizeof *v);
+    if (!v)
+      rc = -ENOMEM;
+    else {
+      r->tables = v;
+      r->cap = cap;
+    }
+  }
+  if (!rc)
+    r->tables[r->n++] = t;
+  pthread_rwlock_unlock(&r->lock);
+  return rc;
+}
+
+int embps_registry_refs(embps_registry_t *r, embps_table_t ***out,
+                        size_t *n) {
+  pthread_rwlock_rdlock(&r->lock);
+  embps_table_t **v = malloc((r->n ? r->n : 1) * sizeof *v);
+  if (!v) {
+    pthread_rwlock_unlock(&r->lock);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < r->n; i++) {
+    v[i] = r->tables[i];
+    embps_table_ref(v[i]);
+  }
+  *n = r->n;
+  pthread_rwlock_unlock(&r->lock);
+  *out = v;
+  return 0;
+}

@@ -27,6 +27,11 @@ int embps_registry_create(embps_registry_t *r, const embps_table_spec_t *spec,
 int embps_registry_drop(embps_registry_t *r, const char *name);
 /* A referenced table (release with embps_table_unref), or NULL. */
 embps_table_t *embps_registry_get(embps_registry_t *r, const char *name);
+/* Registers an existing table (restore), taking the caller's reference.
+ * 0 or EMBPS_EEXIST / -ENOMEM (the reference stays the caller's). */
+int embps_registry_add(embps_registry_t *r, embps_table_t *t);
+/* Every table, referenced (*out malloc'd). 0 or -ENOMEM. */
+int embps_registry_refs(embps_registry_t *r, embps_table_t ***out, size_t *n);
 /* Infos of all tables, sorted by name; *out malloc'd. 0 or -ENOMEM. */
 int embps_registry_list(embps_registry_t *r, embps_table_info_t **out,
                         size_t *n);

@@ -43,6 +43,9 @@ typedef struct {
   uint64_t max_memory;     /* bytes of table storage; 0: no limit */
   uint32_t omp_threads;    /* 0: OpenMP's default */
   embps_log_level_t log_level;
+  char data_dir[1024];     /* empty: nothing is durable */
+  int fsync;               /* embps_fsync_t (wal.h) */
+  uint32_t checkpoint_every_s; /* 0: on demand and at SIGTERM only */
 } embps_server_config_t;
 
 /* Fills cfg with defaults, then parses argv. Returns 0 to run, 1 when
@@ -94,6 +97,7 @@ struct embps_server {
   embps_bufpool_t bodies; /* request bodies past malloc's mmap threshold */
   uint64_t start_ns;
   struct embps_apply *apply;
+  struct embps_durable *dur; /* NULL without --data-dir */
 };
 
 /* Per-thread scratch, reused by every request of that thread. */
@@ -113,6 +117,11 @@ typedef enum {
  * succeeded; a successful hello sets it. scratch is the thread's own. */
 embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                                 int *authed, embps_scratch_t *scratch);
+/* CREATE and DROP, run by the apply thread (so they are logged in order
+ * with the pushes): 0 with req->reply the acknowledgement, or an error
+ * code with req->reply the error. */
+int embps_dispatch_create(embps_server_t *srv, embps_request_t *req);
+int embps_dispatch_drop(embps_server_t *srv, embps_request_t *req);
 /* Sets req->reply to an error frame (code, printf-style message). */
 void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
                         const char *fmt, ...)
@@ -130,6 +139,9 @@ void embps_apply_submit(embps_apply_t *a, embps_request_t *req);
 void embps_apply_drain(embps_apply_t *a);
 /* Applies everything queued, then stops and joins the thread. */
 void embps_apply_stop(embps_apply_t *a);
+/* Restore, before any request: (client, seq) was applied; the last LSN. */
+void embps_apply_seen_note(embps_apply_t *a, uint64_t client, uint64_t seq);
+void embps_apply_set_lsn(embps_apply_t *a, uint64_t lsn);
 
 /* ---- net.c ---- */
 /* Runs the server until SIGTERM/SIGINT: binds, writes the port file, prints

@@ -604,7 +604,7 @@ static void test_garbage(void **state) {
 
 static void test_unknown_kind(void **state) {
   (void)state;
-  const uint16_t kinds[] = {0,      9,      0x10,   0x7f,  0x80,  0x89,
+  const uint16_t kinds[] = {0,      10,     0x10,   0x7f,  0x80,  0x8a,
                             0xfe,   0x100,  0x101,  0x1ff, 0x8000, 0xffff,
                             EMBPS_KIND_ERROR | 0x100};
   /* a valid Pull meta, so only the kind is wrong */

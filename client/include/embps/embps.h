@@ -62,7 +62,9 @@ extern "C" {
   X(EPARAM, -30018, "invalid table parameter")                                 \
   X(ELIMIT, -30019, "limit exceeded")                                          \
   X(ESTEP, -30020, "synchronous step error")                                   \
-  X(EINTERNAL, -30021, "internal error")
+  X(EINTERNAL, -30021, "internal error")                                      \
+  X(EIO, -30022, "data dir I/O error")                                         \
+  X(ENODATADIR, -30023, "server has no --data-dir")
 
 enum embps_errno {
 #define EMBPS_ERRNO_ENUM_(name, code, msg) EMBPS_##name = (code),
@@ -154,7 +156,21 @@ typedef struct {
   uint64_t pull_rows, push_rows, errors, bytes_in, bytes_out;
   size_t n_tables;
   embps_table_info_t *tables; /* owned by the embps_stats_t */
+  /* durability: empty / 0 without --data-dir */
+  char data_dir[256];
+  char fsync[16];             /* always, everysec, never */
+  uint64_t checkpoint_unix_s; /* the last checkpoint: when (0: none yet), */
+  uint64_t checkpoint_bytes;  /* its size, */
+  uint64_t checkpoint_ms;     /* how long it took, */
+  uint64_t checkpoint_lsn;    /* the log position it covers */
+  uint64_t log_bytes;         /* log since then */
+  char durability_failed[256]; /* why pushes are refused, or empty */
 } embps_server_stats_t;
+
+/* What one server's checkpoint covers (embps_checkpoint). */
+typedef struct {
+  uint64_t lsn, bytes, duration_ms, unix_s;
+} embps_checkpoint_info_t;
 
 /* ------------------------------------------------------------------ client */
 
@@ -197,6 +213,11 @@ EMBPS_EXTERN int embps_list_tables(embps_client_t *c,
 EMBPS_EXTERN int embps_stats(embps_client_t *c, embps_server_stats_t **out,
                              size_t *n_servers);
 EMBPS_EXTERN void embps_stats_free(embps_server_stats_t *s, size_t n_servers);
+/* Takes a checkpoint on every server (--data-dir) and returns once each is
+ * durable. info, if not NULL, gets one entry per server (cluster order).
+ * EMBPS_ENODATADIR if a server has no data dir. */
+EMBPS_EXTERN int embps_checkpoint(embps_client_t *c,
+                                  embps_checkpoint_info_t *info);
 
 /* Pulls rows: out[i*dim .. i*dim+dim) = row ids[i], for i < n. Duplicated
  * ids are sent once. dim must be the table's dim (checked by the server). */

@@ -1,0 +1,687 @@
+/* ckpt.c - see ckpt.h. Formats (little-endian):
+ *
+ * table-<incarnation %016llx>.dat
+ *   header  64 B: "EMBPSTBL", u32 version, u32 dtype, u64 incarnation,
+ *                 u32 dim, u32 state floats per weight, u32 record bytes,
+ *                 u32 shards, u32 optimizer, zeros, u32 crc of bytes 0..59
+ *   per shard: section 32 B: u32 'SHRD', u32 shard, u64 shard LSN,
+ *                 u64 rows, u32 0, u32 crc of bytes 0..27
+ *              blocks: 16 B {u32 'BLCK', u32 records, u32 crc of the
+ *                 records, u32 crc of bytes 0..11} + records (table.h)
+ *   trailer 16 B: u32 'TEND', u32 shards, u32 0, u32 crc of bytes 0..11
+ * The file's CRC in the MANIFEST chains every header, section, block
+ * header (which holds its records' CRC) and the trailer.
+ *
+ * MANIFEST
+ *   48 B: "EMBPSMAN", u32 version, u32 0, u64 S, u32 cluster size,
+ *         u32 cluster index, u32 shards, u32 tables, u64 clients
+ *   clients x {u64 client id, u64 seq}: the exactly-once table
+ *   tables x {u64 incarnation, u64 step, u64 file bytes, u32 file crc,
+ *             u32 spec bytes, packed TableSpec, zeros to 8 bytes}
+ *   u32 crc of everything before, u32 'MEND' */
+#define _GNU_SOURCE
+#include "ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "log.h"
+#include "util.h"
+#include "wal.h"
+#include "wire.h"
+
+#define VERSION 1u
+#define TBL_MAGIC "EMBPSTBL"
+#define MAN_MAGIC "EMBPSMAN"
+#define SHRD 0x44524853u
+#define BLCK 0x4b434c42u
+#define TEND 0x444e4554u
+#define MEND 0x444e454du
+#define BLOCK_BYTES (1u << 20)
+#define TBL_HDR 64
+#define SEC_HDR 32
+#define BLK_HDR 16
+#define MAN_HDR 48
+#define MANIFEST_MAX ((size_t)1 << 30)
+
+void embps_failpoint(const char *name) {
+  static const char *env;
+  static int read_env;
+  if (!read_env) { /* first call is before any thread starts (durable.c) */
+    env = getenv("EMBPS_FAILPOINT");
+    read_env = 1;
+  }
+  if (name && env && !strcmp(env, name)) {
+    LOG_WARN("failpoint %s: killing the server", name);
+    raise(SIGKILL);
+  }
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+static void ckpt_name(char *buf, size_t len, const char *dir, uint64_t lsn,
+                      const char *suffix) {
+  snprintf(buf, len, "%s/ckpt-%016" PRIx64 "%s", dir, lsn, suffix);
+}
+
+/* Deletes a directory of plain files. */
+static void rm_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+        continue;
+      char p[2200];
+      snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+      unlink(p);
+    }
+    closedir(d);
+  }
+  if (rmdir(path) && errno != ENOENT)
+    LOG_WARN("cannot delete %s: %s", path, strerror(errno));
+}
+
+/* ------------------------------------------------------------ writing */
+
+typedef struct {
+  int fd;
+  const char *path;
+  uint64_t off;
+  uint32_t chain;
+} wfile_t;
+
+/* Writes a then b; chains the crc over a only (headers). 0 or -1. */
+static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
+                    size_t blen, char *err, size_t err_len) {
+  struct iovec iov[2] = {{(void *)a, alen}, {(void *)b, blen}};
+  int n = blen ? 2 : 1, i = 0;
+  size_t left = alen + blen;
+  f->chain = embps_crc32c(f->chain, a, alen);
+  while (left) {
+    ssize_t k = writev(f->fd, iov + i, n - i);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0) {
+      snprintf(err, err_len, "checkpoint %s: write at offset %" PRIu64
+               " failed: %s", f->path, f->off, k < 0 ? strerror(errno) : "?");
+      return -1;
+    }
+    f->off += (uint64_t)k;
+    left -= (size_t)k;
+    while (i < n && (size_t)k >= iov[i].iov_len) {
+      k -= (ssize_t)iov[i].iov_len;
+      i++;
+    }
+    if (i < n) {
+      iov[i].iov_base = (char *)iov[i].iov_base + k;
+      iov[i].iov_len -= (size_t)k;
+    }
+  }
+  return 0;
+}
+
+static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k, char *err,
+                       size_t err_len) {
+  unsigned char *recs;
+  size_t rows;
+  uint64_t lsn;
+  if (embps_table_snapshot_shard(t, k, &recs, &rows, &lsn)) {
+    snprintf(err, err_len, "checkpoint %s: out of memory copying shard %u",
+             f->path, k);
+    return -1;
+  }
+  uint8_t h[SEC_HDR] = {0};
+  put32(h, SHRD);
+  put32(h + 4, k);
+  put64(h + 8, lsn);
+  put64(h + 16, rows);
+  put32(h + 28, embps_crc32c(0, h, 28));
+  int rc = wf_write(f, h, sizeof h, NULL, 0, err, err_len);
+  const size_t fr = embps_table_file_record_bytes(t);
+  size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
+  for (size_t i = 0; !rc && i < rows; i += per) {
+    size_t n = rows - i < per ? rows - i : per;
+    uint8_t b[BLK_HDR];
+    put32(b, BLCK);
+    put32(b + 4, (uint32_t)n);
+    put32(b + 8, embps_crc32c(0, recs + i * fr, n * fr));
+    put32(b + 12, embps_crc32c(0, b, 12));
+    rc = wf_write(f, b, sizeof b, recs + i * fr, n * fr, err, err_len);
+  }
+  free(recs);
+  return rc;
+}
+
+static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
+                       int first, uint64_t *size, uint32_t *crc, char *err,
+                       size_t err_len) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/table-%016" PRIx64 ".dat", tmp,
+           ct->incarnation);
+  embps_table_t *t = ct->table;
+  const embps_table_spec_t *spec = embps_table_spec(t);
+  wfile_t f = {.path = path};
+  f.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f.fd < 0) {
+    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+    return -1;
+  }
+  const uint32_t shards = embps_table_n_shards(t);
+  uint8_t h[TBL_HDR] = {0};
+  memcpy(h, TBL_MAGIC, 8);
+  put32(h + 8, VERSION);
+  put32(h + 12, (uint32_t)spec->dtype);
+  put64(h + 16, ct->incarnation);
+  put32(h + 24, spec->dim);
+  put32(h + 28, 0);
+  put32(h + 32, (uint32_t)embps_table_file_record_bytes(t));
+  put32(h + 36, shards);
+  put32(h + 40, (uint32_t)spec->optimizer);
+  put32(h + 60, embps_crc32c(0, h, 60));
+  int rc = wf_write(&f, h, sizeof h, NULL, 0, err, err_len);
+  for (uint32_t k = 0; !rc && k < shards; k++) {
+    rc = write_shard(&f, t, k, err, err_len);
+    if (first && k == (shards - 1) / 2)
+      embps_failpoint("ckpt-mid-write");
+  }
+  uint8_t e[16] = {0};
+  put32(e, TEND);
+  put32(e + 4, shards);
+  put32(e + 12, embps_crc32c(0, e, 12));
+  if (!rc)
+    rc = wf_write(&f, e, sizeof e, NULL, 0, err, err_len);
+  if (!rc && fsync(f.fd)) {
+    snprintf(err, err_len, "checkpoint %s: fsync failed: %s", path,
+             strerror(errno));
+    rc = -1;
+  }
+  close(f.fd);
+  *size = f.off;
+  *crc = f.chain;
+  return rc;
+}
+
+/* Appends n bytes to a growing buffer. */
+typedef struct {
+  uint8_t *p;
+  size_t n, cap;
+  int oom;
+} buf_t;
+
+static void buf_add(buf_t *b, const void *src, size_t n) {
+  if (b->oom)
+    return;
+  if (b->n + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + n)
+      cap *= 2;
+    uint8_t *p = realloc(b->p, cap);
+    if (!p) {
+      b->oom = 1;
+      return;
+    }
+    b->p = p;
+    b->cap = cap;
+  }
+  if (src)
+    memcpy(b->p + b->n, src, n);
+  else
+    memset(b->p + b->n, 0, n);
+  b->n += n;
+}
+
+static void buf_64(buf_t *b, uint64_t v) { buf_add(b, &v, 8); }
+static void buf_32(buf_t *b, uint32_t v) { buf_add(b, &v, 4); }
+
+static int write_manifest(const char *tmp, const embps_ckpt_t *c,
+                          const uint64_t *sizes, const uint32_t *crcs,
+                          char *err, size_t err_len) {
+  buf_t b = {0};
+  buf_add(&b, MAN_MAGIC, 8);
+  buf_32(&b, VERSION);
+  buf_32(&b, 0);
+  buf_64(&b, c->lsn);
+  buf_32(&b, c->cluster_size);
+  buf_32(&b, c->cluster_index);
+  buf_32(&b, c->shards);
+  buf_32(&b, (uint32_t)c->n_tables);
+  buf_64(&b, c->n_seen);
+  for (size_t i = 0; i < c->n_seen; i++) {
+    buf_64(&b, c->seen[i].client);
+    buf_64(&b, c->seen[i].seq);
+  }
+  for (size_t i = 0; i < c->n_tables; i++) {
+    embps_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.kind = EMBPS_KIND_CREATE;
+    m.u.spec = *embps_table_spec(c->tables[i].table);
+    size_t len = embps_msg_size(&m);
+    buf_64(&b, c->tables[i].incarnation);
+    buf_64(&b, c->tables[i].step);
+    buf_64(&b, sizes[i]);
+    buf_32(&b, crcs[i]);
+    buf_32(&b, (uint32_t)len);
+    buf_add(&b, NULL, (len + 7) & ~(size_t)7);
+    if (!b.oom)
+      embps_msg_pack(&m, b.p + b.n - ((len + 7) & ~(size_t)7));
+  }
+  if (!b.oom)
+    buf_32(&b, embps_crc32c(0, b.p, b.n));
+  buf_32(&b, MEND);
+  char path[1200];
+  snprintf(path, sizeof path, "%s/MANIFEST", tmp);
+  int rc = -1;
+  if (b.oom) {
+    snprintf(err, err_len, "checkpoint %s: out of memory", path);
+  } else {
+    wfile_t f = {.path = path};
+    f.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f.fd < 0)
+      snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+    else {
+      rc = wf_write(&f, b.p, b.n, NULL, 0, err, err_len);
+      if (!rc && fsync(f.fd)) {
+        snprintf(err, err_len, "checkpoint %s: fsync failed: %s", path,
+                 strerror(errno));
+        rc = -1;
+      }
+      close(f.fd);
+    }
+  }
+  free(b.p);
+  return rc;
+}
+
+int embps_ckpt_write(const char *dir, const embps_ckpt_t *c, uint64_t *bytes,
+                     char *err, size_t err_len) {
+  char tmp[1100], final[1100];
+  ckpt_name(tmp, sizeof tmp, dir, c->lsn, ".tmp");
+  ckpt_name(final, sizeof final, dir, c->lsn, "");
+  struct stat st;
+  *bytes = 0;
+  if (!stat(final, &st))
+    return 0; /* the same LSN holds the same state */
+  rm_dir(tmp);
+  if (mkdir(tmp, 0755)) {
+    snprintf(err, err_len, "checkpoint %s: %s", tmp, strerror(errno));
+    return -1;
+  }
+  embps_failpoint("ckpt-before-write");
+  uint64_t *sizes = calloc(c->n_tables + 1, sizeof *sizes);
+  uint32_t *crcs = calloc(c->n_tables + 1, sizeof *crcs);
+  int rc = sizes && crcs ? 0 : -1;
+  if (rc)
+    snprintf(err, err_len, "checkpoint %s: out of memory", tmp);
+  for (size_t i = 0; !rc && i < c->n_tables; i++) {
+    rc = write_table(tmp, &c->tables[i], i == 0, &sizes[i], &crcs[i], err,
+                     err_len);
+    *bytes += sizes[i];
+  }
+  if (!rc)
+    rc = write_manifest(tmp, c, sizes, crcs, err, err_len);
+  free(sizes);
+  free(crcs);
+  if (!rc && embps_fsync_dir(tmp)) {
+    snprintf(err, err_len, "checkpoint %s: fsync of the directory failed",
+             tmp);
+    rc = -1;
+  }
+  if (!rc)
+    embps_failpoint("ckpt-before-rename");
+  if (!rc && rename(tmp, final)) {
+    snprintf(err, err_len, "checkpoint %s: rename failed: %s", tmp,
+             strerror(errno));
+    rc = -1;
+  }
+  if (!rc && embps_fsync_dir(dir)) {
+    snprintf(err, err_len, "checkpoint %s: fsync of %s failed", final, dir);
+    rc = -1;
+  }
+  if (rc)
+    rm_dir(tmp);
+  return rc;
+}
+
+/* ------------------------------------------------------------ reading */
+
+int embps_ckpt_latest(const char *dir, uint64_t *lsn, char *err,
+                      size_t err_len) {
+  DIR *d = opendir(dir);
+  if (!d) {
+    snprintf(err, err_len, "data dir %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  int found = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *n = e->d_name;
+    if (strncmp(n, "ckpt-", 5) || strlen(n) < 21)
+      continue;
+    char *end;
+    unsigned long long v = strtoull(n + 5, &end, 16);
+    if (end != n + 21)
+      continue;
+    if (!strcmp(end, ".tmp")) {
+      char p[1200];
+      snprintf(p, sizeof p, "%s/%s", dir, n);
+      LOG_INFO("deleting the unfinished checkpoint %s", p);
+      rm_dir(p);
+    } else if (!*end && (!found || v > *lsn)) {
+      *lsn = v;
+      found = 1;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+typedef struct {
+  int fd;
+  const char *path;
+  uint64_t off, size;
+  uint32_t chain;
+} rfile_t;
+
+/* Reads exactly n bytes at the current offset. */
+static int rf_read(rfile_t *f, void *p, size_t n, const char *what, char *err,
+                   size_t err_len) {
+  if (f->size - f->off < n) {
+    snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": file "
+             "ends at %" PRIu64, f->path, what, f->off, f->size);
+    return -1;
+  }
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = pread(f->fd, (char *)p + got, n - got,
+                      (off_t)(f->off + got));
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0) {
+      snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": %s",
+               f->path, what, f->off, k ? strerror(errno) : "short read");
+      return -1;
+    }
+    got += (size_t)k;
+  }
+  return 0;
+}
+
+static int bad(rfile_t *f, uint64_t off, const char *what, char *err,
+               size_t err_len) {
+  snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": checksum "
+           "mismatch or bad field", f->path, what, off);
+  return -1;
+}
+
+static int load_table(const char *cdir, embps_ckpt_table_t *ct,
+                      uint64_t want_size, uint32_t want_crc, char *err,
+                      size_t err_len) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/table-%016" PRIx64 ".dat", cdir,
+           ct->incarnation);
+  rfile_t f = {.path = path};
+  f.fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) {
+    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  fstat(f.fd, &st);
+  f.size = (uint64_t)st.st_size;
+  int rc = -1;
+  unsigned char *recs = NULL;
+  int64_t *ids = NULL;
+  embps_table_scratch_t s;
+  embps_table_scratch_init(&s);
+  embps_table_t *t = ct->table;
+  const embps_table_spec_t *spec = embps_table_spec(t);
+  const size_t fr = embps_table_file_record_bytes(t);
+  uint8_t h[TBL_HDR];
+  if (f.size != want_size) {
+    snprintf(err, err_len, "checkpoint %s: %" PRIu64 " bytes at offset 0, "
+             "the MANIFEST says %" PRIu64, path, f.size, want_size);
+    goto out;
+  }
+  if (rf_read(&f, h, sizeof h, "header", err, err_len))
+    goto out;
+  if (memcmp(h, TBL_MAGIC, 8) || get32(h + 60) != embps_crc32c(0, h, 60) ||
+      get32(h + 8) != VERSION || get32(h + 12) != (uint32_t)spec->dtype ||
+      get64(h + 16) != ct->incarnation || get32(h + 24) != spec->dim ||
+      get32(h + 32) != fr || get32(h + 36) == 0 || get32(h + 36) > 65536) {
+    bad(&f, 0, "header", err, err_len);
+    goto out;
+  }
+  f.chain = embps_crc32c(0, h, sizeof h);
+  f.off = sizeof h;
+  ct->file_shards = get32(h + 36);
+  ct->shard_lsn = calloc(ct->file_shards, sizeof *ct->shard_lsn);
+  size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
+  recs = malloc(per * fr);
+  ids = malloc(per * sizeof *ids);
+  if (!ct->shard_lsn || !recs || !ids) {
+    snprintf(err, err_len, "checkpoint %s: out of memory", path);
+    goto out;
+  }
+  for (uint32_t k = 0; k < ct->file_shards; k++) {
+    uint8_t sh[SEC_HDR];
+    uint64_t at = f.off;
+    if (rf_read(&f, sh, sizeof sh, "shard section", err, err_len))
+      goto out;
+    if (get32(sh) != SHRD || get32(sh + 28) != embps_crc32c(0, sh, 28) ||
+        get32(sh + 4) != k) {
+      bad(&f, at, "shard section", err, err_len);
+      goto out;
+    }
+    f.chain = embps_crc32c(f.chain, sh, sizeof sh);
+    f.off += sizeof sh;
+    ct->shard_lsn[k] = get64(sh + 8);
+    uint64_t rows = get64(sh + 16);
+    while (rows) {
+      uint8_t b[BLK_HDR];
+      at = f.off;
+      if (rf_read(&f, b, sizeof b, "block header", err, err_len))
+        goto out;
+      uint32_t n = get32(b + 4);
+      if (get32(b) != BLCK || get32(b + 12) != embps_crc32c(0, b, 12) ||
+          n == 0 || n > per || n > rows) {
+        bad(&f, at, "block header", err, err_len);
+        goto out;
+      }
+      f.chain = embps_crc32c(f.chain, b, sizeof b);
+      f.off += sizeof b;
+      if (rf_read(&f, recs, n * fr, "block", err, err_len))
+        goto out;
+      if (embps_crc32c(0, recs, n * fr) != get32(b + 8)) {
+        bad(&f, f.off, "block", err, err_len);
+        goto out;
+      }
+      int r = embps_table_restore(t, &s, recs, n, ids);
+      if (r) {
+        snprintf(err, err_len, "checkpoint %s: block at offset %" PRIu64
+                 ": cannot restore its rows: %s", path, f.off,
+                 embps_strerror(r));
+        goto out;
+      }
+      f.off += (uint64_t)n * fr;
+      rows -= n;
+    }
+  }
+  uint8_t e[16];
+  uint64_t at = f.off;
+  if (rf_read(&f, e, sizeof e, "trailer", err, err_len))
+    goto out;
+  if (get32(e) != TEND || get32(e + 12) != embps_crc32c(0, e, 12) ||
+      get32(e + 4) != ct->file_shards || at + sizeof e != f.size) {
+    bad(&f, at, "trailer", err, err_len);
+    goto out;
+  }
+  f.chain = embps_crc32c(f.chain, e, sizeof e);
+  if (f.chain != want_crc) {
+    snprintf(err, err_len, "checkpoint %s: file checksum at offset 0 does not "
+             "match the MANIFEST", path);
+    goto out;
+  }
+  rc = 0;
+out:
+  embps_table_scratch_close(&s);
+  free(recs);
+  free(ids);
+  close(f.fd);
+  return rc;
+}
+
+int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
+                    uint32_t cluster_size, embps_ckpt_t *c, char *err,
+                    size_t err_len) {
+  char cdir[1100], path[1200];
+  ckpt_name(cdir, sizeof cdir, dir, lsn, "");
+  snprintf(path, sizeof path, "%s/MANIFEST", cdir);
+  memset(c, 0, sizeof *c);
+  char *data;
+  size_t len;
+  int r = embps_read_file(path, &data, &len);
+  if (r) {
+    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(-r));
+    return -1;
+  }
+  const uint8_t *p = (const uint8_t *)data;
+  int rc = -1;
+  if (len < MAN_HDR + 8 || len > MANIFEST_MAX ||
+      get32(p + len - 4) != MEND ||
+      get32(p + len - 8) != embps_crc32c(0, p, len - 8)) {
+    snprintf(err, err_len, "checkpoint %s: trailer at offset %zu: checksum "
+             "mismatch or short file", path, len >= 8 ? len - 8 : 0);
+    goto out;
+  }
+  if (memcmp(p, MAN_MAGIC, 8) || get32(p + 8) != VERSION ||
+      get64(p + 16) != lsn) {
+    snprintf(err, err_len, "checkpoint %s: header at offset 0: bad magic, "
+             "version or LSN", path);
+    goto out;
+  }
+  c->lsn = lsn;
+  c->cluster_size = get32(p + 24);
+  c->cluster_index = get32(p + 28);
+  c->shards = get32(p + 32);
+  uint32_t n_tables = get32(p + 36);
+  uint64_t n_seen = get64(p + 40);
+  size_t off = MAN_HDR, end = len - 8;
+  if (n_seen > (end - off) / 16) {
+    snprintf(err, err_len, "checkpoint %s: header at offset 0: %" PRIu64
+             " clients do not fit", path, n_seen);
+    goto out;
+  }
+  c->seen = malloc((n_seen ? n_seen : 1) * sizeof *c->seen);
+  c->tables = calloc(n_tables ? n_tables : 1, sizeof *c->tables);
+  if (!c->seen || !c->tables) {
+    snprintf(err, err_len, "checkpoint %s: out of memory", path);
+    goto out;
+  }
+  for (uint64_t i = 0; i < n_seen; i++, off += 16) {
+    c->seen[i].client = get64(p + off);
+    c->seen[i].seq = get64(p + off + 8);
+  }
+  c->n_seen = n_seen;
+  for (uint32_t i = 0; i < n_tables; i++) {
+    size_t at = off;
+    if (end - off < 32) {
+      snprintf(err, err_len, "checkpoint %s: table at offset %zu: past the "
+               "end", path, at);
+      goto out;
+    }
+    embps_ckpt_table_t *ct = &c->tables[i];
+    ct->incarnation = get64(p + off);
+    ct->step = get64(p + off + 8);
+    uint64_t fsize = get64(p + off + 16);
+    uint32_t fcrc = get32(p + off + 24), slen = get32(p + off + 28);
+    off += 32;
+    size_t padded = ((size_t)slen + 7) & ~(size_t)7;
+    embps_msg_t m;
+    char why[256];
+    if (end - off < padded ||
+        embps_msg_unpack(EMBPS_KIND_CREATE, p + off, slen, &m) ||
+        embps_table_spec_check(&m.u.spec, why, sizeof why)) {
+      snprintf(err, err_len, "checkpoint %s: table at offset %zu: spec does "
+               "not decode", path, at);
+      goto out;
+    }
+    off += padded;
+    if (embps_table_create(&m.u.spec, shards, cluster_size, &ct->table)) {
+      snprintf(err, err_len, "checkpoint %s: table \"%s\": out of memory",
+               path, m.u.spec.name);
+      goto out;
+    }
+    c->n_tables = i + 1;
+    embps_table_set_incarnation(ct->table, ct->incarnation);
+    embps_table_set_step(ct->table, ct->step);
+    if (load_table(cdir, ct, fsize, fcrc, err, err_len))
+      goto out;
+  }
+  if (off != end) {
+    snprintf(err, err_len, "checkpoint %s: %zu stray bytes at offset %zu",
+             path, end - off, off);
+    goto out;
+  }
+  rc = 0;
+out:
+  free(data);
+  if (rc)
+    embps_ckpt_free(c);
+  return rc;
+}
+
+void embps_ckpt_free(embps_ckpt_t *c) {
+  for (size_t i = 0; i < c->n_tables; i++) {
+    embps_table_unref(c->tables[i].table);
+    free(c->tables[i].shard_lsn);
+  }
+  free(c->tables);
+  free(c->seen);
+  memset(c, 0, sizeof *c);
+}
+
+void embps_ckpt_delete_older(const char *dir, uint64_t lsn) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return;
+  struct dirent *e;
+  int any = 0;
+  while ((e = readdir(d))) {
+    const char *n = e->d_name;
+    char *end;
+    if (strncmp(n, "ckpt-", 5) || strlen(n) != 21)
+      continue;
+    unsigned long long v = strtoull(n + 5, &end, 16);
+    if (*end || v >= lsn)
+      continue;
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", dir, n);
+    rm_dir(p);
+    any = 1;
+  }
+  closedir(d);
+  if (any)
+    embps_fsync_dir(dir);
+}

@@ -1,0 +1,668 @@
+/* durable.c - see durable.h. Log payloads (little-endian):
+ *   PUSH   u64 incarnation, u64 step after the push, u32 pairs, u32 rows,
+ *          u32 dim, u32 0, pairs x {u64 client, u64 seq}, rows x int64 id,
+ *          rows x dim x float32 (the merged gradient, sync: averaged)
+ *   CREATE u64 incarnation, packed TableSpec
+ *   DROP   u64 incarnation */
+#define _GNU_SOURCE
+#include "durable.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "route.h"
+
+#define PUSH_HEAD 32
+
+typedef struct {
+  uint64_t unix_s, bytes, ms, lsn;
+} ckpt_info_t;
+
+struct embps_durable {
+  embps_server_t *srv;
+  char dir[1024], log_dir[1100];
+  int lock_fd;
+  int unsafe_ack;
+  embps_wal_t *wal;
+  /* the checkpoint thread */
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  embps_request_t *pending; /* CHECKPOINT requests for the next one */
+  int stopping;
+  int final_rc;             /* result of the final checkpoint */
+  embps_request_t marker;   /* goes through the apply FIFO */
+  int marker_done;
+  embps_ckpt_t snap;        /* filled by the apply thread at the marker */
+  char marker_err[1024];
+  ckpt_info_t last;
+  uint64_t next_due_ns;     /* periodic checkpoints; 0: none */
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static uint64_t le64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+static uint32_t le32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+static const char *fsync_name(embps_fsync_t m) {
+  return m == EMBPS_FSYNC_ALWAYS ? "always"
+         : m == EMBPS_FSYNC_NEVER ? "never" : "everysec";
+}
+
+/* Reply frame for a request kind with an empty message. */
+static void ack_reply(embps_server_t *srv, embps_request_t *req,
+                      const embps_msg_t *m) {
+  free(req->reply);
+  req->reply = NULL;
+  if (embps_frame_build(m, req->hdr.req_id, 0, &req->reply, &req->reply_len,
+                        NULL))
+    embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
+}
+
+/* ------------------------------------------------------------ logging */
+
+const char *embps_durable_failed(embps_durable_t *d) {
+  return embps_wal_failed(d->wal);
+}
+
+static int log_record(embps_durable_t *d, uint32_t type, uint64_t lsn,
+                      const struct iovec *parts, int n, char *msg,
+                      size_t msg_len) {
+  const char *failed = embps_wal_failed(d->wal);
+  if (failed) {
+    snprintf(msg, msg_len, "%s", failed);
+    return EMBPS_EIO;
+  }
+  if (embps_wal_append(d->wal, type, lsn, parts, n, msg, msg_len))
+    return EMBPS_EIO;
+  return 0;
+}
+
+int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
+                           embps_table_t *table, uint64_t step,
+                           const embps_request_t *reqs, const int64_t *idx,
+                           const float *vals, size_t n, char *msg,
+                           size_t msg_len) {
+  uint64_t pairs_small[2 * 8], *pairs = pairs_small;
+  uint32_t n_pairs = 0;
+  for (const embps_request_t *r = reqs; r; r = r->next)
+    n_pairs++;
+  if (n_pairs > 8 && !(pairs = malloc(n_pairs * 16))) {
+    snprintf(msg, msg_len, "out of memory logging a push");
+    return EMBPS_EIO;
+  }
+  uint32_t i = 0;
+  for (const embps_request_t *r = reqs; r; r = r->next, i++) {
+    pairs[2 * i] = r->msg.u.push.client_id;
+    pairs[2 * i + 1] = r->msg.u.push.seq;
+  }
+  uint8_t head[PUSH_HEAD] = {0};
+  uint64_t inc = embps_table_incarnation(table);
+  uint32_t rows = (uint32_t)n, dim = embps_table_spec(table)->dim;
+  memcpy(head, &inc, 8);
+  memcpy(head + 8, &step, 8);
+  memcpy(head + 16, &n_pairs, 4);
+  memcpy(head + 20, &rows, 4);
+  memcpy(head + 24, &dim, 4);
+  struct iovec parts[4] = {
+      {head, sizeof head},
+      {pairs, (size_t)n_pairs * 16},
+      {(void *)idx, n * sizeof *idx},
+      {(void *)vals, n * dim * sizeof *vals},
+  };
+  int rc = log_record(d, EMBPS_WAL_PUSH, lsn, parts, 4, msg, msg_len);
+  if (pairs != pairs_small)
+    free(pairs);
+  if (!rc)
+    embps_failpoint("log-after-write");
+  return rc;
+}
+
+int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
+                             embps_table_t *table, char *msg,
+                             size_t msg_len) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_CREATE;
+  m.u.spec = *embps_table_spec(table);
+  size_t len = embps_msg_size(&m);
+  uint8_t *buf = malloc(8 + len);
+  if (!buf) {
+    snprintf(msg, msg_len, "out of memory logging a table");
+    return EMBPS_EIO;
+  }
+  uint64_t inc = embps_table_incarnation(table);
+  memcpy(buf, &inc, 8);
+  embps_msg_pack(&m, buf + 8);
+  struct iovec part = {buf, 8 + len};
+  int rc = log_record(d, EMBPS_WAL_CREATE, lsn, &part, 1, msg, msg_len);
+  free(buf);
+  return rc;
+}
+
+int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
+                           embps_table_t *table, char *msg, size_t msg_len) {
+  uint64_t inc = embps_table_incarnation(table);
+  struct iovec part = {&inc, 8};
+  return log_record(d, EMBPS_WAL_DROP, lsn, &part, 1, msg, msg_len);
+}
+
+/* The log thread's completion: an error turns the reply into EIO. */
+static void wal_done(void *ctx, embps_request_t *req, const char *err) {
+  embps_durable_t *d = ctx;
+  if (err)
+    embps_request_fail(d->srv, req, EMBPS_EIO, "%s", err);
+  req->complete(req);
+}
+
+void embps_durable_ack(embps_durable_t *d, embps_request_t *req,
+                       uint64_t lsn) {
+  if (d->srv->cfg.fsync == EMBPS_FSYNC_ALWAYS && !d->unsafe_ack)
+    embps_wal_wait(d->wal, req, lsn);
+  else
+    req->complete(req);
+}
+
+/* ------------------------------------------------------------ checkpoints */
+
+void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
+                             embps_ckpt_seen_t *seen, size_t n_seen) {
+  embps_ckpt_t *c = &d->snap;
+  memset(c, 0, sizeof *c);
+  c->lsn = lsn;
+  c->cluster_size = d->srv->cfg.cluster_size;
+  c->cluster_index = d->srv->cfg.cluster_index;
+  c->shards = d->srv->cfg.shards;
+  c->seen = seen;
+  c->n_seen = n_seen;
+  d->marker_err[0] = 0;
+  embps_table_t **tables = NULL;
+  size_t n = 0;
+  if (embps_registry_refs(&d->srv->registry, &tables, &n) ||
+      !(c->tables = calloc(n ? n : 1, sizeof *c->tables))) {
+    snprintf(d->marker_err, sizeof d->marker_err, "out of memory");
+    for (size_t i = 0; i < n; i++)
+      embps_table_unref(tables[i]);
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      embps_table_info_t info;
+      embps_table_info(tables[i], &info);
+      c->tables[i].table = tables[i];
+      c->tables[i].incarnation = embps_table_incarnation(tables[i]);
+      c->tables[i].step = info.step;
+    }
+    c->n_tables = n;
+    embps_wal_rotate(d->wal, lsn + 1, d->marker_err, sizeof d->marker_err);
+  }
+  free(tables);
+  pthread_mutex_lock(&d->mu);
+  d->marker_done = 1;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* Takes one checkpoint (checkpoint thread). 0, or -1 with err. */
+static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
+  uint64_t t0 = embps_now_ns();
+  pthread_mutex_lock(&d->mu);
+  d->marker_done = 0;
+  pthread_mutex_unlock(&d->mu);
+  memset(&d->marker, 0, sizeof d->marker);
+  d->marker.hdr.kind = EMBPS_KIND_CHECKPOINT;
+  embps_apply_submit(d->srv->apply, &d->marker);
+  pthread_mutex_lock(&d->mu);
+  while (!d->marker_done)
+    pthread_cond_wait(&d->cv, &d->mu);
+  pthread_mutex_unlock(&d->mu);
+  int rc = -1;
+  uint64_t bytes = 0;
+  if (d->marker_err[0])
+    snprintf(err, err_len, "%s", d->marker_err);
+  else
+    rc = embps_ckpt_write(d->dir, &d->snap, &bytes, err, err_len);
+  uint64_t lsn = d->snap.lsn;
+  embps_ckpt_free(&d->snap);
+  if (rc) {
+    LOG_ERROR("checkpoint failed: %s", err);
+    return -1;
+  }
+  embps_failpoint("ckpt-after-rename");
+  embps_failpoint("ckpt-before-delete");
+  embps_ckpt_delete_older(d->dir, lsn);
+  embps_wal_delete_upto(d->log_dir, lsn);
+  uint64_t ms = (embps_now_ns() - t0) / 1000000;
+  pthread_mutex_lock(&d->mu);
+  d->last.unix_s = (uint64_t)time(NULL);
+  if (bytes || d->last.lsn != lsn)
+    d->last.bytes = bytes;
+  d->last.ms = ms;
+  d->last.lsn = lsn;
+  pthread_mutex_unlock(&d->mu);
+  LOG_INFO("checkpoint at LSN %" PRIu64 ": %" PRIu64 " bytes in %" PRIu64
+           " ms", lsn, bytes, ms);
+  return 0;
+}
+
+static void reply_checkpoint(embps_durable_t *d, embps_request_t *req, int rc,
+                             const char *err) {
+  if (rc) {
+    embps_request_fail(d->srv, req, EMBPS_EIO, "checkpoint failed: %s", err);
+  } else {
+    embps_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.kind = EMBPS_KIND_CHECKPOINT | EMBPS_KIND_REPLY;
+    pthread_mutex_lock(&d->mu);
+    m.u.checkpoint.lsn = d->last.lsn;
+    m.u.checkpoint.bytes = d->last.bytes;
+    m.u.checkpoint.duration_ms = d->last.ms;
+    m.u.checkpoint.unix_s = d->last.unix_s;
+    pthread_mutex_unlock(&d->mu);
+    ack_reply(d->srv, req, &m);
+  }
+  req->complete(req);
+}
+
+static void *ckpt_main(void *arg) {
+  embps_durable_t *d = arg;
+  const uint64_t every_ns = (uint64_t)d->srv->cfg.checkpoint_every_s *
+                            1000000000ULL;
+  pthread_mutex_lock(&d->mu);
+  for (;;) {
+    while (!d->pending && !d->stopping &&
+           !(every_ns && embps_now_ns() >= d->next_due_ns)) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_sec += 1;
+      pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+    }
+    if (d->stopping && !d->pending)
+      break;
+    embps_request_t *batch = d->pending;
+    d->pending = NULL;
+    pthread_mutex_unlock(&d->mu);
+    char err[2048];
+    int rc = checkpoint_once(d, err, sizeof err);
+    while (batch) {
+      embps_request_t *next = batch->next;
+      batch->next = NULL;
+      reply_checkpoint(d, batch, rc, err);
+      batch = next;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (every_ns)
+      d->next_due_ns = embps_now_ns() + every_ns;
+  }
+  pthread_mutex_unlock(&d->mu);
+  return NULL;
+}
+
+void embps_durable_checkpoint_request(embps_durable_t *d,
+                                      embps_request_t *req) {
+  pthread_mutex_lock(&d->mu);
+  req->next = d->pending;
+  d->pending = req;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+}
+
+void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s) {
+  snprintf(s->data_dir, sizeof s->data_dir, "%.255s", d->dir);
+  snprintf(s->fsync, sizeof s->fsync, "%s", fsync_name(d->srv->cfg.fsync));
+  pthread_mutex_lock(&d->mu);
+  s->checkpoint_unix_s = d->last.unix_s;
+  s->checkpoint_bytes = d->last.bytes;
+  s->checkpoint_ms = d->last.ms;
+  s->checkpoint_lsn = d->last.lsn;
+  pthread_mutex_unlock(&d->mu);
+  s->log_bytes = embps_wal_bytes(d->log_dir);
+  const char *f = embps_wal_failed(d->wal);
+  snprintf(s->durability_failed, sizeof s->durability_failed, "%.255s",
+           f ? f : "");
+}
+
+/* ------------------------------------------------------------ restore */
+
+typedef struct {
+  embps_table_t *table;
+  uint64_t incarnation;
+  uint32_t file_shards; /* 0: created after the checkpoint */
+  uint64_t *shard_lsn;
+} known_t;
+
+typedef struct {
+  embps_server_t *srv;
+  known_t *v;
+  size_t n, cap;
+  embps_table_scratch_t scratch;
+  int64_t *ids;
+  float *g;
+  size_t rows_cap;
+} replay_t;
+
+static known_t *known_find(replay_t *r, uint64_t inc) {
+  for (size_t i = 0; i < r->n; i++)
+    if (r->v[i].incarnation == inc && r->v[i].table)
+      return &r->v[i];
+  return NULL;
+}
+
+static int known_add(replay_t *r, embps_table_t *t, uint64_t inc,
+                     uint32_t file_shards, uint64_t *shard_lsn) {
+  if (r->n == r->cap) {
+    size_t cap = r->cap ? 2 * r->cap : 16;
+    known_t *v = realloc(r->v, cap * sizeof *v);
+    if (!v)
+      return -1;
+    r->v = v;
+    r->cap = cap;
+  }
+  r->v[r->n++] = (known_t){t, inc, file_shards, shard_lsn};
+  return 0;
+}
+
+static int replay_push(replay_t *r, const embps_wal_rec_t *rec, char *err,
+                       size_t err_len) {
+  const uint8_t *p = rec->payload;
+  if (rec->len < PUSH_HEAD) {
+    snprintf(err, err_len, "short push record");
+    return -1;
+  }
+  uint64_t inc = le64(p), step = le64(p + 8);
+  uint64_t n_pairs = le32(p + 16), rows = le32(p + 20), dim = le32(p + 24);
+  if (rec->len != PUSH_HEAD + n_pairs * 16 + rows * 8 + rows * dim * 4) {
+    snprintf(err, err_len, "push record of %u bytes does not match its "
+             "%" PRIu64 " rows of dim %" PRIu64, rec->len, rows, dim);
+    return -1;
+  }
+  known_t *k = known_find(r, inc);
+  if (!k) {
+    snprintf(err, err_len, "push to table incarnation %" PRIx64 " that does "
+             "not exist", inc);
+    return -1;
+  }
+  embps_table_t *t = k->table;
+  if (dim != embps_table_spec(t)->dim) {
+    snprintf(err, err_len, "push of dim %" PRIu64 " to a table of dim %u",
+             dim, embps_table_spec(t)->dim);
+    return -1;
+  }
+  const uint8_t *pairs = p + PUSH_HEAD;
+  const uint8_t *ids = pairs + n_pairs * 16;
+  const uint8_t *vals = ids + rows * 8;
+  if (rows > r->rows_cap) {
+    free(r->ids);
+    free(r->g);
+    r->ids = malloc(rows * sizeof *r->ids);
+    r->g = malloc(rows * dim * sizeof *r->g);
+    r->rows_cap = rows;
+    if (!r->ids || !r->g) {
+      r->rows_cap = 0;
+      snprintf(err, err_len, "out of memory");
+      return -1;
+    }
+  }
+  size_t m = 0;
+  for (size_t i = 0; i < rows; i++) {
+    int64_t id;
+    memcpy(&id, ids + i * 8, 8);
+    if (k->file_shards &&
+        rec->lsn <= k->shard_lsn[embps_route_shard(id, k->file_shards)])
+      continue; /* already in that shard's snapshot */
+    r->ids[m] = id;
+    memcpy(r->g + m * dim, vals + i * dim * 4, dim * 4);
+    m++;
+  }
+  size_t bad;
+  if (embps_table_check_ids(t, r->ids, m, r->srv->cfg.cluster_size,
+                            r->srv->cfg.cluster_index, &bad)) {
+    snprintf(err, err_len, "push record holds id %lld this server cannot "
+             "hold", (long long)r->ids[bad]);
+    return -1;
+  }
+  embps_table_set_step(t, step - 1);
+  if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
+    snprintf(err, err_len, "out of memory replaying a push");
+    return -1;
+  }
+  embps_table_commit(t, &r->scratch, r->ids, r->g, m, rec->lsn);
+  for (uint64_t i = 0; i < n_pairs; i++)
+    if (le64(pairs + i * 16) && le64(pairs + i * 16 + 8))
+      embps_apply_seen_note(r->srv->apply, le64(pairs + i * 16),
+                            le64(pairs + i * 16 + 8));
+  return 0;
+}
+
+static int replay_visit(void *ctx, const embps_wal_rec_t *rec, char *err,
+                        size_t err_len) {
+  replay_t *r = ctx;
+  embps_server_t *srv = r->srv;
+  if (rec->type == EMBPS_WAL_PUSH)
+    return replay_push(r, rec, err, err_len);
+  if (rec->len < 8) {
+    snprintf(err, err_len, "short record of type %u", rec->type);
+    return -1;
+  }
+  uint64_t inc = le64(rec->payload);
+  if (rec->type == EMBPS_WAL_CREATE) {
+    embps_msg_t m;
+    char why[256];
+    if (embps_msg_unpack(EMBPS_KIND_CREATE, rec->payload + 8, rec->len - 8,
+                         &m) ||
+        embps_table_spec_check(&m.u.spec, why, sizeof why)) {
+      snprintf(err, err_len, "table spec does not decode");
+      return -1;
+    }
+    embps_table_t *t;
+    if (embps_table_create(&m.u.spec, srv->cfg.shards, srv->cfg.cluster_size,
+                           &t)) {
+      snprintf(err, err_len, "out of memory creating \"%s\"", m.u.spec.name);
+      return -1;
+    }
+    embps_table_set_incarnation(t, inc);
+    if (embps_registry_add(&srv->registry, t) ||
+        known_add(r, t, inc, 0, NULL)) {
+      snprintf(err, err_len, "table \"%s\" created twice", m.u.spec.name);
+      embps_table_unref(t);
+      return -1;
+    }
+    return 0;
+  }
+  if (rec->type == EMBPS_WAL_DROP) {
+    known_t *k = known_find(r, inc);
+    if (!k) {
+      snprintf(err, err_len, "drop of table incarnation %" PRIx64 " that "
+               "does not exist", inc);
+      return -1;
+    }
+    embps_registry_drop(&srv->registry, embps_table_spec(k->table)->name);
+    k->table = NULL;
+    return 0;
+  }
+  snprintf(err, err_len, "unknown record type %u", rec->type);
+  return -1;
+}
+
+static int restore(embps_durable_t *d, uint64_t *last, char *err,
+                   size_t err_len) {
+  embps_server_t *srv = d->srv;
+  uint64_t lsn = 0;
+  embps_ckpt_t c;
+  memset(&c, 0, sizeof c);
+  replay_t r = {.srv = srv};
+  embps_table_scratch_init(&r.scratch);
+  int rc = embps_ckpt_latest(d->dir, &lsn, err, err_len);
+  if (rc < 0)
+    return -1;
+  uint64_t t0 = embps_now_ns();
+  if (rc == 1) {
+    if (embps_ckpt_load(d->dir, lsn, srv->cfg.shards, srv->cfg.cluster_size,
+                        &c, err, err_len))
+      return -1;
+    if (c.cluster_size != srv->cfg.cluster_size ||
+        c.cluster_index != srv->cfg.cluster_index) {
+      snprintf(err, err_len, "checkpoint %s/ckpt-%016" PRIx64 " belongs to "
+               "server %u of a cluster of %u, not %u of %u", d->dir, lsn,
+               c.cluster_index, c.cluster_size, srv->cfg.cluster_index,
+               srv->cfg.cluster_size);
+      embps_ckpt_free(&c);
+      return -1;
+    }
+    for (size_t i = 0; i < c.n_seen; i++)
+      embps_apply_seen_note(srv->apply, c.seen[i].client, c.seen[i].seq);
+    for (size_t i = 0; i < c.n_tables; i++) {
+      embps_table_ref(c.tables[i].table);
+      if (embps_registry_add(&srv->registry, c.tables[i].table) ||
+          known_add(&r, c.tables[i].table, c.tables[i].incarnation,
+                    c.tables[i].file_shards, c.tables[i].shard_lsn)) {
+        snprintf(err, err_len, "checkpoint of %s: table \"%s\" twice",
+                 d->dir, embps_table_spec(c.tables[i].table)->name);
+        embps_table_unref(c.tables[i].table);
+        embps_ckpt_free(&c);
+        return -1;
+      }
+    }
+    d->last.lsn = lsn;
+    LOG_INFO("restored checkpoint %s/ckpt-%016" PRIx64 ": %zu tables in %"
+             PRIu64 " ms", d->dir, lsn, c.n_tables,
+             (embps_now_ns() - t0) / 1000000);
+  }
+  rc = embps_wal_replay(d->log_dir, lsn, replay_visit, &r, last, err,
+                        err_len);
+  if (!rc && *last > lsn)
+    LOG_INFO("replayed the log: LSN %" PRIu64 " to %" PRIu64, lsn + 1, *last);
+  embps_ckpt_free(&c); /* shard_lsn arrays freed after the replay */
+  embps_table_scratch_close(&r.scratch);
+  free(r.v);
+  free(r.ids);
+  free(r.g);
+  return rc;
+}
+
+/* flock on DIR/LOCK; the holder's pid is in the file. */
+static int lock_dir(embps_durable_t *d, char *err, size_t err_len) {
+  char path[1100];
+  snprintf(path, sizeof path, "%s/LOCK", d->dir);
+  d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (d->lock_fd < 0) {
+    snprintf(err, err_len, "data dir %s: cannot open LOCK: %s", d->dir,
+             strerror(errno));
+    return -1;
+  }
+  if (flock(d->lock_fd, LOCK_EX | LOCK_NB)) {
+    char pid[32] = "?";
+    ssize_t k = pread(d->lock_fd, pid, sizeof pid - 1, 0);
+    if (k > 0) {
+      pid[k] = 0;
+      pid[strcspn(pid, "\n")] = 0;
+    }
+    snprintf(err, err_len, "data dir %s is in use by pid %s", d->dir, pid);
+    close(d->lock_fd);
+    d->lock_fd = -1;
+    return -1;
+  }
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+  if (ftruncate(d->lock_fd, 0) || pwrite(d->lock_fd, pid, (size_t)len, 0) < 0)
+    LOG_WARN("data dir %s: cannot write the pid to LOCK", d->dir);
+  return 0;
+}
+
+int embps_durable_open(embps_server_t *srv, char *err, size_t err_len) {
+  embps_durable_t *d = calloc(1, sizeof *d);
+  if (!d) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  d->srv = srv;
+  d->lock_fd = -1;
+  snprintf(d->dir, sizeof d->dir, "%s", srv->cfg.data_dir);
+  snprintf(d->log_dir, sizeof d->log_dir, "%s/log", d->dir);
+  pthread_mutex_init(&d->mu, NULL);
+  pthread_cond_init(&d->cv, NULL);
+  embps_failpoint(NULL); /* reads EMBPS_FAILPOINT before threads start */
+  const char *unsafe = getenv("EMBPS_TEST_UNSAFE_ACK");
+  d->unsafe_ack = unsafe && !strcmp(unsafe, "1");
+  if (d->unsafe_ack)
+    LOG_WARN("EMBPS_TEST_UNSAFE_ACK=1: pushes are acknowledged BEFORE they "
+             "are logged; a crash loses acknowledged pushes. Test only, "
+             "never in production");
+  uint64_t last = 0;
+  if ((mkdir(d->dir, 0755) && errno != EEXIST) ||
+      (mkdir(d->log_dir, 0755) && errno != EEXIST)) {
+    snprintf(err, err_len, "data dir %s: %s", d->dir, strerror(errno));
+    goto fail;
+  }
+  if (lock_dir(d, err, err_len) || restore(d, &last, err, err_len))
+    goto fail;
+  embps_apply_set_lsn(srv->apply, last);
+  if (embps_wal_open(d->log_dir, last + 1, srv->cfg.fsync, d->unsafe_ack,
+                     wal_done, d, &d->wal, err, err_len))
+    goto fail;
+  if (srv->cfg.checkpoint_every_s)
+    d->next_due_ns = embps_now_ns() +
+                     (uint64_t)srv->cfg.checkpoint_every_s * 1000000000ULL;
+  srv->dur = d;
+  if (pthread_create(&d->thread, NULL, ckpt_main, d)) {
+    snprintf(err, err_len, "cannot start the checkpoint thread");
+    srv->dur = NULL;
+    goto fail;
+  }
+  d->thread_started = 1;
+  LOG_INFO("data dir %s: --fsync %s, next LSN %" PRIu64, d->dir,
+           fsync_name(srv->cfg.fsync), last + 1);
+  return 0;
+fail:
+  embps_wal_close(d->wal);
+  if (d->lock_fd >= 0)
+    close(d->lock_fd);
+  free(d);
+  return -1;
+}
+
+int embps_durable_shutdown(embps_server_t *srv) {
+  embps_durable_t *d = srv->dur;
+  if (!d || !d->thread_started)
+    return 0;
+  pthread_mutex_lock(&d->mu);
+  d->stopping = 1;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  pthread_join(d->thread, NULL);
+  d->thread_started = 0;
+  if (embps_wal_failed(d->wal)) {
+    LOG_ERROR("no final checkpoint: %s", embps_wal_failed(d->wal));
+    return -1;
+  }
+  char err[2048];
+  return checkpoint_once(d, err, sizeof err);
+}
+
+void embps_durable_close(embps_server_t *srv) {
+  embps_durable_t *d = srv->dur;
+  if (!d)
+    return;
+  embps_wal_close(d->wal);
+  close(d->lock_fd);
+  pthread_mutex_destroy(&d->mu);
+  pthread_cond_destroy(&d->cv);
+  free(d);
+  srv->dur = NULL;
+}

@@ -1,0 +1,60 @@
+/* durable.h - --data-dir: the apply thread's log, the checkpoint thread,
+ * and restore at start (DURABILITY.md). Without a data dir srv->dur is
+ * NULL and none of this runs.
+ *
+ * Threads: the apply thread logs each mutation (embps_durable_log_*)
+ * between table prepare and commit and hands the replies to
+ * embps_durable_ack; the log thread (wal.c) completes them once synced;
+ * the checkpoint thread sends a marker through the apply FIFO, gets the
+ * state at that LSN (embps_durable_on_marker, on the apply thread), and
+ * writes it while pushes and pulls go on. */
+#ifndef EMBPS_DURABLE_H
+#define EMBPS_DURABLE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "server.h"
+#include "wal.h"
+
+typedef struct embps_durable embps_durable_t;
+
+/* Locks DIR, restores the newest checkpoint and replays the log into
+ * srv->registry and srv->apply (started, idle), then starts the log and
+ * checkpoint threads. 0, or -1 with err (the server must not start). */
+int embps_durable_open(embps_server_t *srv, char *err, size_t err_len);
+/* Shutdown, while the apply thread still runs: takes the final checkpoint
+ * and stops the checkpoint thread. Returns 0 or -1 (logged). */
+int embps_durable_shutdown(embps_server_t *srv);
+/* After the apply thread stopped: syncs and closes the log, unlocks. */
+void embps_durable_close(embps_server_t *srv);
+
+/* I/O thread: queues a CHECKPOINT request; replied once a checkpoint that
+ * began after it arrived is durable. */
+void embps_durable_checkpoint_request(embps_durable_t *d,
+                                      embps_request_t *req);
+/* Fills the durability fields of a stats reply (any thread). */
+void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s);
+
+/* ---- apply thread ---- */
+/* The reason pushes are refused for good, or NULL. */
+const char *embps_durable_failed(embps_durable_t *d);
+/* Logs a push of table at lsn (the table's step after it: step), with the
+ * (client, seq) of every request of reqs. 0, or EMBPS_EIO with msg. */
+int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
+                           embps_table_t *table, uint64_t step,
+                           const embps_request_t *reqs, const int64_t *idx,
+                           const float *vals, size_t n, char *msg,
+                           size_t msg_len);
+int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
+                             embps_table_t *table, char *msg, size_t msg_len);
+int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
+                           embps_table_t *table, char *msg, size_t msg_len);
+/* Completes req (its reply set) once the log is durable up to lsn in
+ * --fsync always, at once otherwise. */
+void embps_durable_ack(embps_durable_t *d, embps_request_t *req, uint64_t lsn);
+/* A checkpoint marker reached the apply thread: the state covers lsn;
+ * seen (malloc'd, handed over) is the exactly-once table. */
+void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
+                             embps_ckpt_seen_t *seen, size_t n_seen);
+#endif

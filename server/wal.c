@@ -1,0 +1,680 @@
+/* wal.c - see wal.h. Layout of a segment header: char magic[8]
+ * "EMBPSLOG", u32 version, u32 reserved, u64 first_lsn, u32 reserved,
+ * u32 crc of the first 28 bytes. All integers little-endian. */
+#define _GNU_SOURCE /* pthread_condattr_setclock is POSIX; O_CLOEXEC */
+#include "wal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "log.h"
+#include "server.h"
+
+#define SEG_MAGIC "EMBPSLOG"
+#define REC_MAGIC 0x52534245u /* "EBSR" */
+#define VERSION 1u
+#define UNSAFE_DELAY_MS 200   /* test-only late writes */
+
+typedef struct deferred {
+  struct deferred *next;
+  size_t len;
+  uint8_t bytes[];
+} deferred_t;
+
+struct embps_wal {
+  char dir[1024], path[1100];
+  embps_fsync_t mode;
+  int unsafe_ack;
+  int fd;                 /* current segment; swapped under sync_mu */
+  uint64_t seg_first;     /* first LSN of the current segment */
+  uint64_t seg_records;   /* records appended to it */
+  pthread_mutex_t sync_mu;
+  pthread_mutex_t mu;     /* everything below */
+  pthread_cond_t cv;
+  uint64_t written, synced;
+  struct embps_request *wait_head, *wait_tail;
+  deferred_t *def_head, *def_tail;
+  int stopping;
+  char failed[2048];
+  embps_wal_done_fn done;
+  void *done_ctx;
+  pthread_t thread;
+};
+
+
+/* ------------------------------------------------------------ helpers */
+
+int embps_fsync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  int rc = fsync(fd) ? -errno : 0;
+  close(fd);
+  return rc;
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+static void seg_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint64_t first) {
+  memset(h, 0, EMBPS_WAL_HEADER_BYTES);
+  memcpy(h, SEG_MAGIC, 8);
+  put32(h + 8, VERSION);
+  put64(h + 16, first);
+  put32(h + 28, embps_crc32c(0, h, 28));
+}
+
+static void rec_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint32_t type,
+                       uint64_t lsn, uint32_t len, uint32_t crc) {
+  memset(h, 0, EMBPS_WAL_HEADER_BYTES);
+  put32(h, REC_MAGIC);
+  put32(h + 4, type);
+  put64(h + 8, lsn);
+  put32(h + 16, len);
+  put32(h + 20, crc);
+  put32(h + 28, embps_crc32c(0, h, 28));
+}
+
+typedef struct {
+  uint64_t first;
+} seg_t;
+
+static int by_first(const void *a, const void *b) {
+  uint64_t x = ((const seg_t *)a)->first, y = ((const seg_t *)b)->first;
+  return x < y ? -1 : x > y;
+}
+
+/* The segments of log_dir sorted by first LSN; *out malloc'd. */
+static int list_segments(const char *log_dir, seg_t **out, size_t *n) {
+  DIR *d = opendir(log_dir);
+  *out = NULL;
+  *n = 0;
+  if (!d)
+    return errno == ENOENT ? 0 : -errno;
+  size_t cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    char *end;
+    if (strlen(e->d_name) != 20 || strcmp(e->d_name + 16, ".log"))
+      continue;
+    unsigned long long v = strtoull(e->d_name, &end, 16);
+    if (end != e->d_name + 16)
+      continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 16;
+      seg_t *s = realloc(*out, cap * sizeof *s);
+      if (!s) {
+        closedir(d);
+        free(*out);
+        *out = NULL;
+        return -ENOMEM;
+      }
+      *out = s;
+    }
+    (*out)[(*n)++].first = v;
+  }
+  closedir(d);
+  qsort(*out, *n, sizeof **out, by_first);
+  return 0;
+}
+
+static void seg_path(char *buf, size_t len, const char *log_dir,
+                     uint64_t first) {
+  snprintf(buf, len, "%s/%016" PRIx64 ".log", log_dir, first);
+}
+
+static int all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i])
+      return 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------ reading */
+
+/* Cuts path at off (a torn tail) and syncs it. */
+static int truncate_tail(const char *path, int fd, uint64_t off, char *err,
+                         size_t err_len) {
+  LOG_WARN("log %s: torn tail at offset %" PRIu64 ": truncated", path, off);
+  if (ftruncate(fd, (off_t)off) || fsync(fd)) {
+    snprintf(err, err_len, "log %s: cannot truncate the torn tail at offset "
+             "%" PRIu64 ": %s", path, off, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/* Reads one segment; *expect is the next LSN wanted (0: any). */
+static int replay_segment(const char *path, uint64_t first, int last,
+                          uint64_t after, embps_wal_visit_fn visit, void *ctx,
+                          uint64_t *expect, char *err, size_t err_len) {
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, err_len, "log %s: %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  fstat(fd, &st);
+  uint64_t size = (uint64_t)st.st_size;
+  uint8_t *m = NULL;
+  int rc = -1;
+  if (size) {
+    m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      snprintf(err, err_len, "log %s: mmap: %s", path, strerror(errno));
+      close(fd);
+      return -1;
+    }
+  }
+  if (size < EMBPS_WAL_HEADER_BYTES || all_zero(m, EMBPS_WAL_HEADER_BYTES)) {
+    if (!last) {
+      snprintf(err, err_len, "log %s: segment header at offset 0: short or "
+               "zero in a segment that is not the last", path);
+      goto out;
+    }
+    /* a segment created at a crash: rewrite its header */
+    uint8_t h[EMBPS_WAL_HEADER_BYTES];
+    seg_header(h, first);
+    LOG_WARN("log %s: torn segment header at offset 0: rewritten", path);
+    if (ftruncate(fd, 0) || pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
+        fsync(fd)) {
+      snprintf(err, err_len, "log %s: cannot rewrite the header: %s", path,
+               strerror(errno));
+      goto out;
+    }
+    rc = 0;
+    goto out;
+  }
+  if (memcmp(m, SEG_MAGIC, 8) || get32(m + 28) != embps_crc32c(0, m, 28)) {
+    snprintf(err, err_len, "log %s: segment header at offset 0: checksum "
+             "mismatch or bad magic", path);
+    goto out;
+  }
+  if (get32(m + 8) != VERSION || get64(m + 16) != first) {
+    snprintf(err, err_len, "log %s: segment header at offset 0: version %u, "
+             "first LSN %" PRIu64 " (name says %" PRIu64 ")", path,
+             get32(m + 8), get64(m + 16), first);
+    goto out;
+  }
+  if (*expect && first != *expect && first > after + 1) {
+    snprintf(err, err_len, "log %s: starts at LSN %" PRIu64 " but LSN %" PRIu64
+             " is missing", path, first, *expect);
+    goto out;
+  }
+  uint64_t off = EMBPS_WAL_HEADER_BYTES;
+  uint64_t lsn_next = first;
+  while (off < size) {
+    const uint8_t *h = m + off;
+    if (all_zero(h, size - off)) {
+      if (last) {
+        rc = truncate_tail(path, fd, off, err, err_len);
+        goto out;
+      }
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": zeros "
+               "in a segment that is not the last", path, off);
+      goto out;
+    }
+    if (size - off < EMBPS_WAL_HEADER_BYTES) {
+      if (last) {
+        rc = truncate_tail(path, fd, off, err, err_len);
+        goto out;
+      }
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": short "
+               "header in a segment that is not the last", path, off);
+      goto out;
+    }
+    if (get32(h) != REC_MAGIC || get32(h + 28) != embps_crc32c(0, h, 28)) {
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": header "
+               "checksum mismatch", path, off);
+      goto out;
+    }
+    embps_wal_rec_t r = {.type = get32(h + 4), .lsn = get64(h + 8),
+                         .len = get32(h + 16)};
+    if (r.lsn != lsn_next) {
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": LSN %"
+               PRIu64 " where %" PRIu64 " was expected", path, off, r.lsn,
+               lsn_next);
+      goto out;
+    }
+    if (size - off - EMBPS_WAL_HEADER_BYTES < r.len) {
+      if (last) {
+        rc = truncate_tail(path, fd, off, err, err_len);
+        goto out;
+      }
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": payload "
+               "runs past the end of a segment that is not the last", path,
+               off);
+      goto out;
+    }
+    r.payload = h + EMBPS_WAL_HEADER_BYTES;
+    if (embps_crc32c(0, r.payload, r.len) != get32(h + 20)) {
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": checksum "
+               "mismatch", path, off);
+      goto out;
+    }
+    if (r.lsn > after) {
+      if (*expect && r.lsn != *expect) {
+        snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": LSN %"
+                 PRIu64 " where %" PRIu64 " was expected", path, off, r.lsn,
+                 *expect);
+        goto out;
+      }
+      char why[400];
+      if (visit(ctx, &r, why, sizeof why)) {
+        snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": %s",
+                 path, off, why);
+        goto out;
+      }
+      *expect = r.lsn + 1;
+    }
+    lsn_next = r.lsn + 1;
+    off += EMBPS_WAL_HEADER_BYTES + r.len;
+  }
+  rc = 0;
+out:
+  if (m)
+    munmap(m, size);
+  close(fd);
+  return rc;
+}
+
+int embps_wal_replay(const char *log_dir, uint64_t after,
+                     embps_wal_visit_fn visit, void *ctx, uint64_t *last,
+                     char *err, size_t err_len) {
+  seg_t *segs;
+  size_t n;
+  int rc = list_segments(log_dir, &segs, &n);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  uint64_t expect = after + 1;
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (i + 1 < n && segs[i + 1].first <= after + 1)
+      continue; /* wholly covered by the checkpoint */
+    char path[1100];
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    rc = replay_segment(path, segs[i].first, i + 1 == n, after, visit, ctx,
+                        &expect, err, err_len);
+  }
+  free(segs);
+  *last = expect - 1;
+  return rc;
+}
+
+/* ------------------------------------------------------------ writing */
+
+/* Creates (or overwrites) the segment starting at first, synced with its
+ * directory. Returns the fd, or -1 with err. */
+static int seg_create(embps_wal_t *w, uint64_t first, char *err,
+                      size_t err_len) {
+  char path[1100];
+  seg_path(path, sizeof path, w->dir, first);
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  seg_header(h, first);
+  if (fd < 0 || write(fd, h, sizeof h) != (ssize_t)sizeof h || fdatasync(fd) ||
+      embps_fsync_dir(w->dir)) {
+    snprintf(err, err_len, "log %s: cannot start the segment: %s", path,
+             strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  snprintf(w->path, sizeof w->path, "%s", path);
+  return fd;
+}
+
+static void fail_locked(embps_wal_t *w, const char *fmt, const char *what,
+                        int e) {
+  if (w->failed[0])
+    return;
+  snprintf(w->failed, sizeof w->failed, fmt, what, strerror(e));
+  LOG_ERROR("%s", w->failed);
+}
+
+/* Writes all of iov to fd. 0 or -errno. */
+static int write_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    ssize_t k = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
+    if (k < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    while (n > 0 && (size_t)k >= iov->iov_len) {
+      k -= (ssize_t)iov->iov_len;
+      iov++;
+      n--;
+    }
+    if (n > 0) {
+      iov->iov_base = (char *)iov->iov_base + k;
+      iov->iov_len -= (size_t)k;
+    }
+  }
+  return 0;
+}
+
+static void complete_list(embps_wal_t *w, struct embps_request *r,
+                          const char *failed) {
+  while (r) {
+    struct embps_request *next = r->next;
+    r->next = NULL;
+    w->done(w->done_ctx, r, failed);
+    r = next;
+  }
+}
+
+static void write_deferred(embps_wal_t *w, deferred_t *d) {
+  while (d) {
+    deferred_t *next = d->next;
+    struct iovec iov = {d->bytes, d->len};
+    pthread_mutex_lock(&w->sync_mu);
+    if (write_all(w->fd, &iov, 1))
+      LOG_ERROR("log %s: late write failed (unsafe ack)", w->path);
+    pthread_mutex_unlock(&w->sync_mu);
+    free(d);
+    d = next;
+  }
+}
+
+static void *log_main(void *arg) {
+  embps_wal_t *w = arg;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    int stop = w->stopping;
+    if (!stop && !w->wait_head) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      long ms = w->unsafe_ack ? UNSAFE_DELAY_MS
+                : w->mode == EMBPS_FSYNC_EVERYSEC ? 1000 : 3600 * 1000;
+      ts.tv_sec += ms / 1000;
+      ts.tv_nsec += (ms % 1000) * 1000000L;
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      int to = pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+      if (to != ETIMEDOUT && !w->wait_head && !w->stopping)
+        continue;
+      stop = w->stopping;
+    }
+    deferred_t *def = w->def_head;
+    w->def_head = w->def_tail = NULL;
+    struct embps_request *waiting = w->wait_head;
+    w->wait_head = w->wait_tail = NULL;
+    uint64_t target = w->written;
+    int need = target > w->synced && !w->failed[0] &&
+               (w->mode != EMBPS_FSYNC_NEVER || stop || waiting);
+    pthread_mutex_unlock(&w->mu);
+    write_deferred(w, def);
+    int e = 0;
+    if (need) {
+      pthread_mutex_lock(&w->sync_mu);
+      if (fdatasync(w->fd))
+        e = errno;
+      pthread_mutex_unlock(&w->sync_mu);
+    }
+    pthread_mutex_lock(&w->mu);
+    if (e)
+      fail_locked(w, "data dir: fsync of %s failed (%s); pushes refused "
+                  "until restart", w->path, e);
+    else if (need && target > w->synced)
+      w->synced = target;
+    const char *failed = w->failed[0] ? w->failed : NULL;
+    pthread_mutex_unlock(&w->mu);
+    complete_list(w, waiting, failed);
+    pthread_mutex_lock(&w->mu);
+    if (stop && !w->wait_head && !w->def_head)
+      break;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
+                   int unsafe_ack, embps_wal_done_fn done, void *done_ctx,
+                   embps_wal_t **out, char *err, size_t err_len) {
+  embps_wal_t *w = calloc(1, sizeof *w);
+  if (!w) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  snprintf(w->dir, sizeof w->dir, "%s", log_dir);
+  w->mode = mode;
+  w->unsafe_ack = unsafe_ack;
+  w->done = done;
+  w->done_ctx = done_ctx;
+  w->written = w->synced = next_lsn - 1;
+  w->seg_first = next_lsn;
+  w->fd = seg_create(w, next_lsn, err, err_len);
+  if (w->fd < 0) {
+    free(w);
+    return -1;
+  }
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_mutex_init(&w->sync_mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  if (pthread_create(&w->thread, NULL, log_main, w)) {
+    snprintf(err, err_len, "cannot start the log thread");
+    close(w->fd);
+    free(w);
+    return -1;
+  }
+  *out = w;
+  return 0;
+}
+
+void embps_wal_close(embps_wal_t *w) {
+  if (!w)
+    return;
+  pthread_mutex_lock(&w->mu);
+  w->stopping = 1;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->thread, NULL);
+  if (!w->failed[0] && fdatasync(w->fd))
+    LOG_ERROR("log %s: fsync at close failed: %s", w->path, strerror(errno));
+  close(w->fd);
+  pthread_mutex_destroy(&w->mu);
+  pthread_mutex_destroy(&w->sync_mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
+const char *embps_wal_failed(embps_wal_t *w) {
+  pthread_mutex_lock(&w->mu);
+  const char *f = w->failed[0] ? w->failed : NULL;
+  pthread_mutex_unlock(&w->mu);
+  return f;
+}
+
+int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
+                     const struct iovec *parts, int n_parts, char *err,
+                     size_t err_len) {
+  struct iovec iov[8];
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  uint64_t len = 0;
+  uint32_t crc = 0;
+  if (n_parts > 7) {
+    snprintf(err, err_len, "log record of %d parts", n_parts);
+    return -EINVAL;
+  }
+  for (int i = 0; i < n_parts; i++) {
+    len += parts[i].iov_len;
+    crc = embps_crc32c(crc, parts[i].iov_base, parts[i].iov_len);
+    iov[i + 1] = parts[i];
+  }
+  if (len > UINT32_MAX) {
+    snprintf(err, err_len, "log record of %" PRIu64 " bytes is too large",
+             len);
+    return -EFBIG;
+  }
+  rec_header(h, type, lsn, (uint32_t)len, crc);
+  iov[0].iov_base = h;
+  iov[0].iov_len = sizeof h;
+  if (w->unsafe_ack) { /* test only: written later by the log thread */
+    deferred_t *d = malloc(sizeof *d + sizeof h + len);
+    if (!d) {
+      snprintf(err, err_len, "out of memory");
+      return -ENOMEM;
+    }
+    d->next = NULL;
+    d->len = sizeof h + len;
+    size_t off = 0;
+    for (int i = 0; i <= n_parts; i++) {
+      memcpy(d->bytes + off, iov[i].iov_base, iov[i].iov_len);
+      off += iov[i].iov_len;
+    }
+    pthread_mutex_lock(&w->mu);
+    if (w->def_tail)
+      w->def_tail->next = d;
+    else
+      w->def_head = d;
+    w->def_tail = d;
+    w->written = lsn;
+    pthread_mutex_unlock(&w->mu);
+    w->seg_records++;
+    return 0;
+  }
+  off_t start = lseek(w->fd, 0, SEEK_END);
+  int rc = write_all(w->fd, iov, n_parts + 1);
+  if (rc) {
+    snprintf(err, err_len, "data dir: write to %s failed (%s); push refused, "
+             "nothing changed", w->path, strerror(-rc));
+    LOG_ERROR("%s", err);
+    if (start < 0 || ftruncate(w->fd, start)) {
+      int e = errno;
+      pthread_mutex_lock(&w->mu);
+      fail_locked(w, "data dir: cannot cut %s back after a failed write "
+                  "(%s); pushes refused until restart", w->path, e);
+      pthread_mutex_unlock(&w->mu);
+    }
+    return rc;
+  }
+  pthread_mutex_lock(&w->mu);
+  w->written = lsn;
+  pthread_mutex_unlock(&w->mu);
+  w->seg_records++;
+  return 0;
+}
+
+void embps_wal_wait(embps_wal_t *w, struct embps_request *req, uint64_t lsn) {
+  pthread_mutex_lock(&w->mu);
+  if (w->failed[0] || lsn <= w->synced) {
+    const char *failed = w->failed[0] ? w->failed : NULL;
+    pthread_mutex_unlock(&w->mu);
+    req->next = NULL;
+    w->done(w->done_ctx, req, failed);
+    return;
+  }
+  req->next = NULL;
+  if (w->wait_tail)
+    w->wait_tail->next = req;
+  else
+    w->wait_head = req;
+  w->wait_tail = req;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
+                     size_t err_len) {
+  if (!w->seg_records && w->seg_first == next_lsn)
+    return 0;
+  pthread_mutex_lock(&w->mu);
+  deferred_t *def = w->def_head;
+  w->def_head = w->def_tail = NULL;
+  uint64_t target = w->written;
+  pthread_mutex_unlock(&w->mu);
+  write_deferred(w, def);
+  pthread_mutex_lock(&w->sync_mu);
+  int rc = 0;
+  if (fdatasync(w->fd)) {
+    int e = errno;
+    pthread_mutex_lock(&w->mu);
+    fail_locked(w, "data dir: fsync of %s failed (%s); pushes refused "
+                "until restart", w->path, e);
+    snprintf(err, err_len, "%s", w->failed);
+    pthread_mutex_unlock(&w->mu);
+    rc = -1;
+  } else {
+    int fd = seg_create(w, next_lsn, err, err_len);
+    if (fd < 0) {
+      rc = -1;
+    } else {
+      close(w->fd);
+      w->fd = fd;
+      w->seg_first = next_lsn;
+      w->seg_records = 0;
+    }
+  }
+  pthread_mutex_unlock(&w->sync_mu);
+  if (!rc) {
+    pthread_mutex_lock(&w->mu);
+    if (target > w->synced)
+      w->synced = target;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+  }
+  return rc;
+}
+
+void embps_wal_delete_upto(const char *log_dir, uint64_t lsn) {
+  seg_t *segs;
+  size_t n;
+  if (list_segments(log_dir, &segs, &n))
+    return;
+  int any = 0;
+  for (size_t i = 0; i + 1 < n; i++) {
+    if (segs[i + 1].first > lsn + 1)
+      break;
+    char path[1100];
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    if (unlink(path))
+      LOG_WARN("log %s: cannot delete: %s", path, strerror(errno));
+    any = 1;
+  }
+  free(segs);
+  if (any)
+    embps_fsync_dir(log_dir);
+}
+
+uint64_t embps_wal_bytes(const char *log_dir) {
+  seg_t *segs;
+  size_t n;
+  uint64_t bytes = 0;
+  if (list_segments(log_dir, &segs, &n))
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char path[1100];
+    struct stat st;
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    if (!stat(path, &st))
+      bytes += (uint64_t)st.st_size;
+  }
+  free(segs);
+  return bytes;
+}

@@ -1,0 +1,87 @@
+/* wal.h - the log of acknowledged mutations (DURABILITY.md, "Log").
+ *
+ * DIR/log/<first LSN %016llx>.log segments: a 32-byte segment header, then
+ * records of a 32-byte header {u32 magic, u32 type, u64 lsn, u32
+ * payload_len, u32 payload_crc, u32 reserved, u32 header_crc} and payload.
+ * The apply thread appends (writev straight from the caller's arrays); a
+ * log thread fdatasyncs: once per batch of waiting acknowledgements
+ * (always, group commit), every second (everysec) or only at rotation and
+ * close (never). The apply thread never waits for an fsync except when it
+ * rotates the log at a checkpoint marker. */
+#ifndef EMBPS_WAL_H
+#define EMBPS_WAL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+typedef enum {
+  EMBPS_FSYNC_ALWAYS = 0,
+  EMBPS_FSYNC_EVERYSEC = 1,
+  EMBPS_FSYNC_NEVER = 2,
+} embps_fsync_t;
+
+enum { EMBPS_WAL_PUSH = 1, EMBPS_WAL_CREATE = 2, EMBPS_WAL_DROP = 3 };
+
+#define EMBPS_WAL_HEADER_BYTES 32
+
+typedef struct embps_wal embps_wal_t;
+struct embps_request;
+
+/* Called on the log thread for each request handed to embps_wal_wait once
+ * the log is durable up to its LSN, with err NULL, or with the failure's
+ * message if the log can no longer be made durable. */
+typedef void (*embps_wal_done_fn)(void *ctx, struct embps_request *req,
+                                  const char *err);
+
+/* One record as the reader hands it out (payload valid during the call). */
+typedef struct {
+  uint32_t type;
+  uint64_t lsn;
+  const uint8_t *payload;
+  uint32_t len;
+} embps_wal_rec_t;
+typedef int (*embps_wal_visit_fn)(void *ctx, const embps_wal_rec_t *r,
+                                  char *err, size_t err_len);
+
+/* Reads every segment of log_dir in LSN order and calls visit for each
+ * record with lsn > after (records must follow after + 1 without a gap).
+ * A torn tail of the last segment is cut off with a WARN; anything else
+ * wrong fails with a message naming the file and offset. *last = the
+ * last LSN read (or after). 0, or -1 with err. */
+int embps_wal_replay(const char *log_dir, uint64_t after,
+                     embps_wal_visit_fn visit, void *ctx, uint64_t *last,
+                     char *err, size_t err_len);
+
+/* Starts a segment at next_lsn in log_dir and the log thread. unsafe_ack:
+ * records are queued and written later by the log thread (test only). */
+int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
+                   int unsafe_ack, embps_wal_done_fn done, void *done_ctx,
+                   embps_wal_t **out, char *err, size_t err_len);
+/* Syncs, stops the log thread (completing every waiter) and closes. */
+void embps_wal_close(embps_wal_t *w);
+
+/* Appends a record whose payload is the concatenation of parts (apply
+ * thread). On a write error the segment is cut back to the record's start:
+ * returns -errno with a message and nothing was logged; if even that fails
+ * the log is failed for good (embps_wal_failed). */
+int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
+                     const struct iovec *parts, int n_parts, char *err,
+                     size_t err_len);
+/* Completes req through the done callback once the log is durable up to
+ * lsn (immediately if it already is). */
+void embps_wal_wait(embps_wal_t *w, struct embps_request *req, uint64_t lsn);
+/* Closes the current segment (fdatasync) and starts one at next_lsn, unless
+ * the current one has no record yet. 0, or -1 with err. Apply thread. */
+int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
+                     size_t err_len);
+/* The failure message if the log can no longer be made durable, or NULL. */
+const char *embps_wal_failed(embps_wal_t *w);
+/* Deletes the segments whose records are all <= lsn (a later segment
+ * starts at or below lsn + 1). */
+void embps_wal_delete_upto(const char *log_dir, uint64_t lsn);
+/* fsync of a directory (after a create, rename or unlink in it). 0 or
+ * -errno. */
+int embps_fsync_dir(const char *dir);
+/* Bytes of all segments in log_dir. */
+uint64_t embps_wal_bytes(const char *log_dir);
+#endif
