@@ -326,6 +326,26 @@ static void print_spec_json(const embps_table_spec_t *s) {
          embps_optimizer_name(s->optimizer), embps_dtype_name(s->dtype), s->lr);
 }
 
+/* Under `tables`: one line per server that has a data dir. */
+static void print_tables_durability(cmd_t *cmd) {
+  embps_server_stats_t *s;
+  size_t n;
+  if (embps_stats(cmd->client, &s, &n))
+    return;
+  for (size_t i = 0; i < n; i++) {
+    if (!s[i].data_dir[0])
+      continue;
+    printf("server %s: data dir %s, fsync %s, last checkpoint %" PRIu64
+           " (unix) %" PRIu64 " bytes %" PRIu64 " ms LSN %" PRIu64
+           ", log %" PRIu64 " bytes%s%s\n", s[i].address, s[i].data_dir,
+           s[i].fsync, s[i].checkpoint_unix_s, s[i].checkpoint_bytes,
+           s[i].checkpoint_ms, s[i].checkpoint_lsn, s[i].log_bytes,
+           s[i].durability_failed[0] ? ", FAILED: " : "",
+           s[i].durability_failed);
+  }
+  embps_stats_free(s, n);
+}
+
 static int cmd_tables(cmd_t *cmd) {
   int json = has_flag(cmd, "--json");
   for (int i = 0; i < cmd->argc; i++)
@@ -361,6 +381,7 @@ static int cmd_tables(cmd_t *cmd) {
              embps_dtype_name(v[i].spec.dtype), v[i].rows_allocated,
              v[i].bytes_used);
     }
+    print_tables_durability(cmd);
   }
   free(v);
   return 0;

@@ -736,7 +736,6 @@ int embps_server_run(const embps_server_config_t *cfg) {
     char err[2048];
     if (embps_durable_open(srv, err, sizeof err)) {
       LOG_ERROR("%s", err);
-      fprintf(stderr, "embps-server: %s\n", err);
       return 1;
     }
   }

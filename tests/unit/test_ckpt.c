@@ -1,0 +1,240 @@
+/* test_ckpt.c - checkpoint directories (server/ckpt.c) and the table
+ * snapshots under them: a written checkpoint loads back into 1, 7 and 16
+ * shards with every row, weight and optimizer state equal (checked by
+ * pulling, then applying one more identical step to both and pulling
+ * again), the steps, the exactly-once table and per-shard LSNs; every
+ * flipped byte and every truncation of every file is refused with the file
+ * named; unfinished tmp directories are removed. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "table.h"
+
+#define DIM 5
+#define ROWS 40
+
+static void make_spec(embps_table_spec_t *s, int i) {
+  embps_table_spec_init(s, i ? "dyn" : "dense", DIM,
+                        i ? EMBPS_OPT_FTRL : EMBPS_OPT_ADAM);
+  s->dtype = i ? EMBPS_DTYPE_BF16 : EMBPS_DTYPE_F16;
+  s->init = EMBPS_INIT_UNIFORM;
+  s->init_value = 0.2;
+  if (i)
+    s->dynamic = 1;
+  else
+    s->rows = ROWS;
+}
+
+static int64_t id_of(int table, int k) {
+  return table ? (int64_t)k * 1000003 - 7000 : k;
+}
+
+static void step(embps_table_t *t, int table, int seed, uint64_t lsn) {
+  embps_table_scratch_t s;
+  embps_table_scratch_init(&s);
+  int64_t ids[ROWS / 2];
+  float g[ROWS / 2 * DIM];
+  for (int k = 0; k < ROWS / 2; k++) {
+    ids[k] = id_of(table, (k * 3 + seed) % ROWS);
+    for (int j = 0; j < DIM; j++)
+      g[k * DIM + j] = (float)((k + j + seed) % 7) / 5.0f - 0.5f;
+  }
+  assert_int_equal(embps_table_prepare(t, &s, ids, ROWS / 2, 0), 0);
+  embps_table_commit(t, &s, ids, g, ROWS / 2, lsn);
+  embps_table_scratch_close(&s);
+}
+
+static void rows_of(embps_table_t *t, int table, float *out) {
+  int64_t ids[ROWS];
+  for (int k = 0; k < ROWS; k++)
+    ids[k] = id_of(table, k);
+  embps_table_gather(t, ids, ROWS, out);
+}
+
+typedef struct {
+  char dir[64];
+  embps_table_t *t[2];
+  embps_ckpt_t c;
+  embps_ckpt_table_t tables[2];
+  embps_ckpt_seen_t seen[3];
+} fx_t;
+
+static int setup(void **state) {
+  fx_t *f = calloc(1, sizeof *f);
+  snprintf(f->dir, sizeof f->dir, "/tmp/embps-ckpt-XXXXXX");
+  assert_non_null(mkdtemp(f->dir));
+  for (int i = 0; i < 2; i++) {
+    embps_table_spec_t s;
+    make_spec(&s, i);
+    assert_int_equal(embps_table_create(&s, 16, 1, &f->t[i]), 0);
+    embps_table_set_incarnation(f->t[i], 1 + (uint64_t)i);
+    for (int k = 0; k < 4; k++)
+      step(f->t[i], i, k, 3 + (uint64_t)k * 2 + (uint64_t)i);
+    embps_table_info_t info;
+    embps_table_info(f->t[i], &info);
+    f->tables[i] = (embps_ckpt_table_t){f->t[i], 1 + (uint64_t)i, info.step,
+                                        0, NULL};
+  }
+  for (int i = 0; i < 3; i++)
+    f->seen[i] = (embps_ckpt_seen_t){100 + (uint64_t)i, 7 * (uint64_t)i + 1};
+  f->c = (embps_ckpt_t){.lsn = 10, .cluster_size = 1, .shards = 16,
+                        .seen = f->seen, .n_seen = 3, .tables = f->tables,
+                        .n_tables = 2};
+  uint64_t bytes;
+  char err[1024];
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+                   0);
+  assert_true(bytes > 0);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fx_t *f = *state;
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+  assert_int_equal(system(cmd), 0);
+  embps_table_unref(f->t[0]);
+  embps_table_unref(f->t[1]);
+  free(f);
+  return 0;
+}
+
+static void test_load_equals_into_any_shards(void **state) {
+  fx_t *f = *state;
+  char err[1024];
+  uint64_t lsn;
+  assert_int_equal(embps_ckpt_latest(f->dir, &lsn, err, sizeof err), 1);
+  assert_int_equal(lsn, 10);
+  const uint32_t shards[] = {1, 7, 16};
+  for (int si = 0; si < 3; si++) {
+    embps_ckpt_t c;
+    assert_int_equal(embps_ckpt_load(f->dir, 10, shards[si], 1, &c, err,
+                                     sizeof err), 0);
+    assert_int_equal(c.n_seen, 3);
+    assert_memory_equal(c.seen, f->seen, sizeof f->seen);
+    assert_int_equal(c.n_tables, 2);
+    for (int i = 0; i < 2; i++) {
+      embps_ckpt_table_t *ct = &c.tables[i];
+      int j = !strcmp(embps_table_spec(ct->table)->name, "dyn");
+      assert_int_equal(ct->incarnation, 1 + (uint64_t)j);
+      assert_int_equal(ct->file_shards, 16);
+      uint64_t max_lsn = 0;
+      for (uint32_t k = 0; k < 16; k++)
+        if (ct->shard_lsn[k] > max_lsn)
+          max_lsn = ct->shard_lsn[k];
+      assert_int_equal(max_lsn, 9 + (uint64_t)j);
+      embps_table_info_t a, b;
+      embps_table_info(ct->table, &a);
+      embps_table_info(f->t[j], &b);
+      assert_int_equal(a.step, b.step);
+      assert_int_equal(a.rows_allocated, b.rows_allocated);
+      float x[ROWS * DIM], y[ROWS * DIM];
+      rows_of(ct->table, j, x);
+      rows_of(f->t[j], j, y);
+      assert_memory_equal(x, y, sizeof x);
+      /* optimizer state: one more identical step to copies of both */
+      embps_table_t *orig;
+      embps_ckpt_t again;
+      assert_int_equal(embps_ckpt_load(f->dir, 10, 16, 1, &again, err,
+                                       sizeof err), 0);
+      orig = again.tables[i].table;
+      step(ct->table, j, 5, 0);
+      step(orig, j, 5, 0);
+      rows_of(ct->table, j, x);
+      rows_of(orig, j, y);
+      assert_memory_equal(x, y, sizeof x);
+      embps_ckpt_free(&again);
+    }
+    embps_ckpt_free(&c);
+  }
+}
+
+/* Every flipped byte and every cut of `name` in the checkpoint is refused
+ * and the message names the file. */
+static void corrupt_each(fx_t *f, const char *name) {
+  char path[256], err[1024];
+  snprintf(path, sizeof path, "%s/ckpt-%016x/%s", f->dir, 10, name);
+  FILE *fp = fopen(path, "rb");
+  assert_non_null(fp);
+  static uint8_t buf[1 << 16];
+  size_t len = fread(buf, 1, sizeof buf, fp);
+  fclose(fp);
+  assert_true(len > 0 && len < sizeof buf);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  for (size_t off = 0; off <= len; off++) {
+    if (off < len) { /* a flipped bit, written in place */
+      uint8_t b = buf[off] ^ 0x10;
+      assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
+    } else { /* cut in half */
+      assert_int_equal(ftruncate(fd, (off_t)(len / 2)), 0);
+    }
+    embps_ckpt_t c;
+    err[0] = 0;
+    int rc = embps_ckpt_load(f->dir, 10, 3, 1, &c, err, sizeof err);
+    if (rc != -1)
+      fprintf(stderr, "%s: change at %zu not detected\n", name, off);
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(err, name));
+    if (off < len)
+      assert_int_equal(pwrite(fd, &buf[off], 1, (off_t)off), 1);
+  }
+  assert_int_equal(pwrite(fd, buf, len, 0), (ssize_t)len);
+  close(fd);
+  embps_ckpt_t c;
+  assert_int_equal(embps_ckpt_load(f->dir, 10, 3, 1, &c, err, sizeof err),
+                   0);
+  embps_ckpt_free(&c);
+}
+
+static void test_corruption_detected(void **state) {
+  fx_t *f = *state;
+  corrupt_each(f, "MANIFEST");
+  corrupt_each(f, "table-0000000000000001.dat");
+  corrupt_each(f, "table-0000000000000002.dat");
+}
+
+static void test_tmp_removed_and_older_deleted(void **state) {
+  fx_t *f = *state;
+  char path[256], err[1024];
+  snprintf(path, sizeof path, "%s/ckpt-%016x.tmp", f->dir, 20);
+  assert_int_equal(mkdir(path, 0755), 0);
+  uint64_t lsn;
+  assert_int_equal(embps_ckpt_latest(f->dir, &lsn, err, sizeof err), 1);
+  assert_int_equal(lsn, 10);
+  struct stat st;
+  assert_int_not_equal(stat(path, &st), 0);
+  f->c.lsn = 12;
+  uint64_t bytes;
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+                   0);
+  embps_ckpt_delete_older(f->dir, 12);
+  snprintf(path, sizeof path, "%s/ckpt-%016x", f->dir, 10);
+  assert_int_not_equal(stat(path, &st), 0);
+  assert_int_equal(embps_ckpt_latest(f->dir, &lsn, err, sizeof err), 1);
+  assert_int_equal(lsn, 12);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_load_equals_into_any_shards, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_corruption_detected, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_tmp_removed_and_older_deleted,
+                                      setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
