@@ -222,6 +222,11 @@ void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
 /* Takes one checkpoint (checkpoint thread). 0, or -1 with err. */
 static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   uint64_t t0 = embps_now_ns();
+  const char *failed = embps_wal_failed(d->wal);
+  if (failed) { /* the memory holds pushes the log may not: keep the disk */
+    snprintf(err, err_len, "%s", failed);
+    return -1;
+  }
   pthread_mutex_lock(&d->mu);
   d->marker_done = 0;
   pthread_mutex_unlock(&d->mu);

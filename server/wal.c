@@ -431,16 +431,19 @@ static void *log_main(void *arg) {
     pthread_mutex_unlock(&w->mu);
     write_deferred(w, def);
     int e = 0;
+    char path[sizeof w->path];
     if (need) {
       pthread_mutex_lock(&w->sync_mu);
-      if (fdatasync(w->fd))
+      if (fdatasync(w->fd)) {
         e = errno;
+        memcpy(path, w->path, sizeof path);
+      }
       pthread_mutex_unlock(&w->sync_mu);
     }
     pthread_mutex_lock(&w->mu);
     if (e)
       fail_locked(w, "data dir: fsync of %s failed (%s); pushes refused "
-                  "until restart", w->path, e);
+                  "until restart", path, e);
     else if (need && target > w->synced)
       w->synced = target;
     const char *failed = w->failed[0] ? w->failed : NULL;
