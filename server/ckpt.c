@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "le.h"
 #include "log.h"
 #include "util.h"
 #include "wal.h"
@@ -65,19 +66,6 @@ void embps_failpoint(const char *name) {
     LOG_WARN("failpoint %s: killing the server", name);
     raise(SIGKILL);
   }
-}
-
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
 }
 
 static void ckpt_name(char *buf, size_t len, const char *dir, uint64_t lsn,
@@ -153,21 +141,21 @@ static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k, char *err,
     return -1;
   }
   uint8_t h[SEC_HDR] = {0};
-  put32(h, SHRD);
-  put32(h + 4, k);
-  put64(h + 8, lsn);
-  put64(h + 16, rows);
-  put32(h + 28, embps_crc32c(0, h, 28));
+  embps_put32(h, SHRD);
+  embps_put32(h + 4, k);
+  embps_put64(h + 8, lsn);
+  embps_put64(h + 16, rows);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
   int rc = wf_write(f, h, sizeof h, NULL, 0, err, err_len);
   const size_t fr = embps_table_file_record_bytes(t);
   size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
   for (size_t i = 0; !rc && i < rows; i += per) {
     size_t n = rows - i < per ? rows - i : per;
     uint8_t b[BLK_HDR];
-    put32(b, BLCK);
-    put32(b + 4, (uint32_t)n);
-    put32(b + 8, embps_crc32c(0, recs + i * fr, n * fr));
-    put32(b + 12, embps_crc32c(0, b, 12));
+    embps_put32(b, BLCK);
+    embps_put32(b + 4, (uint32_t)n);
+    embps_put32(b + 8, embps_crc32c(0, recs + i * fr, n * fr));
+    embps_put32(b + 12, embps_crc32c(0, b, 12));
     rc = wf_write(f, b, sizeof b, recs + i * fr, n * fr, err, err_len);
   }
   free(recs);
@@ -191,15 +179,15 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
   const uint32_t shards = embps_table_n_shards(t);
   uint8_t h[TBL_HDR] = {0};
   memcpy(h, TBL_MAGIC, 8);
-  put32(h + 8, VERSION);
-  put32(h + 12, (uint32_t)spec->dtype);
-  put64(h + 16, ct->incarnation);
-  put32(h + 24, spec->dim);
-  put32(h + 28, 0);
-  put32(h + 32, (uint32_t)embps_table_file_record_bytes(t));
-  put32(h + 36, shards);
-  put32(h + 40, (uint32_t)spec->optimizer);
-  put32(h + 60, embps_crc32c(0, h, 60));
+  embps_put32(h + 8, VERSION);
+  embps_put32(h + 12, (uint32_t)spec->dtype);
+  embps_put64(h + 16, ct->incarnation);
+  embps_put32(h + 24, spec->dim);
+  embps_put32(h + 28, 0);
+  embps_put32(h + 32, (uint32_t)embps_table_file_record_bytes(t));
+  embps_put32(h + 36, shards);
+  embps_put32(h + 40, (uint32_t)spec->optimizer);
+  embps_put32(h + 60, embps_crc32c(0, h, 60));
   int rc = wf_write(&f, h, sizeof h, NULL, 0, err, err_len);
   for (uint32_t k = 0; !rc && k < shards; k++) {
     rc = write_shard(&f, t, k, err, err_len);
@@ -207,9 +195,9 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
       embps_failpoint("ckpt-mid-write");
   }
   uint8_t e[16] = {0};
-  put32(e, TEND);
-  put32(e + 4, shards);
-  put32(e + 12, embps_crc32c(0, e, 12));
+  embps_put32(e, TEND);
+  embps_put32(e + 4, shards);
+  embps_put32(e + 12, embps_crc32c(0, e, 12));
   if (!rc)
     rc = wf_write(&f, e, sizeof e, NULL, 0, err, err_len);
   if (!rc && fsync(f.fd)) {
@@ -466,16 +454,16 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   }
   if (rf_read(&f, h, sizeof h, "header", err, err_len))
     goto out;
-  if (memcmp(h, TBL_MAGIC, 8) || get32(h + 60) != embps_crc32c(0, h, 60) ||
-      get32(h + 8) != VERSION || get32(h + 12) != (uint32_t)spec->dtype ||
-      get64(h + 16) != ct->incarnation || get32(h + 24) != spec->dim ||
-      get32(h + 32) != fr || get32(h + 36) == 0 || get32(h + 36) > 65536) {
+  if (memcmp(h, TBL_MAGIC, 8) || embps_get32(h + 60) != embps_crc32c(0, h, 60) ||
+      embps_get32(h + 8) != VERSION || embps_get32(h + 12) != (uint32_t)spec->dtype ||
+      embps_get64(h + 16) != ct->incarnation || embps_get32(h + 24) != spec->dim ||
+      embps_get32(h + 32) != fr || embps_get32(h + 36) == 0 || embps_get32(h + 36) > 65536) {
     bad(&f, 0, "header", err, err_len);
     goto out;
   }
   f.chain = embps_crc32c(0, h, sizeof h);
   f.off = sizeof h;
-  ct->file_shards = get32(h + 36);
+  ct->file_shards = embps_get32(h + 36);
   ct->shard_lsn = calloc(ct->file_shards, sizeof *ct->shard_lsn);
   size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
   recs = malloc(per * fr);
@@ -489,22 +477,22 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
     uint64_t at = f.off;
     if (rf_read(&f, sh, sizeof sh, "shard section", err, err_len))
       goto out;
-    if (get32(sh) != SHRD || get32(sh + 28) != embps_crc32c(0, sh, 28) ||
-        get32(sh + 4) != k) {
+    if (embps_get32(sh) != SHRD || embps_get32(sh + 28) != embps_crc32c(0, sh, 28) ||
+        embps_get32(sh + 4) != k) {
       bad(&f, at, "shard section", err, err_len);
       goto out;
     }
     f.chain = embps_crc32c(f.chain, sh, sizeof sh);
     f.off += sizeof sh;
-    ct->shard_lsn[k] = get64(sh + 8);
-    uint64_t rows = get64(sh + 16);
+    ct->shard_lsn[k] = embps_get64(sh + 8);
+    uint64_t rows = embps_get64(sh + 16);
     while (rows) {
       uint8_t b[BLK_HDR];
       at = f.off;
       if (rf_read(&f, b, sizeof b, "block header", err, err_len))
         goto out;
-      uint32_t n = get32(b + 4);
-      if (get32(b) != BLCK || get32(b + 12) != embps_crc32c(0, b, 12) ||
+      uint32_t n = embps_get32(b + 4);
+      if (embps_get32(b) != BLCK || embps_get32(b + 12) != embps_crc32c(0, b, 12) ||
           n == 0 || n > per || n > rows) {
         bad(&f, at, "block header", err, err_len);
         goto out;
@@ -513,7 +501,7 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
       f.off += sizeof b;
       if (rf_read(&f, recs, n * fr, "block", err, err_len))
         goto out;
-      if (embps_crc32c(0, recs, n * fr) != get32(b + 8)) {
+      if (embps_crc32c(0, recs, n * fr) != embps_get32(b + 8)) {
         bad(&f, f.off, "block", err, err_len);
         goto out;
       }
@@ -532,8 +520,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   uint64_t at = f.off;
   if (rf_read(&f, e, sizeof e, "trailer", err, err_len))
     goto out;
-  if (get32(e) != TEND || get32(e + 12) != embps_crc32c(0, e, 12) ||
-      get32(e + 4) != ct->file_shards || at + sizeof e != f.size) {
+  if (embps_get32(e) != TEND || embps_get32(e + 12) != embps_crc32c(0, e, 12) ||
+      embps_get32(e + 4) != ct->file_shards || at + sizeof e != f.size) {
     bad(&f, at, "trailer", err, err_len);
     goto out;
   }
@@ -569,24 +557,24 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
   const uint8_t *p = (const uint8_t *)data;
   int rc = -1;
   if (len < MAN_HDR + 8 || len > MANIFEST_MAX ||
-      get32(p + len - 4) != MEND ||
-      get32(p + len - 8) != embps_crc32c(0, p, len - 8)) {
+      embps_get32(p + len - 4) != MEND ||
+      embps_get32(p + len - 8) != embps_crc32c(0, p, len - 8)) {
     snprintf(err, err_len, "checkpoint %s: trailer at offset %zu: checksum "
              "mismatch or short file", path, len >= 8 ? len - 8 : 0);
     goto out;
   }
-  if (memcmp(p, MAN_MAGIC, 8) || get32(p + 8) != VERSION ||
-      get64(p + 16) != lsn) {
+  if (memcmp(p, MAN_MAGIC, 8) || embps_get32(p + 8) != VERSION ||
+      embps_get64(p + 16) != lsn) {
     snprintf(err, err_len, "checkpoint %s: header at offset 0: bad magic, "
              "version or LSN", path);
     goto out;
   }
   c->lsn = lsn;
-  c->cluster_size = get32(p + 24);
-  c->cluster_index = get32(p + 28);
-  c->shards = get32(p + 32);
-  uint32_t n_tables = get32(p + 36);
-  uint64_t n_seen = get64(p + 40);
+  c->cluster_size = embps_get32(p + 24);
+  c->cluster_index = embps_get32(p + 28);
+  c->shards = embps_get32(p + 32);
+  uint32_t n_tables = embps_get32(p + 36);
+  uint64_t n_seen = embps_get64(p + 40);
   size_t off = MAN_HDR, end = len - 8;
   if (n_seen > (end - off) / 16) {
     snprintf(err, err_len, "checkpoint %s: header at offset 0: %" PRIu64
@@ -600,8 +588,8 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
     goto out;
   }
   for (uint64_t i = 0; i < n_seen; i++, off += 16) {
-    c->seen[i].client = get64(p + off);
-    c->seen[i].seq = get64(p + off + 8);
+    c->seen[i].client = embps_get64(p + off);
+    c->seen[i].seq = embps_get64(p + off + 8);
   }
   c->n_seen = n_seen;
   for (uint32_t i = 0; i < n_tables; i++) {
@@ -612,10 +600,10 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
       goto out;
     }
     embps_ckpt_table_t *ct = &c->tables[i];
-    ct->incarnation = get64(p + off);
-    ct->step = get64(p + off + 8);
-    uint64_t fsize = get64(p + off + 16);
-    uint32_t fcrc = get32(p + off + 24), slen = get32(p + off + 28);
+    ct->incarnation = embps_get64(p + off);
+    ct->step = embps_get64(p + off + 8);
+    uint64_t fsize = embps_get64(p + off + 16);
+    uint32_t fcrc = embps_get32(p + off + 24), slen = embps_get32(p + off + 28);
     off += 32;
     size_t padded = ((size_t)slen + 7) & ~(size_t)7;
     embps_msg_t m;

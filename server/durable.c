@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "le.h"
 #include "route.h"
 
 #define PUSH_HEAD 32
@@ -50,17 +51,6 @@ struct embps_durable {
 };
 
 /* ------------------------------------------------------------ helpers */
-
-static uint64_t le64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-static uint32_t le32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
 
 static const char *fsync_name(embps_fsync_t m) {
   return m == EMBPS_FSYNC_ALWAYS ? "always"
@@ -390,8 +380,8 @@ static int replay_push(replay_t *r, const embps_wal_rec_t *rec, char *err,
     snprintf(err, err_len, "short push record");
     return -1;
   }
-  uint64_t inc = le64(p), step = le64(p + 8);
-  uint64_t n_pairs = le32(p + 16), rows = le32(p + 20), dim = le32(p + 24);
+  uint64_t inc = embps_get64(p), step = embps_get64(p + 8);
+  uint64_t n_pairs = embps_get32(p + 16), rows = embps_get32(p + 20), dim = embps_get32(p + 24);
   if (rec->len != PUSH_HEAD + n_pairs * 16 + rows * 8 + rows * dim * 4) {
     snprintf(err, err_len, "push record of %u bytes does not match its "
              "%" PRIu64 " rows of dim %" PRIu64, rec->len, rows, dim);
@@ -449,9 +439,9 @@ static int replay_push(replay_t *r, const embps_wal_rec_t *rec, char *err,
   }
   embps_table_commit(t, &r->scratch, r->ids, r->g, m, rec->lsn);
   for (uint64_t i = 0; i < n_pairs; i++)
-    if (le64(pairs + i * 16) && le64(pairs + i * 16 + 8))
-      embps_apply_seen_note(r->srv->apply, le64(pairs + i * 16),
-                            le64(pairs + i * 16 + 8));
+    if (embps_get64(pairs + i * 16) && embps_get64(pairs + i * 16 + 8))
+      embps_apply_seen_note(r->srv->apply, embps_get64(pairs + i * 16),
+                            embps_get64(pairs + i * 16 + 8));
   return 0;
 }
 
@@ -465,7 +455,7 @@ static int replay_visit(void *ctx, const embps_wal_rec_t *rec, char *err,
     snprintf(err, err_len, "short record of type %u", rec->type);
     return -1;
   }
-  uint64_t inc = le64(rec->payload);
+  uint64_t inc = embps_get64(rec->payload);
   if (rec->type == EMBPS_WAL_CREATE) {
     embps_msg_t m;
     char why[256];

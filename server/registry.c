@@ -25,6 +25,19 @@ static size_t find_locked(const embps_registry_t *r, const char *name) {
   return SIZE_MAX;
 }
 
+/* Room for one more table. 0 or -ENOMEM. */
+static int grow_locked(embps_registry_t *r) {
+  if (r->n < r->cap)
+    return 0;
+  size_t cap = r->cap ? 2 * r->cap : 8;
+  embps_table_t **v = realloc(r->tables, cap * sizeof *v);
+  if (!v)
+    return -ENOMEM;
+  r->tables = v;
+  r->cap = cap;
+  return 0;
+}
+
 int embps_registry_create(embps_registry_t *r, const embps_table_spec_t *spec,
                           uint32_t n_shards, uint32_t cluster_size,
                           size_t max_tables) {
@@ -35,15 +48,8 @@ int embps_registry_create(embps_registry_t *r, const embps_table_spec_t *spec,
     rc = EMBPS_EEXIST;
   } else if (r->n >= max_tables) {
     rc = EMBPS_ELIMIT;
-  } else if (r->n == r->cap) {
-    size_t cap = r->cap ? 2 * r->cap : 8;
-    embps_table_t **v = realloc(r->tables, cap * sizeof *v);
-    if (!v)
-      rc = -ENOMEM;
-    else {
-      r->tables = v;
-      r->cap = cap;
-    }
+  } else {
+    rc = grow_locked(r);
   }
   if (!rc)
     rc = embps_table_create(spec, n_shards, cluster_size, &t);
@@ -105,18 +111,10 @@ int embps_registry_list(embps_registry_t *r, embps_table_info_t **out,
 int embps_registry_add(embps_registry_t *r, embps_table_t *t) {
   int rc = 0;
   pthread_rwlock_wrlock(&r->lock);
-  if (find_locked(r, embps_table_spec(t)->name) != SIZE_MAX) {
+  if (find_locked(r, embps_table_spec(t)->name) != SIZE_MAX)
     rc = EMBPS_EEXIST;
-  } else if (r->n == r->cap) {
-    size_t cap = r->cap ? 2 * r->cap : 8;
-    embps_table_t **v = realloc(r->tables, cap * sizeof *v);
-    if (!v)
-      rc = -ENOMEM;
-    else {
-      r->tables = v;
-      r->cap = cap;
-    }
-  }
+  else
+    rc = grow_locked(r);
   if (!rc)
     r->tables[r->n++] = t;
   pthread_rwlock_unlock(&r->lock);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "le.h"
 #include "log.h"
 #include "server.h"
 
@@ -65,36 +66,23 @@ int embps_fsync_dir(const char *dir) {
   return rc;
 }
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-
 static void seg_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint64_t first) {
   memset(h, 0, EMBPS_WAL_HEADER_BYTES);
   memcpy(h, SEG_MAGIC, 8);
-  put32(h + 8, VERSION);
-  put64(h + 16, first);
-  put32(h + 28, embps_crc32c(0, h, 28));
+  embps_put32(h + 8, VERSION);
+  embps_put64(h + 16, first);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
 }
 
 static void rec_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint32_t type,
                        uint64_t lsn, uint32_t len, uint32_t crc) {
   memset(h, 0, EMBPS_WAL_HEADER_BYTES);
-  put32(h, REC_MAGIC);
-  put32(h + 4, type);
-  put64(h + 8, lsn);
-  put32(h + 16, len);
-  put32(h + 20, crc);
-  put32(h + 28, embps_crc32c(0, h, 28));
+  embps_put32(h, REC_MAGIC);
+  embps_put32(h + 4, type);
+  embps_put64(h + 8, lsn);
+  embps_put32(h + 16, len);
+  embps_put32(h + 20, crc);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
 }
 
 typedef struct {
@@ -207,15 +195,15 @@ static int replay_segment(const char *path, uint64_t first, int last,
     rc = 0;
     goto out;
   }
-  if (memcmp(m, SEG_MAGIC, 8) || get32(m + 28) != embps_crc32c(0, m, 28)) {
+  if (memcmp(m, SEG_MAGIC, 8) || embps_get32(m + 28) != embps_crc32c(0, m, 28)) {
     snprintf(err, err_len, "log %s: segment header at offset 0: checksum "
              "mismatch or bad magic", path);
     goto out;
   }
-  if (get32(m + 8) != VERSION || get64(m + 16) != first) {
+  if (embps_get32(m + 8) != VERSION || embps_get64(m + 16) != first) {
     snprintf(err, err_len, "log %s: segment header at offset 0: version %u, "
              "first LSN %" PRIu64 " (name says %" PRIu64 ")", path,
-             get32(m + 8), get64(m + 16), first);
+             embps_get32(m + 8), embps_get64(m + 16), first);
     goto out;
   }
   if (*expect && first != *expect && first > after + 1) {
@@ -245,13 +233,13 @@ static int replay_segment(const char *path, uint64_t first, int last,
                "header in a segment that is not the last", path, off);
       goto out;
     }
-    if (get32(h) != REC_MAGIC || get32(h + 28) != embps_crc32c(0, h, 28)) {
+    if (embps_get32(h) != REC_MAGIC || embps_get32(h + 28) != embps_crc32c(0, h, 28)) {
       snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": header "
                "checksum mismatch", path, off);
       goto out;
     }
-    embps_wal_rec_t r = {.type = get32(h + 4), .lsn = get64(h + 8),
-                         .len = get32(h + 16)};
+    embps_wal_rec_t r = {.type = embps_get32(h + 4), .lsn = embps_get64(h + 8),
+                         .len = embps_get32(h + 16)};
     if (r.lsn != lsn_next) {
       snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": LSN %"
                PRIu64 " where %" PRIu64 " was expected", path, off, r.lsn,
@@ -269,7 +257,7 @@ static int replay_segment(const char *path, uint64_t first, int last,
       goto out;
     }
     r.payload = h + EMBPS_WAL_HEADER_BYTES;
-    if (embps_crc32c(0, r.payload, r.len) != get32(h + 20)) {
+    if (embps_crc32c(0, r.payload, r.len) != embps_get32(h + 20)) {
       snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": checksum "
                "mismatch", path, off);
       goto out;

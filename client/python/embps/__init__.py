@@ -77,7 +77,18 @@ class _Stats(ctypes.Structure):
         "pull_rows", "push_rows", "errors", "bytes_in", "bytes_out")] + [
         ("n_tables", ctypes.c_size_t),
         ("tables", ctypes.POINTER(_Info)),
+        ("data_dir", ctypes.c_char * 256),
+        ("fsync", ctypes.c_char * 16),
+    ] + [(f, ctypes.c_uint64) for f in (
+        "checkpoint_unix_s", "checkpoint_bytes", "checkpoint_ms",
+        "checkpoint_lsn", "log_bytes")] + [
+        ("durability_failed", ctypes.c_char * 256),
     ]
+
+
+class _CheckpointInfo(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_uint64)
+                for f in ("lsn", "bytes", "duration_ms", "unix_s")]
 
 
 class _Options(ctypes.Structure):
@@ -136,7 +147,6 @@ def _declare(lib):
                                                ctypes.c_size_t]),
         "embps_client_destroy": (None, [P]),
         "embps_client_last_error": (ctypes.c_char_p, [P]),
-        "embps_client_n_servers": (ctypes.c_size_t, [P]),
         "embps_strerror": (ctypes.c_char_p, [ctypes.c_int]),
         "embps_err_name": (ctypes.c_char_p, [ctypes.c_int]),
         "embps_table_spec_init": (None, [ctypes.POINTER(_Spec),
@@ -152,6 +162,8 @@ def _declare(lib):
         "embps_stats": (ctypes.c_int, [P, ctypes.POINTER(ctypes.POINTER(_Stats)),
                                        ctypes.POINTER(ctypes.c_size_t)]),
         "embps_stats_free": (None, [ctypes.POINTER(_Stats), ctypes.c_size_t]),
+        "embps_checkpoint": (ctypes.c_int, [P, ctypes.POINTER(_CheckpointInfo)]),
+        "embps_client_n_servers": (ctypes.c_size_t, [P]),
         "embps_pull": (ctypes.c_int, [P, ctypes.c_char_p, i64p,
                                       ctypes.c_size_t, f32p, ctypes.c_uint32]),
         "embps_push": (ctypes.c_int, [P, ctypes.c_char_p, i64p,
@@ -330,14 +342,26 @@ class Client:
         out = []
         for i in range(n.value):
             s = p[i]
+            text = ("address", "version", "data_dir", "fsync",
+                    "durability_failed")
             d = {f: getattr(s, f) for f, _ in _Stats._fields_
-                 if f not in ("tables", "n_tables", "address", "version")}
-            d["address"] = s.address.decode()
-            d["version"] = s.version.decode()
+                 if f not in ("tables", "n_tables") + text}
+            for f in text:
+                d[f] = getattr(s, f).decode()
             d["tables"] = [_info_dict(s.tables[t]) for t in range(s.n_tables)]
             out.append(d)
         _lib().embps_stats_free(p, n.value)
         return out
+
+    def checkpoint(self):
+        """Takes a checkpoint on every server (--data-dir); returns once each
+        is durable, with one dict per server (lsn, bytes, duration_ms,
+        unix_s)."""
+        n = _lib().embps_client_n_servers(self._c)
+        info = (_CheckpointInfo * max(n, 1))()
+        self._check(_lib().embps_checkpoint(self._c, info))
+        return [{f: getattr(info[i], f) for f, _ in _CheckpointInfo._fields_}
+                for i in range(n)]
 
     def dim(self, name):
         if name not in self._dims:
