@@ -249,7 +249,7 @@ static double pct(const double *v, size_t n, double p) {
 }
 
 typedef struct {
-  double rows_per_s, ids_per_s, p50, p99, p999;
+  double rows_per_s, ids_per_s, p50, p99, p999, max;
   uint64_t requests;
 } phase_result_t;
 
@@ -299,6 +299,7 @@ static int run_phase(const bench_opts_t *o, const workload_t *w,
     r->p50 = pct(lat, n_lat, 0.50);
     r->p99 = pct(lat, n_lat, 0.99);
     r->p999 = pct(lat, n_lat, 0.999);
+    r->max = n_lat ? lat[n_lat - 1] : 0;
   }
   if (elapsed <= 0)
     elapsed = o->seconds;
@@ -493,14 +494,15 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            "\"push_rows_per_s\": %.0f, \"push_ids_per_s\": %.0f, "
            "\"push_p50_us\": %.1f, \"push_p99_us\": %.1f, "
            "\"push_p999_us\": %.1f, \"warmup\": %g, \"batches\": %u, "
-           "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64 "}\n",
+           "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64
+           ", \"pull_max_us\": %.1f, \"push_max_us\": %.1f}\n",
            o.workers, o.batch, o.rows, o.dim, o.zipf,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth,
            o.dynamic ? "true" : "false", prefill_s,
            o.unique ? "true" : "false", unique, pull.rows_per_s,
            pull.ids_per_s, pull.p50, pull.p99, pull.p999, push.rows_per_s,
            push.ids_per_s, push.p50, push.p99, push.p999, o.warmup,
-           o.n_batches, pull.requests, push.requests);
+           o.n_batches, pull.requests, push.requests, pull.max, push.max);
   } else {
     printf("embps bench: %u worker(s), batch %" PRIu64 " Zipf(%g) over %"
            PRIu64 " rows, dim %u, %s, %g s per phase, depth %u\n",
