@@ -38,11 +38,14 @@ struct embps_wal {
   char dir[1024], path[1100];
   embps_fsync_t mode;
   int unsafe_ack;
-  int fd;                 /* current segment; swapped under sync_mu */
   uint64_t seg_first;     /* first LSN of the current segment */
   uint64_t seg_records;   /* records appended to it */
-  pthread_mutex_t sync_mu;
+  pthread_mutex_t def_mu; /* orders the late writes of unsafe_ack */
   pthread_mutex_t mu;     /* everything below */
+  int fd;                 /* current segment (written by the apply thread) */
+  int retired[16];        /* rotated out, to fdatasync and close */
+  int n_retired;
+  int dir_dirty;          /* a segment was created: fsync the directory */
   pthread_cond_t cv;
   uint64_t written, synced;
   struct embps_request *wait_head, *wait_tail;
@@ -206,11 +209,6 @@ static int replay_segment(const char *path, uint64_t first, int last,
              embps_get32(m + 8), embps_get64(m + 16), first);
     goto out;
   }
-  if (*expect && first != *expect && first > after + 1) {
-    snprintf(err, err_len, "log %s: starts at LSN %" PRIu64 " but LSN %" PRIu64
-             " is missing", path, first, *expect);
-    goto out;
-  }
   uint64_t off = EMBPS_WAL_HEADER_BYTES;
   uint64_t lsn_next = first;
   while (off < size) {
@@ -265,8 +263,8 @@ static int replay_segment(const char *path, uint64_t first, int last,
     if (r.lsn > after) {
       if (*expect && r.lsn != *expect) {
         snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": LSN %"
-                 PRIu64 " where %" PRIu64 " was expected", path, off, r.lsn,
-                 *expect);
+                 PRIu64 " where %" PRIu64 " was expected (LSNs missing)", path,
+                 off, r.lsn, *expect);
         goto out;
       }
       char why[400];
@@ -298,15 +296,40 @@ int embps_wal_replay(const char *log_dir, uint64_t after,
     snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
     return -1;
   }
+  /* The segments after the last one holding records hold none: a crash
+   * right after a rotation. The torn tail allowed is that last one's. */
+  size_t tail = 0;
+  for (size_t i = 0; i < n; i++) {
+    char path[1100];
+    struct stat st;
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    if (stat(path, &st) || st.st_size > EMBPS_WAL_HEADER_BYTES)
+      tail = i;
+  }
   uint64_t expect = after + 1;
   for (size_t i = 0; i < n && !rc; i++) {
     if (i + 1 < n && segs[i + 1].first <= after + 1)
       continue; /* wholly covered by the checkpoint */
     char path[1100];
     seg_path(path, sizeof path, log_dir, segs[i].first);
-    rc = replay_segment(path, segs[i].first, i + 1 == n, after, visit, ctx,
+    rc = replay_segment(path, segs[i].first, i >= tail, after, visit, ctx,
                         &expect, err, err_len);
   }
+  /* empty segments that no longer follow the records (a torn tail was cut
+   * before them) are removed; the next segment starts at expect */
+  int removed = 0;
+  for (size_t i = tail + 1; !rc && i < n; i++) {
+    if (segs[i].first == expect)
+      continue;
+    char path[1100];
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    LOG_WARN("log %s: empty segment after LSN %" PRIu64 ": removed", path,
+             expect - 1);
+    unlink(path);
+    removed = 1;
+  }
+  if (removed)
+    embps_fsync_dir(log_dir);
   free(segs);
   *last = expect - 1;
   return rc;
@@ -314,24 +337,23 @@ int embps_wal_replay(const char *log_dir, uint64_t after,
 
 /* ------------------------------------------------------------ writing */
 
-/* Creates (or overwrites) the segment starting at first, synced with its
- * directory. Returns the fd, or -1 with err. */
-static int seg_create(embps_wal_t *w, uint64_t first, char *err,
-                      size_t err_len) {
-  char path[1100];
-  seg_path(path, sizeof path, w->dir, first);
+/* Creates (or overwrites) the segment starting at first, its path in
+ * path; with sync, synced with its directory (else the log thread syncs
+ * both). Returns the fd, or -1 with err. */
+static int seg_create(embps_wal_t *w, uint64_t first, int sync, char *path,
+                      size_t path_len, char *err, size_t err_len) {
+  seg_path(path, path_len, w->dir, first);
   int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   uint8_t h[EMBPS_WAL_HEADER_BYTES];
   seg_header(h, first);
-  if (fd < 0 || write(fd, h, sizeof h) != (ssize_t)sizeof h || fdatasync(fd) ||
-      embps_fsync_dir(w->dir)) {
+  if (fd < 0 || write(fd, h, sizeof h) != (ssize_t)sizeof h ||
+      (sync && (fdatasync(fd) || embps_fsync_dir(w->dir)))) {
     snprintf(err, err_len, "log %s: cannot start the segment: %s", path,
              strerror(errno));
     if (fd >= 0)
       close(fd);
     return -1;
   }
-  snprintf(w->path, sizeof w->path, "%s", path);
   return fd;
 }
 
@@ -375,17 +397,31 @@ static void complete_list(embps_wal_t *w, struct embps_request *r,
   }
 }
 
-static void write_deferred(embps_wal_t *w, deferred_t *d) {
+/* unsafe_ack: writes the queued records to fd, in order. def_mu held. */
+static void write_deferred(embps_wal_t *w, int fd, deferred_t *d) {
   while (d) {
     deferred_t *next = d->next;
     struct iovec iov = {d->bytes, d->len};
-    pthread_mutex_lock(&w->sync_mu);
-    if (write_all(w->fd, &iov, 1))
-      LOG_ERROR("log %s: late write failed (unsafe ack)", w->path);
-    pthread_mutex_unlock(&w->sync_mu);
+    if (write_all(fd, &iov, 1))
+      LOG_ERROR("log %s: late write failed (unsafe ack)", w->dir);
     free(d);
     d = next;
   }
+}
+
+/* Log thread, unsafe_ack: writes what is queued to the current segment. */
+static void flush_deferred(embps_wal_t *w) {
+  pthread_mutex_lock(&w->def_mu);
+  pthread_mutex_lock(&w->mu);
+  deferred_t *def = w->def_head;
+  w->def_head = w->def_tail = NULL;
+  int fd = def ? dup(w->fd) : -1;
+  pthread_mutex_unlock(&w->mu);
+  if (fd >= 0) {
+    write_deferred(w, fd, def);
+    close(fd);
+  }
+  pthread_mutex_unlock(&w->def_mu);
 }
 
 static void *log_main(void *arg) {
@@ -393,7 +429,7 @@ static void *log_main(void *arg) {
   pthread_mutex_lock(&w->mu);
   for (;;) {
     int stop = w->stopping;
-    if (!stop && !w->wait_head) {
+    if (!stop && !w->wait_head && !w->n_retired) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       long ms = w->unsafe_ack ? UNSAFE_DELAY_MS
@@ -405,28 +441,43 @@ static void *log_main(void *arg) {
         ts.tv_nsec -= 1000000000L;
       }
       int to = pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-      if (to != ETIMEDOUT && !w->wait_head && !w->stopping)
+      if (to != ETIMEDOUT && !w->wait_head && !w->stopping && !w->n_retired)
         continue;
       stop = w->stopping;
     }
-    deferred_t *def = w->def_head;
-    w->def_head = w->def_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    flush_deferred(w);
+    pthread_mutex_lock(&w->mu);
     struct embps_request *waiting = w->wait_head;
     w->wait_head = w->wait_tail = NULL;
     uint64_t target = w->written;
     int need = target > w->synced && !w->failed[0] &&
-               (w->mode != EMBPS_FSYNC_NEVER || stop || waiting);
-    pthread_mutex_unlock(&w->mu);
-    write_deferred(w, def);
-    int e = 0;
+               (w->mode != EMBPS_FSYNC_NEVER || stop || waiting ||
+                w->n_retired);
+    int retired[16], n_retired = w->n_retired, dir_dirty = w->dir_dirty;
+    memcpy(retired, w->retired, sizeof retired);
+    w->n_retired = 0;
+    w->dir_dirty = 0;
+    int fd = need ? dup(w->fd) : -1;
     char path[sizeof w->path];
-    if (need) {
-      pthread_mutex_lock(&w->sync_mu);
-      if (fdatasync(w->fd)) {
+    memcpy(path, w->path, sizeof path);
+    pthread_mutex_unlock(&w->mu);
+    /* older segments first, then the current one, then the directory */
+    int e = need && fd < 0 ? errno : 0;
+    for (int i = 0; i < n_retired; i++) {
+      if (fdatasync(retired[i]) && !e)
         e = errno;
-        memcpy(path, w->path, sizeof path);
-      }
-      pthread_mutex_unlock(&w->sync_mu);
+      close(retired[i]);
+    }
+    if (fd >= 0) {
+      if (fdatasync(fd) && !e)
+        e = errno;
+      close(fd);
+    }
+    if (dir_dirty && !e) {
+      int r = embps_fsync_dir(w->dir);
+      if (r)
+        e = -r;
     }
     pthread_mutex_lock(&w->mu);
     if (e)
@@ -460,13 +511,13 @@ int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
   w->done_ctx = done_ctx;
   w->written = w->synced = next_lsn - 1;
   w->seg_first = next_lsn;
-  w->fd = seg_create(w, next_lsn, err, err_len);
+  w->fd = seg_create(w, next_lsn, 1, w->path, sizeof w->path, err, err_len);
   if (w->fd < 0) {
     free(w);
     return -1;
   }
   pthread_mutex_init(&w->mu, NULL);
-  pthread_mutex_init(&w->sync_mu, NULL);
+  pthread_mutex_init(&w->def_mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   if (pthread_create(&w->thread, NULL, log_main, w)) {
     snprintf(err, err_len, "cannot start the log thread");
@@ -490,7 +541,7 @@ void embps_wal_close(embps_wal_t *w) {
     LOG_ERROR("log %s: fsync at close failed: %s", w->path, strerror(errno));
   close(w->fd);
   pthread_mutex_destroy(&w->mu);
-  pthread_mutex_destroy(&w->sync_mu);
+  pthread_mutex_destroy(&w->def_mu);
   pthread_cond_destroy(&w->cv);
   free(w);
 }
@@ -595,41 +646,35 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
                      size_t err_len) {
   if (!w->seg_records && w->seg_first == next_lsn)
     return 0;
+  pthread_mutex_lock(&w->def_mu);
   pthread_mutex_lock(&w->mu);
   deferred_t *def = w->def_head;
   w->def_head = w->def_tail = NULL;
-  uint64_t target = w->written;
   pthread_mutex_unlock(&w->mu);
-  write_deferred(w, def);
-  pthread_mutex_lock(&w->sync_mu);
-  int rc = 0;
-  if (fdatasync(w->fd)) {
-    int e = errno;
-    pthread_mutex_lock(&w->mu);
-    fail_locked(w, "data dir: fsync of %s failed (%s); pushes refused "
-                "until restart", w->path, e);
-    snprintf(err, err_len, "%s", w->failed);
-    pthread_mutex_unlock(&w->mu);
-    rc = -1;
-  } else {
-    int fd = seg_create(w, next_lsn, err, err_len);
-    if (fd < 0) {
-      rc = -1;
-    } else {
-      close(w->fd);
-      w->fd = fd;
-      w->seg_first = next_lsn;
-      w->seg_records = 0;
-    }
-  }
-  pthread_mutex_unlock(&w->sync_mu);
+  write_deferred(w, w->fd, def);
+  char path[sizeof w->path];
+  int fd = seg_create(w, next_lsn, 0, path, sizeof path, err, err_len);
+  int rc = fd < 0 ? -1 : 0;
   if (!rc) {
     pthread_mutex_lock(&w->mu);
-    if (target > w->synced)
-      w->synced = target;
+    if (w->n_retired == (int)(sizeof w->retired / sizeof *w->retired)) {
+      pthread_mutex_unlock(&w->mu); /* the log thread is far behind */
+      if (fdatasync(w->fd))
+        LOG_ERROR("log %s: fsync failed: %s", w->path, strerror(errno));
+      pthread_mutex_lock(&w->mu);
+      close(w->fd);
+    } else {
+      w->retired[w->n_retired++] = w->fd;
+    }
+    w->fd = fd;
+    w->dir_dirty = 1;
+    memcpy(w->path, path, sizeof path);
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    w->seg_first = next_lsn;
+    w->seg_records = 0;
   }
+  pthread_mutex_unlock(&w->def_mu);
   return rc;
 }
 
