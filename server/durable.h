@@ -7,7 +7,10 @@
  * embps_durable_ack; the log thread (wal.c) completes them once synced;
  * the checkpoint thread sends a marker through the apply FIFO, gets the
  * state at that LSN (embps_durable_on_marker, on the apply thread), and
- * writes it while pushes and pulls go on. */
+ * writes it while pushes and pulls go on. req->complete is therefore also
+ * called from the log thread (acks in --fsync always) and the checkpoint
+ * thread (CHECKPOINT replies): it must be callable from any thread, as
+ * net.c's is. */
 #ifndef EMBPS_DURABLE_H
 #define EMBPS_DURABLE_H
 #include <stddef.h>
