@@ -23,7 +23,7 @@ double it_now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static void sleep_ms(double ms) {
+void it_sleep_ms(double ms) {
   long long ns = (long long)(ms * 1e6);
   struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000LL),
                         .tv_nsec = (long)(ns % 1000000000LL)};
@@ -31,7 +31,7 @@ static void sleep_ms(double ms) {
   }
 }
 
-static int status_code(int st) {
+int it_status_code(int st) {
   if (WIFEXITED(st))
     return WEXITSTATUS(st);
   if (WIFSIGNALED(st))
@@ -41,7 +41,7 @@ static int status_code(int st) {
 
 /* In a freshly forked child: default signal handling, nothing blocked, and
  * death with the parent. */
-static void child_reset_signals(void) {
+void it_child_reset_signals(void) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
@@ -75,7 +75,7 @@ void it_server_dump_log(const it_server_t *s) {
   fclose(f);
 }
 
-static int read_port(const char *path) {
+int it_read_port(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f)
     return -1;
@@ -84,6 +84,19 @@ static int read_port(const char *path) {
     port = -1;
   fclose(f);
   return port > 0 && port < 65536 ? port : -1;
+}
+
+void it_exec_logged(const char *const *argv, const char *log_file) {
+  int log = open(log_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int null = open("/dev/null", O_RDONLY);
+  if (log < 0 || null < 0)
+    _exit(127);
+  dup2(null, 0);
+  dup2(log, 1);
+  dup2(log, 2);
+  execv(argv[0], (char *const *)argv);
+  fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+  _exit(127);
 }
 
 int it_server_start(it_server_t *s, const char *const *extra_args) {
@@ -125,17 +138,8 @@ int it_server_start(it_server_t *s, const char *const *extra_args) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
       _exit(127);
-    child_reset_signals();
-    int log = open(s->log_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int null = open("/dev/null", O_RDONLY);
-    if (log < 0 || null < 0)
-      _exit(127);
-    dup2(null, 0);
-    dup2(log, 1);
-    dup2(log, 2);
-    execv(argv[0], (char *const *)argv);
-    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
+    it_child_reset_signals();
+    it_exec_logged(argv, s->log_file);
   }
   s->pid = pid;
 
@@ -145,13 +149,13 @@ int it_server_start(it_server_t *s, const char *const *extra_args) {
     pid_t w = waitpid(pid, &st, WNOHANG);
     if (w == pid) {
       fprintf(stderr, "[harness] embps-server exited during start-up "
-              "(status %d)\n", status_code(st));
+              "(status %d)\n", it_status_code(st));
       s->pid = 0;
       it_server_dump_log(s);
       remove_dir(s);
       return -1;
     }
-    int port = read_port(s->port_file);
+    int port = it_read_port(s->port_file);
     if (port > 0) {
       s->port = port;
       snprintf(s->addr, sizeof s->addr, "127.0.0.1:%d", port);
@@ -166,34 +170,39 @@ int it_server_start(it_server_t *s, const char *const *extra_args) {
       remove_dir(s);
       return -1;
     }
-    sleep_ms(2);
+    it_sleep_ms(2);
+  }
+}
+
+int it_wait_exit(pid_t pid, int timeout_ms, int *code) {
+  double deadline = it_now_ms() + timeout_ms;
+  for (;;) {
+    int st;
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) {
+      *code = it_status_code(st);
+      return 1;
+    }
+    if (w < 0 && errno != EINTR)
+      return -1;
+    if (it_now_ms() > deadline)
+      return 0;
+    it_sleep_ms(1);
   }
 }
 
 int it_server_wait(it_server_t *s, int timeout_ms) {
   if (!s->pid)
     return -1;
-  double deadline = it_now_ms() + timeout_ms;
-  for (;;) {
-    int st;
-    pid_t w = waitpid(s->pid, &st, WNOHANG);
-    if (w == s->pid) {
-      s->pid = 0;
-      int code = status_code(st);
-      if (code != 0)
-        it_server_dump_log(s);
-      remove_dir(s);
-      return code;
-    }
-    if (w < 0 && errno != EINTR) {
-      s->pid = 0;
-      remove_dir(s);
-      return -1;
-    }
-    if (it_now_ms() > deadline)
-      return -1;
-    sleep_ms(1);
-  }
+  int code = -1;
+  int r = it_wait_exit(s->pid, timeout_ms, &code);
+  if (r == 0)
+    return -1;
+  s->pid = 0;
+  if (r > 0 && code != 0)
+    it_server_dump_log(s);
+  remove_dir(s);
+  return code;
 }
 
 int it_server_stop(it_server_t *s) {
@@ -274,7 +283,7 @@ int it_cli_run(it_cli_result_t *r, const char *const *args) {
   argv[argc] = NULL;
   pid_t pid = out >= 0 && err >= 0 ? fork() : -1;
   if (pid == 0) {
-    child_reset_signals();
+    it_child_reset_signals();
     int null = open("/dev/null", O_RDONLY);
     if (null >= 0)
       dup2(null, 0);
@@ -290,7 +299,7 @@ int it_cli_run(it_cli_result_t *r, const char *const *args) {
     for (;;) {
       pid_t w = waitpid(pid, &st, WNOHANG);
       if (w == pid) {
-        r->status = status_code(st);
+        r->status = it_status_code(st);
         break;
       }
       if (w < 0 && errno != EINTR)
@@ -301,7 +310,7 @@ int it_cli_run(it_cli_result_t *r, const char *const *args) {
         r->status = 128 + SIGKILL;
         break;
       }
-      sleep_ms(1);
+      it_sleep_ms(1);
     }
   }
   if (out >= 0) {

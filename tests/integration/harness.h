@@ -63,4 +63,17 @@ void it_cli_result_free(it_cli_result_t *r);
 
 /* Monotonic milliseconds. */
 double it_now_ms(void);
+void it_sleep_ms(double ms);
+/* A waitpid status as an exit code, 128 + signal, or -1. */
+int it_status_code(int wait_status);
+/* The port in a --port-file, or -1 (missing, partial, out of range). */
+int it_read_port(const char *path);
+/* Waits up to timeout_ms for child pid to exit: 1 (its status in *code, as
+ * it_status_code), 0 (still running) or -1 (no such child). */
+int it_wait_exit(pid_t pid, int timeout_ms, int *code);
+/* In a forked child: stdin from /dev/null, stdout and stderr to log_file
+ * (truncated), then execv(argv[0], argv); never returns. */
+void it_exec_logged(const char *const *argv, const char *log_file);
+/* In a freshly forked child: default signal handling, nothing blocked. */
+void it_child_reset_signals(void);
 #endif
