@@ -44,14 +44,16 @@
 #define MAX_REPLY_BYTES (1u << 30)
 #define DEFAULT_TIMEOUT_MS 30000
 #define MAX_SERVERS 1024
+#define DEFAULT_RETRY_MS 30000
+#define BACKOFF_MIN_MS 20
+#define BACKOFF_MAX_MS 1000
 
 typedef struct part part_t;
 
-/* A queued request frame: buf (owned) and, for a bulk sent from the
+/* A queued request frame: its part's frame and, for a bulk sent from the
  * caller's buffers, up to two borrowed segments after it. seg[] holds the
  * bytes not yet sent; cur is the first segment with bytes left. */
 typedef struct out_buf {
-  uint8_t *buf;
   struct iovec seg[3];
   int n_seg, cur;
   const part_t *part; /* the part awaiting this frame's reply */
@@ -62,6 +64,7 @@ typedef struct {
   char host[256];
   int port;
   char addr[300];
+  uint32_t index; /* in the cluster */
   int fd;
   uint64_t max_frame; /* the server's --max-frame-bytes, from its hello */
   out_buf_t *out_head, *out_tail;
@@ -75,6 +78,12 @@ typedef struct {
   part_t *cur;    /* the part the frame being read answers, or NULL */
   uint8_t *bulk;  /* where its bulk goes when read in place, or NULL */
   size_t bulk_off;
+  /* Broken (fd < 0) with parts still pending: they are sent again, in
+   * their order, once a reconnection at or after retry_at_ns succeeds. */
+  uint64_t retry_at_ns;
+  int backoff_ms;
+  int down_code;      /* why the last connection or attempt failed */
+  char down_why[1024];
 } conn_t;
 
 typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH } op_t;
@@ -83,6 +92,13 @@ struct part {
   embps_ticket_t *t;
   uint32_t server;
   uint32_t req_id;
+  uint16_t kind; /* the request's kind */
+  /* The request frame (owned) and its borrowed bulk, kept until the reply
+   * so that a retry sends the very same bytes (client id, seq, req id). */
+  uint8_t *frame;
+  size_t frame_len;
+  struct iovec bulk[2];
+  int n_bulk;
   uint32_t *pos; /* push: positions in the caller's arrays (K > 1) */
   size_t base;   /* pull: first position in the ticket's unique list */
   size_t n;
@@ -94,6 +110,8 @@ struct part {
 struct embps_ticket {
   op_t op;
   int result;
+  uint64_t retry_until_ns; /* 0: never retried */
+  uint64_t sent_ns;        /* last (re)send of a part: one attempt's start */
   char error[EMBPS_MESSAGE_MAX + 64];
   uint32_t n_parts, n_done;
   part_t *parts;
@@ -122,6 +140,7 @@ struct embps_client {
   char token[EMBPS_TOKEN_MAX];
   size_t token_len;
   int timeout_ms;
+  int retry_ms; /* < 0: never */
   uint32_t next_req_id;
   uint64_t client_id, seq;
   char last_error[EMBPS_MESSAGE_MAX + 128];
@@ -199,6 +218,7 @@ static void ticket_free(embps_ticket_t *t) {
     return;
   for (uint32_t i = 0; i < t->n_parts; i++) {
     free(t->parts[i].pos);
+    free(t->parts[i].frame);
     if (t->parts[i].has_reply)
       embps_msg_free(&t->parts[i].reply);
   }
@@ -216,24 +236,56 @@ static void part_done(part_t *p) { p->t->n_done++; }
 
 /* ------------------------------------------------------------ connections */
 
-/* Drops a connection: every part waiting on it fails with code. */
-static void conn_fail(conn_t *k, int code, const char *why) {
+/* Connection-level failures after which a request may be sent again: the
+ * server never answered it, or said it was going away. Any other code is a
+ * server's answer (or ours) and final. */
+static int code_retryable(int code) {
+  return code == EMBPS_ECONN || code == EMBPS_ETIMEDOUT ||
+         code == EMBPS_ESHUTDOWN;
+}
+
+static void pending_append(conn_t *k, part_t *p) {
+  p->next = NULL;
+  if (k->pending_tail)
+    k->pending_tail->next = p;
+  else
+    k->pending_head = p;
+  k->pending_tail = p;
+}
+
+/* Drops a connection. Every part waiting on it fails with code, except,
+ * when may_retry, those whose ticket may still retry after a failure of
+ * this kind: they stay pending, in order, to be sent again once the
+ * connection is back (conn_reconnect). */
+static void conn_drop(conn_t *k, int code, const char *why, int may_retry) {
   if (k->fd >= 0)
     close(k->fd);
   k->fd = -1;
   for (out_buf_t *o = k->out_head, *next; o; o = next) {
     next = o->next;
-    free(o->buf);
     free(o);
   }
   k->out_head = k->out_tail = NULL;
-  for (part_t *p = k->pending_head, *next; p; p = next) {
+  uint64_t now = embps_now_ns();
+  part_t *p = k->pending_head;
+  k->pending_head = k->pending_tail = NULL;
+  for (part_t *next; p; p = next) {
     next = p->next;
+    if (may_retry && code_retryable(code) && p->t->retry_until_ns > now) {
+      pending_append(k, p);
+      continue;
+    }
     p->next = NULL;
-    ticket_fail(p->t, code, "%s: %s", k->addr, why);
+    ticket_fail(p->t, code, "server %u (%s): %s", k->index, k->addr, why);
     part_done(p);
   }
-  k->pending_head = k->pending_tail = NULL;
+  k->down_code = code;
+  snprintf(k->down_why, sizeof k->down_why, "server %u (%s): %s", k->index,
+           k->addr, why);
+  if (k->pending_head) {
+    k->backoff_ms = k->backoff_ms ? k->backoff_ms : BACKOFF_MIN_MS;
+    k->retry_at_ns = now + (uint64_t)k->backoff_ms * 1000000ULL;
+  }
   free(k->body);
   k->body = NULL;
   k->body_cap = 0;
@@ -241,6 +293,10 @@ static void conn_fail(conn_t *k, int code, const char *why) {
   k->cur = NULL;
   k->bulk = NULL;
   k->hdr_got = k->body_got = 0;
+}
+
+static void conn_fail(conn_t *k, int code, const char *why) {
+  conn_drop(k, code, why, 1);
 }
 
 static int connect_fd(conn_t *k, int timeout_ms, char *why, size_t why_len) {
@@ -283,28 +339,22 @@ static int connect_fd(conn_t *k, int timeout_ms, char *why, size_t why_len) {
     close(fd);
   }
   freeaddrinfo(res);
-  snprintf(why, why_len, "cannot connect to %s: %s", k->addr, strerror(err));
+  snprintf(why, why_len, "cannot connect: %s", strerror(err));
   return EMBPS_ECONN;
 }
 
-/* Queues a frame (taking it; len bytes) on connection k, followed by the
- * n_bulk borrowed segments of its bulk (which must stay unchanged until
- * the reply), with p awaiting its reply. */
-static void conn_send(conn_t *k, uint8_t *frame, size_t len,
-                      const struct iovec *bulk, int n_bulk, part_t *p) {
+/* Queues part p's frame (p->frame, then its borrowed bulk segments, which
+ * must stay unchanged until the reply) for writing on connection k.
+ * Returns 0 or -ENOMEM. */
+static int out_queue(conn_t *k, part_t *p) {
   out_buf_t *o = malloc(sizeof *o);
-  if (!o) {
-    free(frame);
-    ticket_fail(p->t, -ENOMEM, "out of memory");
-    part_done(p);
-    return;
-  }
-  o->buf = frame;
-  o->seg[0] = (struct iovec){.iov_base = frame, .iov_len = len};
+  if (!o)
+    return -ENOMEM;
+  o->seg[0] = (struct iovec){.iov_base = p->frame, .iov_len = p->frame_len};
   o->n_seg = 1;
-  for (int i = 0; i < n_bulk; i++)
-    if (bulk[i].iov_len)
-      o->seg[o->n_seg++] = bulk[i];
+  for (int i = 0; i < p->n_bulk; i++)
+    if (p->bulk[i].iov_len)
+      o->seg[o->n_seg++] = p->bulk[i];
   o->cur = 0;
   o->part = p;
   o->next = NULL;
@@ -313,12 +363,18 @@ static void conn_send(conn_t *k, uint8_t *frame, size_t len,
   else
     k->out_head = o;
   k->out_tail = o;
-  p->next = NULL;
-  if (k->pending_tail)
-    k->pending_tail->next = p;
-  else
-    k->pending_head = p;
-  k->pending_tail = p;
+  p->t->sent_ns = embps_now_ns();
+  return 0;
+}
+
+/* Queues p's request on connected k, with p awaiting its reply. */
+static void conn_send(conn_t *k, part_t *p) {
+  if (out_queue(k, p)) {
+    ticket_fail(p->t, -ENOMEM, "out of memory");
+    part_done(p);
+    return;
+  }
+  pending_append(k, p);
 }
 
 /* Writes as much of k's queue as the socket takes. */
@@ -352,46 +408,54 @@ static void conn_write(conn_t *k) {
         k->out_head = o->next;
         if (!k->out_head)
           k->out_tail = NULL;
-        free(o->buf);
         free(o);
       }
     }
   }
 }
 
-/* Handles one reply frame for part p. in_place: its bulk went straight to
- * the part's destination (pull rows). */
-static void deliver(conn_t *k, part_t *p, const embps_frame_header_t *h,
-                    const uint8_t *body, int in_place) {
-  embps_ticket_t *t = p->t;
-  embps_msg_t m;
-  int rc = embps_msg_unpack(h->kind, body, h->meta_len, &m);
-  if (rc) {
-    ticket_fail(t, EMBPS_EPROTO, "%s: reply of kind %u does not decode",
-                k->addr, h->kind);
-    return;
-  }
-  if (h->kind == EMBPS_KIND_ERROR) {
-    ticket_fail(t, m.u.error.code, "%s", m.u.error.message);
-    return;
-  }
-  switch (t->op) {
-  case OP_PULL: /* the rows were read in place (conn_read) */
-    if (!in_place || m.u.pull_reply.n_rows != p->n ||
-        m.u.pull_reply.dim != t->dim)
-      ticket_fail(t, EMBPS_EPROTO, "%s: pull reply does not match the "
-                  "request", k->addr);
+/* Checks a decoded reply m against the request of part p: its kind must be
+ * the request's kind | EMBPS_KIND_REPLY (or ERROR) and its counts those
+ * asked for. in_place: its bulk went straight to the part's destination
+ * (pull rows). Returns NULL, or what is wrong. */
+static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
+                                  int in_place) {
+  if (m->kind == EMBPS_KIND_ERROR)
+    return NULL;
+  if (m->kind != (p->kind | EMBPS_KIND_REPLY))
+    return "reply of the wrong kind";
+  switch (p->kind) {
+  case EMBPS_KIND_PULL:
+    if (!in_place || m->u.pull_reply.n_rows != p->n ||
+        m->u.pull_reply.dim != p->t->dim)
+      return "pull reply does not match the request";
     break;
-  case OP_PUSH:
-    if (h->kind != (EMBPS_KIND_PUSH | EMBPS_KIND_REPLY))
-      ticket_fail(t, EMBPS_EPROTO, "%s: unexpected reply to a push", k->addr);
+  case EMBPS_KIND_PUSH:
+    if (m->u.push_reply.n_unique > p->n)
+      return "push reply counts more rows than were sent";
+    break;
+  case EMBPS_KIND_STATS:
+    if (m->u.stats.cluster_index != p->server)
+      return "stats reply from another cluster index";
     break;
   default:
-    p->reply = m;
+    break;
+  }
+  return NULL;
+}
+
+/* Hands a checked reply m (taken) to part p. */
+static void deliver(conn_t *k, part_t *p, embps_msg_t *m) {
+  embps_ticket_t *t = p->t;
+  if (m->kind == EMBPS_KIND_ERROR) {
+    ticket_fail(t, m->u.error.code, "server %u (%s): %s", k->index, k->addr,
+                m->u.error.message);
+  } else if (t->op == OP_SIMPLE || t->op == OP_HELLO) {
+    p->reply = *m;
     p->has_reply = 1;
     return; /* kept: the caller reads it */
   }
-  embps_msg_free(&m);
+  embps_msg_free(m);
 }
 
 /* The pending part answered by request id `req_id`, or NULL. Replies
@@ -467,8 +531,25 @@ static int end_body(conn_t *k) {
         return -1;
       }
     }
+    embps_msg_t m;
+    if (embps_msg_unpack(k->h.kind, k->body, k->h.meta_len, &m)) {
+      char why[64];
+      snprintf(why, sizeof why, "reply of kind %u does not decode", k->h.kind);
+      conn_fail(k, EMBPS_EPROTO, why);
+      return -1;
+    }
+    const char *bad = reply_mismatch(p, &m, in_place);
+    if (bad || (m.kind == EMBPS_KIND_ERROR &&
+                m.u.error.code == EMBPS_ESHUTDOWN)) {
+      /* a lying server is dropped; one going away is retried elsewhere */
+      char why[EMBPS_MESSAGE_MAX + 64];
+      snprintf(why, sizeof why, "%s", bad ? bad : m.u.error.message);
+      embps_msg_free(&m);
+      conn_fail(k, bad ? EMBPS_EPROTO : EMBPS_ESHUTDOWN, why);
+      return -1;
+    }
     unlink_part(k, p);
-    deliver(k, p, &k->h, k->body, in_place);
+    deliver(k, p, &m);
     part_done(p);
   } else if (k->h.kind == EMBPS_KIND_ERROR && k->h.req_id == 0) {
     /* a connection-level refusal (e.g. --max-connections) */
@@ -532,8 +613,10 @@ static void conn_read(conn_t *k) {
   }
 }
 
-/* One round of I/O on every connection; waits at most timeout_ms. */
-static int progress(embps_client_t *c, int timeout_ms) {
+/* One round of I/O on every connection; waits at most timeout_ms, and not
+ * at all once ticket t is complete. */
+static int progress(embps_client_t *c, const embps_ticket_t *t,
+                    int timeout_ms) {
   struct pollfd stack[16];
   struct pollfd *pfd = c->n <= 16 ? stack : malloc(c->n * sizeof *pfd);
   if (!pfd)
@@ -552,7 +635,9 @@ static int progress(embps_client_t *c, int timeout_ms) {
     pfd[nf].revents = 0;
     nf++;
   }
-  int n = nf ? poll(pfd, nf, timeout_ms) : 0;
+  if (t->n_done == t->n_parts) /* e.g. a write failed */
+    timeout_ms = 0;
+  int n = poll(pfd, nf, timeout_ms); /* none: sleeps until a retry */
   if (n > 0) {
     for (uint32_t j = 0; j < nf; j++) {
       if (!pfd[j].revents)
@@ -574,12 +659,15 @@ static int progress(embps_client_t *c, int timeout_ms) {
   return 0;
 }
 
-/* After a timeout: drops the connections that still owe t a reply. Their
- * other requests fail too, but no late reply can land in a buffer the
- * caller has taken back. */
+/* After a timeout: drops the connections that still owe t a reply, so no
+ * late reply can land in a buffer the caller has taken back. Their other
+ * requests, and t's own while it may still retry, are sent again once the
+ * connection is back. */
 static void ticket_abandon(embps_client_t *c, embps_ticket_t *t, int code) {
   for (uint32_t i = 0; i < c->n; i++) {
     conn_t *k = &c->conns[i];
+    if (k->fd < 0)
+      continue;
     for (part_t *p = k->pending_head; p; p = p->next) {
       if (p->t == t) {
         conn_fail(k, code, "no reply in time; connection dropped");
@@ -589,18 +677,89 @@ static void ticket_abandon(embps_client_t *c, embps_ticket_t *t, int code) {
   }
 }
 
-/* Runs I/O until t completes or the client's timeout passes. */
+/* Whether a part of t waits on broken connection k (not yet sent again). */
+static int conn_holds(const conn_t *k, const embps_ticket_t *t) {
+  if (k->fd >= 0)
+    return 0;
+  for (const part_t *p = k->pending_head; p; p = p->next)
+    if (p->t == t)
+      return 1;
+  return 0;
+}
+
+/* t's retries are over: its parts waiting on broken connections fail with
+ * the reason the connection is down. */
+static void ticket_expire(embps_client_t *c, embps_ticket_t *t) {
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    while (conn_holds(k, t)) {
+      part_t *p = k->pending_head;
+      while (p->t != t)
+        p = p->next;
+      unlink_part(k, p);
+      ticket_fail(t, k->down_code ? k->down_code : EMBPS_ECONN,
+                  "%s (gave up after retrying for %d ms)", k->down_why,
+                  c->retry_ms);
+      part_done(p);
+    }
+  }
+}
+
+static int ensure_conn(embps_client_t *c, uint32_t s);
+
+/* Reconnects the broken connections that hold parts of t and whose
+ * backoff is over; returns the earliest time another attempt is due
+ * (UINT64_MAX: none). */
+static uint64_t reconnect_due(embps_client_t *c, embps_ticket_t *t) {
+  uint64_t next = UINT64_MAX;
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    if (!conn_holds(k, t))
+      continue;
+    if (embps_now_ns() >= k->retry_at_ns)
+      ensure_conn(c, i);
+    if (conn_holds(k, t) && k->retry_at_ns < next)
+      next = k->retry_at_ns;
+  }
+  return next;
+}
+
+/* Runs I/O until t completes. One attempt (from t's last send) waits at
+ * most the client's timeout; a ticket that may retry then goes on, with
+ * its connections dropped and made again, until its retry time is over. */
 static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
-  uint64_t deadline = embps_now_ns() + (uint64_t)c->timeout_ms * 1000000ULL;
+  const uint64_t attempt_ns = (uint64_t)c->timeout_ms * 1000000ULL;
+  if (!t->sent_ns)
+    t->sent_ns = embps_now_ns();
   while (t->n_done < t->n_parts) {
     uint64_t now = embps_now_ns();
-    if (now >= deadline) {
-      ticket_fail(t, EMBPS_ETIMEDOUT, "no reply within %d ms", c->timeout_ms);
-      ticket_abandon(c, t, EMBPS_ETIMEDOUT);
-      break;
+    uint64_t until = t->sent_ns + attempt_ns;
+    if (t->retry_until_ns && now >= t->retry_until_ns) {
+      ticket_expire(c, t);
+      if (t->n_done == t->n_parts)
+        break;
     }
-    int ms = (int)((deadline - now + 999999) / 1000000);
-    int rc = progress(c, ms);
+    if (now >= until || (t->retry_until_ns && now >= t->retry_until_ns)) {
+      int last = !t->retry_until_ns || now >= t->retry_until_ns;
+      if (last)
+        ticket_fail(t, EMBPS_ETIMEDOUT, "no reply within %d ms%s",
+                    c->timeout_ms, t->retry_until_ns ? " (retries over)" : "");
+      ticket_abandon(c, t, EMBPS_ETIMEDOUT);
+      if (last)
+        break;
+      t->sent_ns = now;
+      continue;
+    }
+    if (t->retry_until_ns) {
+      uint64_t due = reconnect_due(c, t);
+      now = embps_now_ns();
+      if (due < until)
+        until = due > now ? due : now;
+      if (t->retry_until_ns < until)
+        until = t->retry_until_ns;
+    }
+    int ms = until > now ? (int)((until - now + 999999) / 1000000) : 0;
+    int rc = progress(c, t, ms);
     if (rc) {
       ticket_fail(t, rc, "%s", embps_strerror(rc));
       ticket_abandon(c, t, rc);
@@ -610,9 +769,12 @@ static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
   return t->result;
 }
 
-/* Queues the frame for message m (no bulk) to server s. */
-static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
-                    const embps_msg_t *m);
+/* Lets t's parts be sent again after a connection failure, until the
+ * client's retry time from now is over. */
+static void ticket_allow_retry(const embps_client_t *c, embps_ticket_t *t) {
+  if (c->retry_ms >= 0)
+    t->retry_until_ns = embps_now_ns() + (uint64_t)c->retry_ms * 1000000ULL;
+}
 
 static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   embps_ticket_t *t = ticket_new(OP_HELLO, 1);
@@ -624,12 +786,17 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   m.u.hello.version = EMBPS_PROTOCOL_VERSION;
   memcpy(m.u.hello.token, c->token, c->token_len);
   m.u.hello.token_len = c->token_len;
-  t->parts[0].server = index;
-  int rc = send_msg(c, index, &t->parts[0], &m);
-  if (!rc)
-    rc = ticket_run(c, t);
+  part_t *p = &t->parts[0];
+  p->server = index;
+  p->kind = m.kind;
+  p->req_id = ++c->next_req_id;
+  int rc = embps_frame_build(&m, p->req_id, 0, &p->frame, &p->frame_len, NULL);
   if (!rc) {
-    const embps_hello_reply_t *r = &t->parts[0].reply.u.hello_reply;
+    conn_send(k, p);
+    rc = ticket_run(c, t);
+  }
+  if (!rc) {
+    const embps_hello_reply_t *r = &p->reply.u.hello_reply;
     k->max_frame = r->max_frame_bytes;
     if (r->cluster_size != c->n || r->cluster_index != index) {
       rc = EMBPS_EWRONGSERVER;
@@ -639,24 +806,48 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
     }
   }
   if (rc)
-    set_error(c, rc, "%s", t->error);
+    set_error(c, rc, "%s", t->error[0] ? t->error : embps_strerror(rc));
   ticket_free(t);
   return rc;
 }
 
-/* Makes sure server s is connected (reconnecting after a failure). */
+/* Makes sure server s is connected (reconnecting after a failure); a new
+ * connection first sends again, in their order, the requests still
+ * pending from the broken one. A failure schedules the next attempt. */
 static int ensure_conn(embps_client_t *c, uint32_t s) {
   conn_t *k = &c->conns[s];
   if (k->fd >= 0)
     return 0;
   char why[400];
   int rc = connect_fd(k, c->timeout_ms, why, sizeof why);
-  if (rc)
-    return set_error(c, rc, "%s", why);
-  rc = hello(c, k, s);
-  if (rc && k->fd >= 0)
-    conn_fail(k, rc, "hello failed");
-  return rc;
+  if (rc) {
+    k->down_code = rc;
+    snprintf(k->down_why, sizeof k->down_why, "server %u (%s): %s", k->index,
+             k->addr, why);
+  } else {
+    rc = hello(c, k, s);
+    if (rc && k->fd >= 0)
+      conn_fail(k, rc, "hello failed");
+    if (rc) {
+      k->down_code = rc;
+      snprintf(k->down_why, sizeof k->down_why, "%s", c->last_error);
+    }
+  }
+  if (rc) {
+    k->backoff_ms = k->backoff_ms < BACKOFF_MIN_MS ? BACKOFF_MIN_MS
+                    : 2 * k->backoff_ms > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                         : 2 * k->backoff_ms;
+    k->retry_at_ns = embps_now_ns() + (uint64_t)k->backoff_ms * 1000000ULL;
+    return set_error(c, rc, "%s", k->down_why);
+  }
+  k->backoff_ms = 0;
+  for (part_t *p = k->pending_head; p; p = p->next) {
+    if (out_queue(k, p)) {
+      conn_drop(k, -ENOMEM, "out of memory", 0);
+      return set_error(c, -ENOMEM, "out of memory");
+    }
+  }
+  return 0;
 }
 
 /* Refuses a frame larger than server s accepts, before sending it. */
@@ -665,31 +856,46 @@ static int frame_fits(embps_client_t *c, uint32_t s, size_t frame_len) {
   size_t body = frame_len - EMBPS_FRAME_HEADER_LEN;
   if (!k->max_frame || body <= k->max_frame)
     return 0;
-  return set_error(c, EMBPS_EFRAMESIZE, "%s: frame of %zu bytes exceeds "
-                   "--max-frame-bytes %llu; split the request", k->addr, body,
-                   (unsigned long long)k->max_frame);
+  return set_error(c, EMBPS_EFRAMESIZE, "server %u (%s): frame of %zu bytes "
+                   "exceeds --max-frame-bytes %llu; split the request",
+                   k->index, k->addr, body, (unsigned long long)k->max_frame);
 }
 
+/* Sends part p, its frame built, to server s: now when connected (or it
+ * connects), later when the connection is down and p's ticket may retry;
+ * otherwise p fails. */
+static void part_submit(embps_client_t *c, uint32_t s, part_t *p) {
+  conn_t *k = &c->conns[s];
+  int rc = 0;
+  int waiting = k->fd < 0 && k->pending_head && p->t->retry_until_ns &&
+                embps_now_ns() < k->retry_at_ns;
+  if (k->fd < 0 && !waiting)
+    rc = ensure_conn(c, s);
+  if (k->fd >= 0) {
+    conn_send(k, p);
+  } else if (p->t->retry_until_ns &&
+             code_retryable(rc ? rc : k->down_code)) {
+    pending_append(k, p);
+  } else {
+    ticket_fail(p->t, rc ? rc : k->down_code, "%s", c->last_error);
+    part_done(p);
+  }
+}
+
+/* Builds the frame for message m (no bulk) into p and sends it to server
+ * s. Returns 0 (a failure to send is p's ticket's) or the build error. */
 static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
                     const embps_msg_t *m) {
-  if (m->kind != EMBPS_KIND_HELLO) {
-    int rc = ensure_conn(c, s);
-    if (rc)
-      return rc;
-  }
-  uint8_t *frame;
-  size_t len;
   p->server = s;
+  p->kind = m->kind;
   p->req_id = ++c->next_req_id;
-  int rc = embps_frame_build(m, p->req_id, 0, &frame, &len, NULL);
+  int rc = embps_frame_build(m, p->req_id, 0, &p->frame, &p->frame_len, NULL);
   if (rc)
     return set_error(c, rc, "%s", embps_strerror(rc));
-  rc = frame_fits(c, s, len);
-  if (rc) {
-    free(frame);
+  rc = frame_fits(c, s, p->frame_len);
+  if (rc)
     return rc;
-  }
-  conn_send(&c->conns[s], frame, len, NULL, 0, p);
+  part_submit(c, s, p);
   return 0;
 }
 
@@ -725,6 +931,7 @@ static int parse_servers(embps_client_t *c, const char *list, char *err,
       return EMBPS_EINVAL;
     }
     snprintf(k->addr, sizeof k->addr, "%s", item);
+    k->index = i;
     c->n++;
     p = end ? end + 1 : p + len;
   }
@@ -791,6 +998,9 @@ int embps_client_create(const embps_client_options_t *opts,
     servers = "127.0.0.1:7070";
   c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
                                                : DEFAULT_TIMEOUT_MS;
+  c->retry_ms = !opts || !opts->retry_ms ? DEFAULT_RETRY_MS
+                : opts->retry_ms < 0     ? -1
+                                         : opts->retry_ms;
   int rc = parse_servers(c, servers, errbuf, errbuf_len);
   if (!rc)
     rc = load_token(c, opts ? opts->token : NULL, errbuf, errbuf_len);
@@ -815,7 +1025,7 @@ void embps_client_destroy(embps_client_t *c) {
   if (!c)
     return;
   for (uint32_t i = 0; i < c->n; i++)
-    conn_fail(&c->conns[i], EMBPS_ECONN, "client destroyed");
+    conn_drop(&c->conns[i], EMBPS_ECONN, "client destroyed", 0);
   free(c->conns);
   free(c->tables);
   embps_dedup_close(&c->dedup);
@@ -833,6 +1043,9 @@ static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
   embps_ticket_t *t = ticket_new(OP_SIMPLE, n);
   if (!t)
     return set_error(c, -ENOMEM, "out of memory");
+  if (m->kind == EMBPS_KIND_DESCRIBE || m->kind == EMBPS_KIND_LIST ||
+      m->kind == EMBPS_KIND_STATS) /* reads: safe to send again */
+    ticket_allow_retry(c, t);
   int rc = 0;
   for (uint32_t i = 0; i < n && !rc; i++) {
     rc = send_msg(c, only < c->n ? only : i, &t->parts[i], m);
@@ -1081,10 +1294,9 @@ typedef struct {
 static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
                       const bulk_ops_t *ops, const void *ctx,
                       int send_empty) {
-  int rc = 0;
   for (uint32_t s = 0; s < t->n_parts; s++) {
     part_t *p = &t->parts[s];
-    if (rc || (!p->n && !send_empty)) {
+    if (t->result || (!p->n && !send_empty)) {
       part_done(p);
       continue;
     }
@@ -1092,37 +1304,35 @@ static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
       m->u.pull.n_ids = (uint32_t)p->n;
     else
       m->u.push.n = (uint32_t)p->n;
-    rc = ensure_conn(c, s);
-    if (rc) {
-      ticket_fail(t, rc, "%s", c->last_error);
-      part_done(p);
-      continue;
-    }
-    uint8_t *frame;
-    size_t len, off = 0;
+    size_t off = 0;
     const size_t bulk_len = ops->len(p, t->dim);
     struct iovec seg[2];
     const int n_seg = ops->borrow(t, p, ctx, seg);
     p->server = s;
+    p->kind = m->kind;
     p->req_id = ++c->next_req_id;
-    rc = n_seg ? embps_frame_build_head(m, p->req_id, bulk_len, &frame, &len)
-               : embps_frame_build(m, p->req_id, bulk_len, &frame, &len, &off);
-    if (!rc && (rc = frame_fits(c, s, n_seg ? len + bulk_len : len)) != 0) {
-      free(frame);
-      ticket_fail(t, rc, "%s", c->last_error);
-      part_done(p);
-      continue;
-    }
+    int rc = n_seg ? embps_frame_build_head(m, p->req_id, bulk_len, &p->frame,
+                                            &p->frame_len)
+                   : embps_frame_build(m, p->req_id, bulk_len, &p->frame,
+                                       &p->frame_len, &off);
     if (rc) {
       ticket_fail(t, rc, "%s", embps_strerror(rc));
+    } else if ((rc = frame_fits(c, s, n_seg ? p->frame_len + bulk_len
+                                            : p->frame_len)) != 0) {
+      ticket_fail(t, rc, "%s", c->last_error);
+    }
+    if (rc) {
       part_done(p);
       continue;
     }
     if (!n_seg)
-      ops->fill(t, p, ctx, frame + off);
-    conn_send(&c->conns[s], frame, len, seg, n_seg, p);
+      ops->fill(t, p, ctx, p->frame + off);
+    for (int i = 0; i < n_seg; i++)
+      p->bulk[i] = seg[i];
+    p->n_bulk = n_seg;
+    part_submit(c, s, p);
   }
-  return rc;
+  return t->result;
 }
 
 /* Orders the ticket's unique ids by owning server, so that each server's
@@ -1200,6 +1410,7 @@ int embps_pull_async(embps_client_t *c, const char *table,
   embps_ticket_t *t = ticket_new(OP_PULL, c->n);
   if (!t)
     return set_error(c, -ENOMEM, "out of memory");
+  ticket_allow_retry(c, t);
   t->out = out;
   t->n = n;
   t->dim = dim;
@@ -1323,6 +1534,7 @@ static int push_async(embps_client_t *c, const char *table,
   embps_ticket_t *t = ticket_new(OP_PUSH, c->n);
   if (!t)
     return set_error(c, -ENOMEM, "out of memory");
+  ticket_allow_retry(c, t); /* exactly once: same client id and seq */
   t->dim = dim;
   push_src_t src = {indices, values};
   if (flags & EMBPS_PUSH_MERGE) {

@@ -1801,7 +1801,13 @@ static void test_async_tickets(void **state) {
 /* SIGTERM while a big push is on its way: the ticket completes (applied or
  * a connection error, never a hang or a timeout) and the server exits 0. */
 static void sigterm_during_push(fx_t *f, int slot, int delay_us) {
-  embps_client_t *c = connect_ok(f->srv[slot].addr, NULL);
+  embps_client_options_t o;
+  memset(&o, 0, sizeof o);
+  o.servers = f->srv[slot].addr;
+  o.timeout_ms = TIMEOUT_MS;
+  o.retry_ms = -1; /* the server is not coming back: see the failure */
+  embps_client_t *c = NULL;
+  assert_int_equal(embps_client_create(&o, &c, NULL, 0), 0);
   const uint32_t dim = 64;
   const size_t n = 150000;
   embps_table_spec_t s = spec_of("big", dim, n, EMBPS_OPT_SGD, 1,

@@ -183,7 +183,16 @@ typedef struct {
   const char *servers;
   /* the auth token; NULL: read $EMBPS_TOKEN_FILE if set, else none */
   const char *token;
-  int timeout_ms; /* per call; 0: 30000 */
+  int timeout_ms; /* per attempt of a call; 0: 30000 */
+  /* How long a call may go on retrying after its connection broke, timed
+   * out or its server said it is shutting down: the library reconnects
+   * (with a short backoff) and sends the same requests again, in their
+   * order. Pushes keep their (client id, sequence), so a push the server
+   * already applied is acknowledged as a duplicate, never applied twice;
+   * pulls and describe/list/stats are reads. A server's answer (validation
+   * errors, EMBPS_EIO, ...) is never retried, nor are create and drop.
+   * 0: 30000; negative: never retry. */
+  int retry_ms;
 } embps_client_options_t;
 
 /* Connects to every server and says hello (protocol version, token).

@@ -93,7 +93,7 @@ class _CheckpointInfo(ctypes.Structure):
 
 class _Options(ctypes.Structure):
     _fields_ = [("servers", ctypes.c_char_p), ("token", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int)]
+                ("timeout_ms", ctypes.c_int), ("retry_ms", ctypes.c_int)]
 
 
 class EmbpsError(Exception):
