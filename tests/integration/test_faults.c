@@ -1,0 +1,456 @@
+/* test_faults.c - the library under faults, against real embps-server
+ * processes: retries after a server killed and restarted on the same port,
+ * after a timeout, and through a proxy that drops the connection after the
+ * server applied a push (the retry must be acknowledged as a duplicate and
+ * the row change once); replies of the wrong kind from a forked fake server;
+ * a cluster member restarted empty (errors name it, tables and stats say
+ * what it lacks, create-table completes it).
+ *
+ * Tables use SGD with lr 1 and zero init, so a row is exactly minus the sum
+ * of the gradients applied to it: a push applied twice, or lost, shows. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "embps/embps.h"
+#include "frame.h"
+#include "harness.h"
+#include "proxy.h"
+#include "wire.h"
+
+enum { DIM = 4, ROWS = 64 };
+
+/* ================================================================ helpers */
+
+#define CHECK(expr, c)                                                         \
+  do {                                                                         \
+    int r_ = (expr);                                                           \
+    if (r_)                                                                    \
+      fail_msg("%s: %s: %s", #expr, embps_err_name(r_),                        \
+               embps_client_last_error(c));                                    \
+  } while (0)
+
+static embps_client_t *client_for(const char *servers, int timeout_ms,
+                                  int retry_ms) {
+  embps_client_options_t o = {.servers = servers,
+                              .timeout_ms = timeout_ms,
+                              .retry_ms = retry_ms};
+  char err[512];
+  embps_client_t *c = NULL;
+  int rc = embps_client_create(&o, &c, err, sizeof err);
+  if (rc)
+    fail_msg("connect to %s: %s", servers, err);
+  return c;
+}
+
+static embps_table_spec_t sgd_table(const char *name) {
+  embps_table_spec_t s;
+  embps_table_spec_init(&s, name, DIM, EMBPS_OPT_SGD);
+  s.rows = ROWS;
+  s.lr = 1;
+  return s;
+}
+
+/* Starts a server; port > 0 binds that port (a restart in place). */
+static void serve(it_server_t *s, int port, const char *const *cluster) {
+  char listen[32];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+  const char *args[12] = {"--shards", "2"};
+  int n = 2;
+  for (int i = 0; cluster && cluster[i]; i++)
+    args[n++] = cluster[i];
+  if (port > 0) {
+    args[n++] = "--listen";
+    args[n++] = listen;
+  }
+  args[n] = NULL;
+  if (it_server_start(s, args))
+    fail_msg("cannot start embps-server on port %d", port);
+}
+
+static void stop_all(it_server_t *s, int n) {
+  for (int i = 0; i < n; i++)
+    if (s[i].pid && it_server_stop(&s[i]) != 0)
+      fail_msg("server %d did not exit 0 on SIGTERM", i);
+}
+
+/* Gradient rows for push k: row i gets (k + 1) * (i + 1) / 8 everywhere. */
+static void grads(int k, size_t n, float *v) {
+  for (size_t i = 0; i < n; i++)
+    for (int j = 0; j < DIM; j++)
+      v[i * DIM + j] = (float)((k + 1) * (int)(i + 1)) / 8;
+}
+
+/* Pulls `id` and checks every element equals want. */
+static void expect_row(embps_client_t *c, const char *table, int64_t id,
+                       float want, const char *what) {
+  float row[DIM];
+  CHECK(embps_pull(c, table, &id, 1, row, DIM), c);
+  for (int j = 0; j < DIM; j++)
+    if (row[j] != want)
+      fail_msg("%s: row %lld[%d] is %.9g, expected %.9g", what,
+               (long long)id, j, (double)row[j], (double)want);
+}
+
+/* ================================================================ retries */
+
+/* Async pushes and pulls in flight when the server is killed -9 are sent
+ * again, in their order, to a fresh server on the same port: every push is
+ * applied once there (a 1 MB push too, sent again from the caller's arrays)
+ * and each pull sees exactly the pushes issued before it. */
+static void test_retry_after_restart(void **state) {
+  (void)state;
+  it_server_t srv[2];
+  memset(srv, 0, sizeof srv);
+  serve(&srv[0], 0, NULL);
+  embps_client_t *c = client_for(srv[0].addr, 5000, 0);
+  embps_table_spec_t s = sgd_table("r");
+  s.rows = 1 << 16;
+  CHECK(embps_create_table(c, &s), c);
+  enum { BIG = 1 << 16 };
+  int64_t *big_idx = malloc(BIG * sizeof *big_idx);
+  float *big_vals = malloc((size_t)BIG * DIM * sizeof *big_vals);
+  assert_non_null(big_idx);
+  assert_non_null(big_vals);
+  for (int i = 0; i < BIG; i++) {
+    big_idx[i] = i;
+    for (int j = 0; j < DIM; j++)
+      big_vals[(size_t)i * DIM + j] = 0.5f;
+  }
+  int64_t idx[3] = {7, 9, 7};
+  float v[3][3 * DIM];
+  float got[3][3 * DIM];
+  embps_ticket_t *t[7];
+  for (int k = 0; k < 3; k++) {
+    grads(k, 3, v[k]);
+    CHECK(embps_push_async(c, "r", idx, 3, v[k], DIM, 0, &t[2 * k]), c);
+    CHECK(embps_pull_async(c, "r", idx, 3, got[k], DIM, &t[2 * k + 1]), c);
+  }
+  CHECK(embps_push_async(c, "r", big_idx, BIG, big_vals, DIM, 0, &t[6]), c);
+  int port = srv[0].port;
+  it_server_kill(&srv[0]);
+  serve(&srv[1], port, NULL);
+  embps_client_t *c2 = client_for(srv[1].addr, 5000, -1);
+  CHECK(embps_create_table(c2, &s), c2);
+  for (int k = 6; k >= 0; k--) /* the last first: all must go */
+    CHECK(embps_wait(c, t[k]), c);
+  /* row 7 gets 1/8 (k+1) + 3/8 (k+1) per push, row 9 gets 2/8 (k+1) */
+  float r7 = 0, r9 = 0;
+  for (int k = 0; k < 3; k++) {
+    r7 -= (float)(k + 1) * 4 / 8;
+    r9 -= (float)(k + 1) * 2 / 8;
+    for (int j = 0; j < DIM; j++)
+      if (got[k][j] != r7 || got[k][DIM + j] != r9 || got[k][2 * DIM + j] != r7)
+        fail_msg("pull %d after a restart: rows %.9g %.9g, expected %.9g "
+                 "%.9g", k, (double)got[k][j], (double)got[k][DIM + j],
+                 (double)r7, (double)r9);
+  }
+  expect_row(c2, "r", 7, r7 - 0.5f, "row 7 after the restart");
+  expect_row(c2, "r", 9, r9 - 0.5f, "row 9 after the restart");
+  expect_row(c2, "r", BIG - 1, -0.5f, "last row of the 1 MB push");
+  embps_client_destroy(c);
+  embps_client_destroy(c2);
+  free(big_idx);
+  free(big_vals);
+  stop_all(srv, 2);
+}
+
+/* With the server gone for good: retry_ms bounds the call, a negative
+ * retry_ms fails at once, and the error names the server. While it is
+ * down and comes back without the table, the retry reaches the new server,
+ * whose refusal is final and named. */
+static void test_retry_bounded(void **state) {
+  (void)state;
+  it_server_t srv;
+  serve(&srv, 0, NULL);
+  embps_client_t *c = client_for(srv.addr, 5000, 400);
+  embps_client_t *never = client_for(srv.addr, 5000, -1);
+  embps_client_t *slow = client_for(srv.addr, 5000, 20000);
+  embps_table_spec_t s = sgd_table("b");
+  CHECK(embps_create_table(c, &s), c);
+  int64_t id = 3;
+  float g[DIM] = {1, 1, 1, 1};
+  CHECK(embps_push(c, "b", &id, 1, g, DIM, 0), c);
+  CHECK(embps_push(never, "b", &id, 1, g, DIM, 0), never);
+  int port = srv.port;
+  char addr[32];
+  snprintf(addr, sizeof addr, "%s", srv.addr);
+  it_server_kill(&srv);
+  double t0 = it_now_ms();
+  int rc = embps_push(never, "b", &id, 1, g, DIM, 0);
+  double never_ms = it_now_ms() - t0;
+  assert_int_equal(rc, EMBPS_ECONN);
+  assert_true(never_ms < 1000);
+  t0 = it_now_ms();
+  rc = embps_push(c, "b", &id, 1, g, DIM, 0);
+  double bounded_ms = it_now_ms() - t0;
+  if (rc != EMBPS_ECONN)
+    fail_msg("push to a dead server: %s: %s", embps_err_name(rc),
+             embps_client_last_error(c));
+  char want[64];
+  snprintf(want, sizeof want, "server 0 (%s)", addr);
+  assert_non_null(strstr(embps_client_last_error(c), want));
+  assert_non_null(strstr(embps_client_last_error(c), "gave up"));
+  if (bounded_ms < 350 || bounded_ms > 3000)
+    fail_msg("retry_ms 400 gave up after %.0f ms", bounded_ms);
+  /* down, then back empty: the retry lands and ENOTABLE is final */
+  pid_t later = fork();
+  assert_true(later >= 0);
+  if (later == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    usleep(300000);
+    char listen[32];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    execl(EMBPS_SERVER_BIN, EMBPS_SERVER_BIN, "--listen", listen, (char *)0);
+    _exit(127);
+  }
+  embps_client_destroy(never);
+  embps_client_destroy(c);
+  rc = embps_pull(slow, "b", &id, 1, g, DIM);
+  if (rc == 0 || rc == EMBPS_ECONN)
+    fail_msg("pull across a restart: %s: %s", embps_err_name(rc),
+             embps_client_last_error(slow));
+  /* the fresh server does not know the table: named, and not retried */
+  assert_int_equal(rc, EMBPS_ENOTABLE);
+  assert_non_null(strstr(embps_client_last_error(slow), want));
+  embps_client_destroy(slow);
+  kill(later, SIGTERM);
+  int st;
+  waitpid(later, &st, 0);
+}
+
+/* A server that stops answering (SIGSTOP) makes one attempt time out; the
+ * push is sent again on a new connection, and once the server runs again
+ * it is applied exactly once, whichever copy comes first. */
+static void test_retry_after_timeout(void **state) {
+  (void)state;
+  it_server_t srv;
+  serve(&srv, 0, NULL);
+  embps_client_t *c = client_for(srv.addr, 300, 10000);
+  embps_table_spec_t s = sgd_table("to");
+  CHECK(embps_create_table(c, &s), c);
+  int64_t id = 5;
+  float g[DIM] = {0.25f, 0.25f, 0.25f, 0.25f};
+  kill(srv.pid, SIGSTOP);
+  pid_t waker = fork();
+  assert_true(waker >= 0);
+  if (waker == 0) {
+    usleep(1000000);
+    kill(srv.pid, SIGCONT);
+    _exit(0);
+  }
+  double t0 = it_now_ms();
+  int rc = embps_push(c, "to", &id, 1, g, DIM, 0);
+  double ms = it_now_ms() - t0;
+  int st;
+  waitpid(waker, &st, 0);
+  kill(srv.pid, SIGCONT);
+  if (rc)
+    fail_msg("push across a stopped server: %s: %s", embps_err_name(rc),
+             embps_client_last_error(c));
+  assert_true(ms > 900);
+  expect_row(c, "to", id, -0.25f, "row after a timed-out push was retried");
+  embps_client_destroy(c);
+  stop_all(&srv, 1);
+}
+
+/* Through a proxy: the server applies a push but the connection drops
+ * before the client reads the ack. The retry is acknowledged as a
+ * duplicate and the row changes once. A request cut halfway is applied
+ * once by its retry; a pull whose reply is lost is answered again. */
+static void test_retry_duplicate_via_proxy(void **state) {
+  (void)state;
+  it_server_t srv;
+  serve(&srv, 0, NULL);
+  it_proxy_t *px;
+  assert_int_equal(it_proxy_start(&px, srv.addr), 0);
+  embps_client_t *c = client_for(it_proxy_addr(px), 5000, 0);
+  embps_table_spec_t s = sgd_table("px");
+  CHECK(embps_create_table(c, &s), c);
+  int64_t id = 11;
+  float g[DIM] = {1, 2, 3, 4};
+  it_proxy_counts_t n;
+
+  it_proxy_arm(px, IT_PROXY_DROP_REPLY, EMBPS_KIND_PUSH, 1);
+  CHECK(embps_push(c, "px", &id, 1, g, DIM, 0), c);
+  it_proxy_counts(px, &n);
+  assert_int_equal(n.faults_fired, 1);
+  assert_int_equal(n.requests[EMBPS_KIND_PUSH], 2);
+  assert_int_equal(n.push_replies, 1);
+  assert_int_equal(n.push_duplicates, 1);
+  assert_int_equal(n.connections, 2);
+  float row[DIM];
+  CHECK(embps_pull(c, "px", &id, 1, row, DIM), c);
+  for (int j = 0; j < DIM; j++)
+    assert_true(row[j] == -g[j]);
+
+  it_proxy_arm(px, IT_PROXY_DROP_REQUEST, EMBPS_KIND_PUSH, 1);
+  CHECK(embps_push(c, "px", &id, 1, g, DIM, 0), c);
+  it_proxy_counts(px, &n);
+  assert_int_equal(n.faults_fired, 2);
+  assert_int_equal(n.push_duplicates, 1); /* the cut one was never applied */
+  assert_int_equal(n.push_replies, 2);
+
+  it_proxy_arm(px, IT_PROXY_DROP_REPLY, EMBPS_KIND_PULL, 1);
+  CHECK(embps_pull(c, "px", &id, 1, row, DIM), c);
+  it_proxy_counts(px, &n);
+  assert_int_equal(n.faults_fired, 3);
+  for (int j = 0; j < DIM; j++)
+    if (row[j] != -2 * g[j])
+      fail_msg("row after a duplicate and a cut push: [%d] = %.9g, "
+               "expected %.9g", j, (double)row[j], (double)(-2 * g[j]));
+  embps_client_destroy(c);
+  it_proxy_stop(px);
+  stop_all(&srv, 1);
+}
+
+/* ================================================================ replies */
+
+static int fake_read(int fd, void *buf, size_t n) {
+  uint8_t *b = buf;
+  while (n) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (poll(&pfd, 1, 10000) != 1)
+      return -1;
+    ssize_t r = read(fd, b, n);
+    if (r <= 0)
+      return -1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static int fake_reply(int fd, embps_msg_t *m, uint32_t req_id) {
+  uint8_t *frame;
+  size_t len;
+  if (embps_frame_build(m, req_id, 0, &frame, &len, NULL))
+    return -1;
+  ssize_t w = send(fd, frame, len, MSG_NOSIGNAL);
+  free(frame);
+  return w == (ssize_t)len ? 0 : -1;
+}
+
+/* A lying server, forked: answers the hello, then every LIST, STATS and
+ * PULL with a DESCRIBE reply and every PUSH with a reply counting more
+ * rows than were sent; DESCRIBE is answered truthfully. Serves each
+ * connection in turn until killed. */
+static void fake_liar(int lfd) {
+  for (;;) {
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+      _exit(2);
+    uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
+    embps_frame_header_t h;
+    uint8_t *body = NULL;
+    while (!fake_read(fd, hdr, sizeof hdr) &&
+           !embps_frame_header_decode(hdr, 1u << 26, &h)) {
+      free(body);
+      body = malloc(h.body_len ? h.body_len : 1);
+      if (!body || fake_read(fd, body, h.body_len))
+        break;
+      embps_msg_t m;
+      memset(&m, 0, sizeof m);
+      if (h.kind == EMBPS_KIND_HELLO) {
+        m.kind = EMBPS_KIND_HELLO | EMBPS_KIND_REPLY;
+        m.u.hello_reply.version = EMBPS_PROTOCOL_VERSION;
+        m.u.hello_reply.cluster_size = 1;
+        m.u.hello_reply.max_frame_bytes = 1u << 26;
+      } else if (h.kind == EMBPS_KIND_PUSH) {
+        m.kind = EMBPS_KIND_PUSH | EMBPS_KIND_REPLY;
+        m.u.push_reply.applied = 1;
+        m.u.push_reply.n_unique = 1000;
+      } else {
+        m.kind = EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY;
+        m.u.info.spec = sgd_table("liar");
+        m.u.info.rows_allocated = 0x4141414141414141ULL;
+      }
+      if (fake_reply(fd, &m, h.req_id))
+        break;
+    }
+    free(body);
+    close(fd);
+  }
+}
+
+/* Every reply is checked against its request's kind and counts: the
+ * wrong kind or count fails the call with EMBPS_EPROTO (before the fix,
+ * tables and stats read pointers made of the reply's bytes and crashed). */
+static void test_reply_kind_checked(void **state) {
+  (void)state;
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(lfd >= 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(lfd, 8), 0);
+  assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    fake_liar(lfd);
+  }
+  close(lfd);
+  char addr[32];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+  embps_client_t *c = client_for(addr, 5000, 0);
+  embps_table_info_t *v = NULL;
+  size_t n = 0;
+  assert_int_equal(embps_list_tables(c, &v, &n), EMBPS_EPROTO);
+  assert_non_null(strstr(embps_client_last_error(c), "wrong kind"));
+  embps_server_stats_t *st = NULL;
+  assert_int_equal(embps_stats(c, &st, &n), EMBPS_EPROTO);
+  assert_non_null(strstr(embps_client_last_error(c), "server 0 ("));
+  int64_t id = 1;
+  float row[DIM];
+  assert_int_equal(embps_pull(c, "liar", &id, 1, row, DIM), EMBPS_EPROTO);
+  assert_int_equal(embps_push(c, "liar", &id, 1, row, DIM, 0), EMBPS_EPROTO);
+  embps_table_info_t info;
+  CHECK(embps_describe_table(c, "liar", &info), c);
+  assert_string_equal(info.spec.name, "liar");
+  embps_client_destroy(c);
+  kill(pid, SIGKILL);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+/* ================================================================ main */
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  unsetenv("EMBPS_SERVERS");
+  unsetenv("EMBPS_TOKEN_FILE");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_retry_after_restart),
+      cmocka_unit_test(test_retry_bounded),
+      cmocka_unit_test(test_retry_after_timeout),
+      cmocka_unit_test(test_retry_duplicate_via_proxy),
+      cmocka_unit_test(test_reply_kind_checked),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
