@@ -18,14 +18,14 @@
 
 static const char usage[] =
     "usage: embps [--servers H:P[,H:P...]] [--token-file F] [--timeout-ms N]"
-    " COMMAND ...\n"
+    "\n             [--retry-ms N] COMMAND ...\n"
     "  create-table NAME --dim D (--rows N | --dynamic)\n"
     "               [--optimizer sgd|adagrad|adam|ftrl] [--lr X] [--eps X]\n"
     "               [--beta1 X] [--beta2 X] [--initial-accumulator X]\n"
     "               [--l1 X] [--l2 X] [--lr-power X] [--weight-decay X]\n"
     "               [--init zeros|constant:V|uniform:A|normal:STD]\n"
     "               [--seed S] [--padding-id ID] [--sync-workers N]\n"
-    "               [--dtype f32|f16|bf16]\n"
+    "               [--dtype f32|f16|bf16] [--exist-ok]\n"
     "  drop-table NAME\n"
     "  tables [--json]\n"
     "  pull NAME (--ids 1,2,3 | --ids-file F) [--out F] [--json]\n"
@@ -37,7 +37,9 @@ static const char usage[] =
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
     "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
-    "to $EMBPS_TOKEN_FILE.\n";
+    "to $EMBPS_TOKEN_FILE. --timeout-ms bounds one attempt (default 30000);\n"
+    "--retry-ms how long a push or read goes on retrying after a broken\n"
+    "connection (default 30000; 0 or -1: never).\n";
 
 static int die(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -224,10 +226,15 @@ static int cmd_create(cmd_t *cmd) {
   if (strlen(name) >= sizeof spec.name)
     return usage_error("table name \"%s\" is too long", name);
   int have_dim = 0, have_rows = 0;
+  unsigned flags = 0;
   for (int i = 1; i < cmd->argc; i++) {
     const char *a = cmd->argv[i];
     if (!strcmp(a, "--dynamic")) {
       spec.dynamic = 1;
+      continue;
+    }
+    if (!strcmp(a, "--exist-ok")) {
+      flags |= EMBPS_CREATE_EXIST_OK;
       continue;
     }
     if (i + 1 >= cmd->argc)
@@ -298,7 +305,7 @@ static int cmd_create(cmd_t *cmd) {
   if (have_rows == spec.dynamic)
     return usage_error("%s", "create-table needs exactly one of --rows N "
                        "and --dynamic");
-  int rc = embps_create_table(cmd->client, &spec);
+  int rc = embps_create_table_ex(cmd->client, &spec, flags);
   return rc ? server_error(cmd->client, rc) : 0;
 }
 
@@ -346,6 +353,63 @@ static void print_tables_durability(cmd_t *cmd) {
   embps_stats_free(s, n);
 }
 
+/* The servers where a table is missing (held[s] == 0): as JSON,
+ * `, "missing_on": [{"server": S, "address": "H:P"}, ...]`; as text, a line
+ * `  missing on server S (H:P), ...` when there are any. */
+static void print_missing(embps_client_t *c, const uint8_t *held, int json) {
+  const size_t K = embps_client_n_servers(c);
+  int any = 0;
+  if (json)
+    printf(", \"missing_on\": [");
+  for (size_t s = 0; s < K; s++) {
+    if (held[s])
+      continue;
+    const char *addr = embps_client_server_address(c, s);
+    if (json)
+      printf("%s{\"server\": %zu, \"address\": \"%s\"}", any ? ", " : "", s,
+             addr);
+    else
+      printf("%s server %zu (%s)", any ? "," : "  missing on", s, addr);
+    any = 1;
+  }
+  if (json)
+    printf("]");
+  else if (any)
+    printf("\n");
+}
+
+/* For stats: held[i * K + s] = 1 when server s lists table names[i], for
+ * the union `names` (n of them) of every server's tables. All malloc'd. */
+static int stats_held(const embps_server_stats_t *x, size_t K,
+                      const char ***names_out, uint8_t **held_out,
+                      size_t *n_out) {
+  size_t cap = 0, n = 0;
+  for (size_t s = 0; s < K; s++)
+    cap += x[s].n_tables;
+  const char **names = malloc((cap ? cap : 1) * sizeof *names);
+  uint8_t *held = calloc((cap ? cap : 1) * K, 1);
+  if (!names || !held) {
+    free(names);
+    free(held);
+    return -1;
+  }
+  for (size_t s = 0; s < K; s++) {
+    for (size_t t = 0; t < x[s].n_tables; t++) {
+      const char *name = x[s].tables[t].spec.name;
+      size_t i = 0;
+      while (i < n && strcmp(names[i], name))
+        i++;
+      if (i == n)
+        names[n++] = name;
+      held[i * K + s] = 1;
+    }
+  }
+  *names_out = names;
+  *held_out = held;
+  *n_out = n;
+  return 0;
+}
+
 static int cmd_tables(cmd_t *cmd) {
   int json = has_flag(cmd, "--json");
   for (int i = 0; i < cmd->argc; i++)
@@ -353,17 +417,21 @@ static int cmd_tables(cmd_t *cmd) {
       return usage_error("unknown option %s for tables", cmd->argv[i]);
   embps_table_info_t *v;
   size_t n;
-  int rc = embps_list_tables(cmd->client, &v, &n);
+  uint8_t *held;
+  int rc = embps_list_tables_held(cmd->client, &v, &n, &held);
   if (rc)
     return server_error(cmd->client, rc);
+  const size_t K = embps_client_n_servers(cmd->client);
   if (json) {
     printf("[");
     for (size_t i = 0; i < n; i++) {
       printf("%s{", i ? ", " : "");
       print_spec_json(&v[i].spec);
       printf(", \"rows_allocated\": %" PRIu64 ", \"bytes_used\": %" PRIu64
-             ", \"pushes\": %" PRIu64 ", \"pulls\": %" PRIu64 "}",
+             ", \"pushes\": %" PRIu64 ", \"pulls\": %" PRIu64,
              v[i].rows_allocated, v[i].bytes_used, v[i].pushes, v[i].pulls);
+      print_missing(cmd->client, held + i * K, 1);
+      printf("}");
     }
     printf("]\n");
   } else {
@@ -380,10 +448,12 @@ static int cmd_tables(cmd_t *cmd) {
              embps_optimizer_name(v[i].spec.optimizer),
              embps_dtype_name(v[i].spec.dtype), v[i].rows_allocated,
              v[i].bytes_used);
+      print_missing(cmd->client, held + i * K, 0);
     }
     print_tables_durability(cmd);
   }
   free(v);
+  free(held);
   return 0;
 }
 
@@ -593,6 +663,13 @@ static int cmd_stats(cmd_t *cmd) {
   int rc = embps_stats(cmd->client, &s, &n);
   if (rc)
     return server_error(cmd->client, rc);
+  const char **names;
+  uint8_t *held;
+  size_t n_names;
+  if (stats_held(s, n, &names, &held, &n_names)) {
+    embps_stats_free(s, n);
+    return die(1, "out of memory");
+  }
   if (json)
     printf("[");
   for (size_t i = 0; i < n; i++) {
@@ -620,7 +697,12 @@ static int cmd_stats(cmd_t *cmd) {
       }
       printf("]");
       print_durability(x, 1);
-      printf("}");
+      printf(", \"missing_tables\": [");
+      int any = 0;
+      for (size_t t = 0; t < n_names; t++)
+        if (!held[t * n + i])
+          printf("%s\"%s\"", any++ ? ", " : "", names[t]);
+      printf("]}");
     } else {
       printf("server %s (embps %s, slot %u of %u, %u io threads, %u shards, "
              "up %.1f s)\n", x->address, x->version, x->cluster_index,
@@ -646,6 +728,17 @@ static int cmd_stats(cmd_t *cmd) {
   }
   if (json)
     printf("]\n");
+  for (size_t t = 0; t < n_names && !json; t++) {
+    int all = 1;
+    for (size_t i = 0; i < n; i++)
+      all &= held[t * n + i];
+    if (!all) {
+      printf("table %s", names[t]);
+      print_missing(cmd->client, held + t * n, 0);
+    }
+  }
+  free(names);
+  free(held);
   embps_stats_free(s, n);
   return 0;
 }
@@ -695,6 +788,12 @@ int main(int argc, char **argv) {
       if (parse_u64(v, &ms) || ms == 0 || ms > INT32_MAX)
         return usage_error("--timeout-ms \"%s\" is not a positive number", v);
       opts.timeout_ms = (int)ms;
+    } else if (!strcmp(a, "--retry-ms")) {
+      int64_t ms;
+      if (parse_i64(v, &ms) || ms < -1 || ms > INT32_MAX)
+        return usage_error("--retry-ms \"%s\" is not a number of ms (or -1)",
+                           v);
+      opts.retry_ms = ms == 0 ? -1 : (int)ms;
     } else {
       return usage_error("unknown option %s", a);
     }

@@ -447,13 +447,13 @@ static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
 /* Hands a checked reply m (taken) to part p. */
 static void deliver(conn_t *k, part_t *p, embps_msg_t *m) {
   embps_ticket_t *t = p->t;
-  if (m->kind == EMBPS_KIND_ERROR) {
+  if (m->kind == EMBPS_KIND_ERROR)
     ticket_fail(t, m->u.error.code, "server %u (%s): %s", k->index, k->addr,
                 m->u.error.message);
-  } else if (t->op == OP_SIMPLE || t->op == OP_HELLO) {
+  if (t->op == OP_SIMPLE || t->op == OP_HELLO) {
     p->reply = *m;
     p->has_reply = 1;
-    return; /* kept: the caller reads it */
+    return; /* kept, an error too: the caller reads it */
   }
   embps_msg_free(m);
 }
@@ -1035,12 +1035,15 @@ void embps_client_destroy(embps_client_t *c) {
 
 /* ------------------------------------------------------------ simple ops */
 
-/* Sends m to every server (or only server `only` if < n) and waits. On
- * success *out is the ticket, holding one reply per part (caller frees). */
-static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
-                     embps_ticket_t **out) {
+/* Sends m to every server (or only server `only` if < n) and waits. *out
+ * is the ticket (caller frees; NULL only when out of memory): part i holds
+ * server i's reply, an ERROR reply included, or none after a connection
+ * failure. Returns the first error. */
+static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
+                          uint32_t only, embps_ticket_t **out) {
   uint32_t n = only < c->n ? 1 : c->n;
   embps_ticket_t *t = ticket_new(OP_SIMPLE, n);
+  *out = t;
   if (!t)
     return set_error(c, -ENOMEM, "out of memory");
   if (m->kind == EMBPS_KIND_DESCRIBE || m->kind == EMBPS_KIND_LIST ||
@@ -1055,14 +1058,21 @@ static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
   int run = ticket_run(c, t);
   if (!rc)
     rc = run;
+  if (rc && t->error[0])
+    set_error(c, rc, "%s", t->error);
+  return rc;
+}
+
+/* broadcast_each; on success *out is the ticket, holding one reply per
+ * part (caller frees). */
+static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
+                     embps_ticket_t **out) {
+  int rc = broadcast_each(c, m, only, out);
   if (rc) {
-    if (t->error[0])
-      set_error(c, rc, "%s", t->error);
-    ticket_free(t);
-    return rc;
+    ticket_free(*out);
+    *out = NULL;
   }
-  *out = t;
-  return 0;
+  return rc;
 }
 
 static void forget_table(embps_client_t *c, const char *name) {
@@ -1074,22 +1084,109 @@ static void forget_table(embps_client_t *c, const char *name) {
   }
 }
 
-int embps_create_table(embps_client_t *c, const embps_table_spec_t *spec) {
+/* Writes the first field in which `have` (a server's) differs from `want`
+ * as "lr 0.1, not 0.01" into buf; returns 0 when the specs are the same. */
+static int spec_diff(const embps_table_spec_t *have,
+                     const embps_table_spec_t *want, char *buf, size_t len) {
+#define INT_FIELDS_(X)                                                         \
+  X(dim) X(rows) X(dynamic) X(init) X(seed) X(has_padding) X(padding_id)       \
+  X(sync_workers)
+#define REAL_FIELDS_(X)                                                        \
+  X(lr) X(eps) X(beta1) X(beta2) X(initial_accumulator) X(l1) X(l2)            \
+  X(lr_power) X(weight_decay) X(init_value)
+#define INT_DIFF_(f)                                                           \
+  if (have->f != want->f)                                                      \
+    return snprintf(buf, len, #f " %lld, not %lld", (long long)have->f,        \
+                    (long long)want->f), 1;
+#define REAL_DIFF_(f)                                                          \
+  if (have->f != want->f)                                                      \
+    return snprintf(buf, len, #f " %.9g, not %.9g", have->f, want->f), 1;
+  if (have->optimizer != want->optimizer)
+    return snprintf(buf, len, "optimizer %s, not %s",
+                    embps_optimizer_name(have->optimizer),
+                    embps_optimizer_name(want->optimizer)), 1;
+  if (have->dtype != want->dtype)
+    return snprintf(buf, len, "dtype %s, not %s", embps_dtype_name(have->dtype),
+                    embps_dtype_name(want->dtype)), 1;
+  INT_FIELDS_(INT_DIFF_)
+  REAL_FIELDS_(REAL_DIFF_)
+#undef INT_FIELDS_
+#undef REAL_FIELDS_
+#undef INT_DIFF_
+#undef REAL_DIFF_
+  return 0;
+}
+
+/* Which servers lack table spec->name: describes it on every server and
+ * sets lack[s] for those answering EMBPS_ENOTABLE. A server holding it with
+ * another spec, or any other failure, is an error naming the server. */
+static int find_lacking(embps_client_t *c, const embps_table_spec_t *spec,
+                        uint8_t *lack, uint32_t *n_lack) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_DESCRIBE;
+  strcpy(m.u.name, spec->name);
+  embps_ticket_t *t;
+  int rc = broadcast_each(c, &m, UINT32_MAX, &t);
+  if (!t)
+    return rc;
+  rc = 0;
+  *n_lack = 0;
+  for (uint32_t s = 0; s < t->n_parts && !rc; s++) {
+    const part_t *p = &t->parts[s];
+    const conn_t *k = &c->conns[s];
+    char why[160];
+    if (!p->has_reply)
+      rc = set_error(c, t->result ? t->result : EMBPS_ECONN, "%s", t->error);
+    else if (p->reply.kind == EMBPS_KIND_ERROR &&
+             p->reply.u.error.code == EMBPS_ENOTABLE)
+      *n_lack += lack[s] = 1;
+    else if (p->reply.kind == EMBPS_KIND_ERROR)
+      rc = set_error(c, p->reply.u.error.code, "server %u (%s): %s", s,
+                     k->addr, p->reply.u.error.message);
+    else if (spec_diff(&p->reply.u.info.spec, spec, why, sizeof why))
+      rc = set_error(c, EMBPS_EEXIST, "table \"%s\" already exists on server "
+                     "%u (%s) with %s", spec->name, s, k->addr, why);
+  }
+  ticket_free(t);
+  return rc;
+}
+
+int embps_create_table_ex(embps_client_t *c, const embps_table_spec_t *spec,
+                          unsigned flags) {
   char why[256];
   int rc = embps_table_spec_check(spec, why, sizeof why);
   if (rc)
     return set_error(c, rc, "%s", why);
+  uint8_t *lack = calloc(c->n, 1);
+  if (!lack)
+    return set_error(c, -ENOMEM, "out of memory");
+  uint32_t n_lack = 0;
+  rc = find_lacking(c, spec, lack, &n_lack);
+  if (!rc && !n_lack && !(flags & EMBPS_CREATE_EXIST_OK)) {
+    if (c->n == 1)
+      rc = set_error(c, EMBPS_EEXIST, "server 0 (%s): table \"%s\" already "
+                     "exists", c->conns[0].addr, spec->name);
+    else
+      rc = set_error(c, EMBPS_EEXIST, "table \"%s\" already exists on all %u "
+                     "servers", spec->name, c->n);
+  }
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   m.kind = EMBPS_KIND_CREATE;
   m.u.spec = *spec;
-  embps_ticket_t *t;
-  rc = broadcast(c, &m, UINT32_MAX, &t);
-  if (rc)
-    return rc;
+  for (uint32_t s = 0; s < c->n && !rc; s++) {
+    embps_ticket_t *t;
+    if (lack[s] && (rc = broadcast(c, &m, s, &t)) == 0)
+      ticket_free(t);
+  }
+  free(lack);
   forget_table(c, spec->name);
-  ticket_free(t);
-  return 0;
+  return rc;
+}
+
+int embps_create_table(embps_client_t *c, const embps_table_spec_t *spec) {
+  return embps_create_table_ex(c, spec, 0);
 }
 
 int embps_drop_table(embps_client_t *c, const char *name) {
@@ -1135,8 +1232,12 @@ int embps_describe_table(embps_client_t *c, const char *name,
   return 0;
 }
 
-int embps_list_tables(embps_client_t *c, embps_table_info_t **out,
-                      size_t *n) {
+int embps_list_tables_held(embps_client_t *c, embps_table_info_t **out,
+                           size_t *n, uint8_t **held) {
+  *out = NULL;
+  *n = 0;
+  if (held)
+    *held = NULL;
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   m.kind = EMBPS_KIND_LIST;
@@ -1144,21 +1245,50 @@ int embps_list_tables(embps_client_t *c, embps_table_info_t **out,
   int rc = broadcast(c, &m, UINT32_MAX, &t);
   if (rc)
     return rc;
-  /* server 0's list, with the others' counters added by name */
-  embps_msg_t *first = &t->parts[0].reply;
-  for (uint32_t i = 1; i < t->n_parts; i++) {
-    const embps_msg_t *r = &t->parts[i].reply;
-    for (size_t a = 0; a < first->u.list.n; a++)
-      for (size_t b = 0; b < r->u.list.n; b++)
-        if (!strcmp(first->u.list.v[a].spec.name, r->u.list.v[b].spec.name))
-          add_counters(&first->u.list.v[a], &r->u.list.v[b]);
+  size_t cap = 0;
+  for (uint32_t s = 0; s < t->n_parts; s++)
+    cap += t->parts[s].reply.u.list.n;
+  const uint32_t K = c->n;
+  embps_table_info_t *v = malloc((cap ? cap : 1) * sizeof *v);
+  uint8_t *h = calloc((cap ? cap : 1) * K, 1);
+  size_t k = 0;
+  for (uint32_t s = 0; s < t->n_parts && v && h; s++) {
+    const embps_msg_t *r = &t->parts[s].reply;
+    for (size_t b = 0; b < r->u.list.n; b++) {
+      const embps_table_info_t *x = &r->u.list.v[b];
+      size_t a = 0;
+      while (a < k && strcmp(v[a].spec.name, x->spec.name))
+        a++;
+      if (a == k)
+        v[k++] = *x;
+      else
+        add_counters(&v[a], x);
+      h[a * K + s] = 1;
+    }
   }
-  *out = first->u.list.v;
-  *n = first->u.list.n;
-  first->u.list.v = NULL; /* handed to the caller */
-  first->u.list.n = 0;
   ticket_free(t);
+  if (!v || !h) {
+    free(v);
+    free(h);
+    return set_error(c, -ENOMEM, "out of memory");
+  }
+  *out = v;
+  *n = k;
+  if (held)
+    *held = h;
+  else
+    free(h);
   return 0;
+}
+
+int embps_list_tables(embps_client_t *c, embps_table_info_t **out,
+                      size_t *n) {
+  return embps_list_tables_held(c, out, n, NULL);
+}
+
+const char *embps_client_server_address(const embps_client_t *c,
+                                        size_t index) {
+  return c && index < c->n ? c->conns[index].addr : NULL;
 }
 
 int embps_stats(embps_client_t *c, embps_server_stats_t **out,

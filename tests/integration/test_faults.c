@@ -439,6 +439,120 @@ static void test_reply_kind_checked(void **state) {
   assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
 }
 
+/* ================================================================ cluster */
+
+/* Runs the CLI against `servers`; fails the test unless it exits `want`
+ * and its stdout (want 0) or stderr contains `text`. */
+static void cli_expect(const char *servers, int want, const char *text,
+                       const char *const *args) {
+  const char *argv[24] = {"--servers", servers, "--retry-ms", "2000"};
+  int n = 4;
+  for (int i = 0; args[i] && n < 23; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
+  it_cli_result_t r;
+  int st = it_cli_run(&r, argv);
+  const char *where = want == 0 ? r.out : r.err;
+  if (st != want || !strstr(where, text))
+    fail_msg("embps %s: exit %d (want %d), looking for [%s]\nstdout: %s\n"
+             "stderr: %s", args[0], st, want, text, r.out, r.err);
+  it_cli_result_free(&r);
+}
+
+/* Whether server s holds table 0 of the (one-table) list. */
+static int held_on(embps_client_t *c, uint32_t s) {
+  embps_table_info_t *v;
+  size_t n;
+  uint8_t *held;
+  CHECK(embps_list_tables_held(c, &v, &n, &held), c);
+  assert_int_equal(n, 1);
+  assert_string_equal(v[0].spec.name, "user");
+  int h = held[s];
+  free(v);
+  free(held);
+  return h;
+}
+
+/* A member killed -9 and restarted empty: errors about it name it, tables
+ * and stats say it lacks the table, a create with another spec is refused
+ * naming the first field that differs, and one with the same spec
+ * completes the member (then EEXIST, or 0 with exist-ok). */
+static void test_cluster_member_lost(void **state) {
+  (void)state;
+  it_server_t srv[3];
+  memset(srv, 0, sizeof srv);
+  static const char *const a0[] = {"--cluster-size", "2", "--cluster-index",
+                                   "0", NULL};
+  static const char *const a1[] = {"--cluster-size", "2", "--cluster-index",
+                                   "1", NULL};
+  serve(&srv[0], 0, a0);
+  serve(&srv[1], 0, a1);
+  char servers[80], name1[64];
+  snprintf(servers, sizeof servers, "%s,%s", srv[0].addr, srv[1].addr);
+  snprintf(name1, sizeof name1, "server 1 (%s)", srv[1].addr);
+  embps_client_t *c = client_for(servers, 5000, 3000);
+  embps_table_spec_t s = sgd_table("user");
+  CHECK(embps_create_table(c, &s), c);
+  int64_t id1 = 0; /* an id server 1 owns */
+  while (embps_route(id1, 2) != 1)
+    id1++;
+  float g[DIM] = {1, 1, 1, 1}, row[DIM];
+  CHECK(embps_push(c, "user", &id1, 1, g, DIM, 0), c);
+  assert_true(held_on(c, 1));
+
+  int port1 = srv[1].port;
+  it_server_kill(&srv[1]);
+  serve(&srv[2], port1, a1);
+  int rc = embps_pull(c, "user", &id1, 1, row, DIM);
+  assert_int_equal(rc, EMBPS_ENOTABLE);
+  char want[128];
+  snprintf(want, sizeof want, "%s: unknown table \"user\"", name1);
+  if (!strstr(embps_client_last_error(c), want))
+    fail_msg("error about the restarted member: \"%s\", want \"%s\"",
+             embps_client_last_error(c), want);
+  assert_true(held_on(c, 0));
+  assert_false(held_on(c, 1));
+  char missing[128];
+  snprintf(missing, sizeof missing, "missing on %s", name1);
+  static const char *const tables[] = {"tables", NULL};
+  static const char *const tables_json[] = {"tables", "--json", NULL};
+  static const char *const stats[] = {"stats", NULL};
+  static const char *const stats_json[] = {"stats", "--json", NULL};
+  cli_expect(servers, 0, missing, tables);
+  cli_expect(servers, 0, "\"missing_on\": [{\"server\": 1, \"address\"",
+             tables_json);
+  cli_expect(servers, 0, missing, stats);
+  cli_expect(servers, 0, "\"missing_tables\": [\"user\"]", stats_json);
+
+  embps_table_spec_t other = s;
+  other.lr = 0.5;
+  rc = embps_create_table(c, &other);
+  assert_int_equal(rc, EMBPS_EEXIST);
+  snprintf(want, sizeof want, "table \"user\" already exists on server 0 "
+           "(%s) with lr 1, not 0.5", srv[0].addr);
+  if (!strstr(embps_client_last_error(c), want))
+    fail_msg("create with another spec: \"%s\", want \"%s\"",
+             embps_client_last_error(c), want);
+  assert_false(held_on(c, 1)); /* nothing was created */
+
+  static const char *const create[] = {"create-table", "user", "--dim", "4",
+                                       "--rows", "64", "--lr", "1", NULL};
+  static const char *const create_ok[] = {"create-table", "user", "--dim",
+                                          "4", "--rows", "64", "--lr", "1",
+                                          "--exist-ok", NULL};
+  cli_expect(servers, 0, "", create);
+  assert_true(held_on(c, 1));
+  cli_expect(servers, 1, "table \"user\" already exists on all 2 servers",
+             create);
+  cli_expect(servers, 0, "", create_ok);
+  assert_int_equal(embps_create_table(c, &s), EMBPS_EEXIST);
+  CHECK(embps_create_table_ex(c, &s, EMBPS_CREATE_EXIST_OK), c);
+  CHECK(embps_push(c, "user", &id1, 1, g, DIM, 0), c);
+  expect_row(c, "user", id1, -1, "row on the completed member");
+  embps_client_destroy(c);
+  stop_all(srv, 3);
+}
+
 /* ================================================================ main */
 
 int main(void) {
@@ -451,6 +565,7 @@ int main(void) {
       cmocka_unit_test(test_retry_after_timeout),
       cmocka_unit_test(test_retry_duplicate_via_proxy),
       cmocka_unit_test(test_reply_kind_checked),
+      cmocka_unit_test(test_cluster_member_lost),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

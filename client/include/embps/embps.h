@@ -208,16 +208,41 @@ EMBPS_EXTERN void embps_client_destroy(embps_client_t *c);
 EMBPS_EXTERN const char *embps_client_last_error(const embps_client_t *c);
 EMBPS_EXTERN size_t embps_client_n_servers(const embps_client_t *c);
 
-/* Creates the table on every server of the cluster. */
+/* The address ("host:port") of server `index` of the cluster, or NULL;
+ * valid as long as c. */
+EMBPS_EXTERN const char *embps_client_server_address(const embps_client_t *c,
+                                                     size_t index);
+
+/* Create flags. */
+#define EMBPS_CREATE_EXIST_OK 1u /* a table that exists with this spec: 0 */
+
+/* Creates the table on every server of the cluster that lacks it (a
+ * member restarted empty is completed). A server that holds it with
+ * another spec makes it EMBPS_EEXIST, naming the server and the first
+ * field that differs, and nothing is created; one that holds it on every
+ * server with this spec is EMBPS_EEXIST too, or 0 with
+ * EMBPS_CREATE_EXIST_OK. */
+EMBPS_EXTERN int embps_create_table_ex(embps_client_t *c,
+                                       const embps_table_spec_t *spec,
+                                       unsigned flags);
+/* embps_create_table_ex(c, spec, 0). */
 EMBPS_EXTERN int embps_create_table(embps_client_t *c,
                                     const embps_table_spec_t *spec);
 EMBPS_EXTERN int embps_drop_table(embps_client_t *c, const char *name);
 /* The spec and counters of one table, summed over the servers. */
 EMBPS_EXTERN int embps_describe_table(embps_client_t *c, const char *name,
                                       embps_table_info_t *out);
-/* All tables (counters summed over servers); free with free(). */
+/* All tables held by any server (counters summed over the servers that
+ * hold each); free with free(). */
 EMBPS_EXTERN int embps_list_tables(embps_client_t *c,
                                    embps_table_info_t **out, size_t *n);
+/* embps_list_tables, and which servers hold each table: *held (may be
+ * NULL; else malloc'd, free with free()) has n x n_servers bytes, and
+ * (*held)[i * n_servers + s] is 1 when server s holds table i, 0 when it
+ * is missing there. */
+EMBPS_EXTERN int embps_list_tables_held(embps_client_t *c,
+                                        embps_table_info_t **out, size_t *n,
+                                        uint8_t **held);
 /* One entry per server; free with embps_stats_free(). */
 EMBPS_EXTERN int embps_stats(embps_client_t *c, embps_server_stats_t **out,
                              size_t *n_servers);
