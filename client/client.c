@@ -705,6 +705,14 @@ static void ticket_expire(embps_client_t *c, embps_ticket_t *t) {
   }
 }
 
+/* Ends t's retries: its parts still pending anywhere fail with code (or
+ * their connection's reason), so none stays linked once t is freed. */
+static void ticket_cancel(embps_client_t *c, embps_ticket_t *t, int code) {
+  t->retry_until_ns = 0;
+  ticket_abandon(c, t, code);
+  ticket_expire(c, t);
+}
+
 static int ensure_conn(embps_client_t *c, uint32_t s);
 
 /* Reconnects the broken connections that hold parts of t and whose
@@ -740,13 +748,13 @@ static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
         break;
     }
     if (now >= until || (t->retry_until_ns && now >= t->retry_until_ns)) {
-      int last = !t->retry_until_ns || now >= t->retry_until_ns;
-      if (last)
+      if (!t->retry_until_ns || now >= t->retry_until_ns) {
         ticket_fail(t, EMBPS_ETIMEDOUT, "no reply within %d ms%s",
                     c->timeout_ms, t->retry_until_ns ? " (retries over)" : "");
-      ticket_abandon(c, t, EMBPS_ETIMEDOUT);
-      if (last)
+        ticket_cancel(c, t, EMBPS_ETIMEDOUT);
         break;
+      }
+      ticket_abandon(c, t, EMBPS_ETIMEDOUT); /* and try again */
       t->sent_ns = now;
       continue;
     }
@@ -762,7 +770,7 @@ static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
     int rc = progress(c, t, ms);
     if (rc) {
       ticket_fail(t, rc, "%s", embps_strerror(rc));
-      ticket_abandon(c, t, rc);
+      ticket_cancel(c, t, rc);
       break;
     }
   }
