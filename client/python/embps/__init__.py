@@ -242,12 +242,13 @@ class Ticket:
 class Client:
     """Connections to an embps cluster (server list in cluster order)."""
 
-    def __init__(self, servers=None, token=None, timeout_ms=0):
+    def __init__(self, servers=None, token=None, timeout_ms=0, retry_ms=0):
         lib = _lib()
         if isinstance(servers, (list, tuple)):
             servers = ",".join(servers)
         opts = _Options(servers.encode() if servers else None,
-                        token.encode() if token else None, int(timeout_ms))
+                        token.encode() if token else None, int(timeout_ms),
+                        int(retry_ms))
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
         rc = lib.embps_client_create(ctypes.byref(opts), ctypes.byref(handle),
