@@ -732,23 +732,25 @@ static uint64_t reconnect_due(embps_client_t *c, embps_ticket_t *t) {
   return next;
 }
 
-/* Runs I/O until t completes. One attempt (from t's last send) waits at
- * most the client's timeout; a ticket that may retry then goes on, with
- * its connections dropped and made again, until its retry time is over. */
+/* Runs I/O until t completes. Each attempt (from t's last send) may take
+ * the client's timeout; while t may retry, a timed-out attempt or a broken
+ * connection leads to another. After the retry time a broken connection
+ * is final, but an attempt under way still gets its whole timeout. */
 static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
   const uint64_t attempt_ns = (uint64_t)c->timeout_ms * 1000000ULL;
   if (!t->sent_ns)
     t->sent_ns = embps_now_ns();
   while (t->n_done < t->n_parts) {
     uint64_t now = embps_now_ns();
-    uint64_t until = t->sent_ns + attempt_ns;
-    if (t->retry_until_ns && now >= t->retry_until_ns) {
+    int retrying = t->retry_until_ns && now < t->retry_until_ns;
+    if (t->retry_until_ns && !retrying) {
       ticket_expire(c, t);
       if (t->n_done == t->n_parts)
         break;
     }
-    if (now >= until || (t->retry_until_ns && now >= t->retry_until_ns)) {
-      if (!t->retry_until_ns || now >= t->retry_until_ns) {
+    uint64_t until = t->sent_ns + attempt_ns;
+    if (now >= until) {
+      if (!retrying) {
         ticket_fail(t, EMBPS_ETIMEDOUT, "no reply within %d ms%s",
                     c->timeout_ms, t->retry_until_ns ? " (retries over)" : "");
         ticket_cancel(c, t, EMBPS_ETIMEDOUT);
@@ -758,7 +760,7 @@ static int ticket_run(embps_client_t *c, embps_ticket_t *t) {
       t->sent_ns = now;
       continue;
     }
-    if (t->retry_until_ns) {
+    if (retrying) {
       uint64_t due = reconnect_due(c, t);
       now = embps_now_ns();
       if (due < until)

@@ -239,38 +239,58 @@ static void test_retry_bounded(void **state) {
   waitpid(later, &st, 0);
 }
 
-/* A server that stops answering (SIGSTOP) makes one attempt time out; the
- * push is sent again on a new connection, and once the server runs again
- * it is applied exactly once, whichever copy comes first. */
-static void test_retry_after_timeout(void **state) {
-  (void)state;
-  it_server_t srv;
-  serve(&srv, 0, NULL);
-  embps_client_t *c = client_for(srv.addr, 300, 10000);
-  embps_table_spec_t s = sgd_table("to");
-  CHECK(embps_create_table(c, &s), c);
-  int64_t id = 5;
-  float g[DIM] = {0.25f, 0.25f, 0.25f, 0.25f};
-  kill(srv.pid, SIGSTOP);
+/* Stops process pid (SIGSTOP) and has a forked waker continue it after
+ * usec; returns the waker's pid. */
+static pid_t stop_for(pid_t pid, useconds_t usec) {
+  kill(pid, SIGSTOP);
   pid_t waker = fork();
   assert_true(waker >= 0);
   if (waker == 0) {
-    usleep(1000000);
-    kill(srv.pid, SIGCONT);
+    usleep(usec);
+    kill(pid, SIGCONT);
     _exit(0);
   }
+  return waker;
+}
+
+/* A push to server srv stopped for usec: returns how long it took; fails
+ * the test unless it succeeded. */
+static double push_while_stopped(embps_client_t *c, it_server_t *srv,
+                                 useconds_t usec, int64_t id,
+                                 const float *g) {
+  pid_t waker = stop_for(srv->pid, usec);
   double t0 = it_now_ms();
   int rc = embps_push(c, "to", &id, 1, g, DIM, 0);
   double ms = it_now_ms() - t0;
   int st;
   waitpid(waker, &st, 0);
-  kill(srv.pid, SIGCONT);
+  kill(srv->pid, SIGCONT);
   if (rc)
     fail_msg("push across a stopped server: %s: %s", embps_err_name(rc),
              embps_client_last_error(c));
-  assert_true(ms > 900);
+  return ms;
+}
+
+/* A server that stops answering (SIGSTOP) makes one attempt time out; the
+ * push is sent again on a new connection, and once the server runs again
+ * it is applied exactly once, whichever copy comes first. A retry time
+ * shorter than the attempt's timeout does not cut the attempt short. */
+static void test_retry_after_timeout(void **state) {
+  (void)state;
+  it_server_t srv;
+  serve(&srv, 0, NULL);
+  embps_client_t *c = client_for(srv.addr, 300, 10000);
+  embps_client_t *brief = client_for(srv.addr, 5000, 100);
+  embps_table_spec_t s = sgd_table("to");
+  CHECK(embps_create_table(c, &s), c);
+  int64_t id = 5;
+  float g[DIM] = {0.25f, 0.25f, 0.25f, 0.25f};
+  assert_true(push_while_stopped(c, &srv, 1000000, id, g) > 900);
   expect_row(c, "to", id, -0.25f, "row after a timed-out push was retried");
+  assert_true(push_while_stopped(brief, &srv, 600000, id, g) > 500);
+  expect_row(c, "to", id, -0.5f, "row after a slow push with retry_ms 100");
   embps_client_destroy(c);
+  embps_client_destroy(brief);
   stop_all(&srv, 1);
 }
 
