@@ -1,6 +1,7 @@
 /* test_faults.c - the library under faults, against real embps-server
  * processes: retries after a server killed and restarted on the same port,
- * after a timeout, and through a proxy that drops the connection after the
+ * after a timeout, across a graceful (SIGTERM) restart behind a proxy, and
+ * through a proxy that drops the connection after the
  * server applied a push (the retry must be acknowledged as a duplicate and
  * the row change once); replies of the wrong kind from a forked fake server;
  * a cluster member restarted empty (errors name it, tables and stats say
@@ -344,6 +345,59 @@ static void test_retry_duplicate_via_proxy(void **state) {
   stop_all(&srv, 1);
 }
 
+/* A rolling restart: the server is stopped gracefully (SIGTERM) with a
+ * large push in flight while the proxy already sends new connections to
+ * its replacement. The push is answered (applied by the old server before
+ * it went, or refused as shutting down and sent again to the new one):
+ * the call succeeds, and the replacement holds it whole or not at all. */
+static void test_retry_across_graceful_restart(void **state) {
+  (void)state;
+  it_server_t srv[2];
+  memset(srv, 0, sizeof srv);
+  serve(&srv[0], 0, NULL);
+  serve(&srv[1], 0, NULL);
+  it_proxy_t *px;
+  assert_int_equal(it_proxy_start(&px, srv[0].addr), 0);
+  embps_client_t *c = client_for(it_proxy_addr(px), 5000, 0);
+  embps_client_t *next = client_for(srv[1].addr, 5000, -1);
+  enum { N = 40000 };
+  embps_table_spec_t s = sgd_table("g");
+  s.rows = N;
+  CHECK(embps_create_table(c, &s), c);
+  CHECK(embps_create_table(next, &s), next);
+  int64_t *idx = malloc(N * sizeof *idx);
+  float *vals = malloc((size_t)N * DIM * sizeof *vals);
+  assert_non_null(idx);
+  assert_non_null(vals);
+  for (int i = 0; i < N; i++) {
+    idx[i] = i;
+    for (int j = 0; j < DIM; j++)
+      vals[(size_t)i * DIM + j] = 0.5f;
+  }
+  CHECK(embps_push(c, "g", idx, 10, vals, DIM, 0), c);
+  embps_ticket_t *t;
+  CHECK(embps_push_async(c, "g", idx, N, vals, DIM, 0, &t), c);
+  it_proxy_set_upstream(px, srv[1].addr);
+  kill(srv[0].pid, SIGTERM);
+  CHECK(embps_wait(c, t), c);
+  assert_int_equal(it_server_wait(&srv[0], 10000), 0);
+  float first[DIM], last[DIM];
+  int64_t ends[2] = {0, N - 1};
+  CHECK(embps_pull(next, "g", &ends[0], 1, first, DIM), next);
+  CHECK(embps_pull(next, "g", &ends[1], 1, last, DIM), next);
+  if (first[0] != last[0] || (last[0] != 0 && last[0] != -0.5f))
+    fail_msg("replacement holds rows %.9g and %.9g: a push applied in part",
+             (double)first[0], (double)last[0]);
+  CHECK(embps_push(c, "g", idx, 1, vals, DIM, 0), c); /* now to the new one */
+  expect_row(next, "g", 0, first[0] - 0.5f, "a push after the restart");
+  embps_client_destroy(c);
+  embps_client_destroy(next);
+  it_proxy_stop(px);
+  free(idx);
+  free(vals);
+  stop_all(srv, 2);
+}
+
 /* ================================================================ replies */
 
 static int fake_read(int fd, void *buf, size_t n) {
@@ -584,6 +638,7 @@ int main(void) {
       cmocka_unit_test(test_retry_bounded),
       cmocka_unit_test(test_retry_after_timeout),
       cmocka_unit_test(test_retry_duplicate_via_proxy),
+      cmocka_unit_test(test_retry_across_graceful_restart),
       cmocka_unit_test(test_reply_kind_checked),
       cmocka_unit_test(test_cluster_member_lost),
   };
