@@ -1,7 +1,7 @@
 /* dur_retry.c - exactly once through a broken connection. A client talks to
- * the server through dropproxy (tests/fault): the proxy forwards a push,
- * reads the server's reply (the push is applied) and cuts the client's
- * connection instead of forwarding it; the library's retry must be
+ * the server through the fault-injecting proxy (proxy.h): it forwards a
+ * push, reads the server's reply (the push is applied) and cuts the
+ * client's connection instead of forwarding it; the library's retry must be
  * acknowledged as a duplicate and the witness row must change exactly once.
  * Cases: (a) the cut alone (the exactly-once table in memory); (b) with the
  * server killed -9 and restarted on its data dir between the apply and the
@@ -15,14 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../fault/dropproxy.h"
 #include "dur_scenarios.h"
 #include "dur_util.h"
+#include "frame.h"
+#include "proxy.h"
 
 typedef struct {
   dur_server_t srv;
   dur_workload_t wl;
-  dropproxy_t *proxy;
+  it_proxy_t *proxy;
   embps_client_t *c; /* through the proxy */
   double expected;   /* pushes that must be in the witness row */
   const char *name;
@@ -61,8 +62,8 @@ static void push_ok(retry_case_t *r, const char *when) {
     r->expected++;
 }
 
-static void kill_restart(void *arg) {
-  retry_case_t *r = arg;
+/* kill -9 and restart on the same port and data dir. */
+static void kill_restart(retry_case_t *r) {
   dur_server_kill(&r->srv);
   if (dur_server_start(&r->srv, 30000)) {
     dur_fail("%s: restart between the apply and the ack failed", r->name);
@@ -101,39 +102,63 @@ static void run_case(char mode, int engine) {
   embps_client_destroy(d);
   if (rc)
     goto out;
-  r.proxy = dropproxy_start(r.srv.addr);
-  char paddr[64];
-  snprintf(paddr, sizeof paddr, "127.0.0.1:%d",
-           r.proxy ? dropproxy_port(r.proxy) : 0);
-  r.c = r.proxy ? dur_connect(paddr, 5000, 30000, r.name) : NULL;
+  if (it_proxy_start(&r.proxy, r.srv.addr)) {
+    dur_fail("%s: cannot start the proxy", r.name);
+    goto out;
+  }
+  r.c = dur_connect(it_proxy_addr(r.proxy), 5000, 30000, r.name);
   if (!r.c)
     goto out;
   for (int i = 0; i < 3; i++)
     push_ok(&r, "before the fault");
   check_witness(&r, "before the fault");
 
-  dropproxy_stats_t st0, st;
-  dropproxy_stats(r.proxy, &st0);
-  if (mode == 'c') {
+  it_proxy_counts_t st0, st;
+  it_proxy_counts(r.proxy, &st0);
+  if (mode == 'a') {
+    it_proxy_arm(r.proxy, IT_PROXY_DROP_REPLY, EMBPS_KIND_PUSH, 1);
+    push_ok(&r, "the push whose ack is cut");
+  } else {
+    /* (b): the ack is cut and, while the retries find no server (new
+     * connections go to a closed port), the server is killed and
+     * restarted. (c): the server dies at the failpoint and restarts. */
     static char env[] = "EMBPS_FAILPOINT=log-after-write";
-    dur_server_kill(&r.srv);
-    r.srv.env[0] = env;
-    if (dur_server_start(&r.srv, 20000)) {
-      dur_fail("%s: armed restart failed", r.name);
-      goto out;
+    char server[32];
+    snprintf(server, sizeof server, "%s", r.srv.addr);
+    if (mode == 'b') {
+      it_proxy_set_upstream(r.proxy, "127.0.0.1:1");
+      it_proxy_arm(r.proxy, IT_PROXY_DROP_REPLY, EMBPS_KIND_PUSH, 1);
+    } else {
+      dur_server_kill(&r.srv);
+      r.srv.env[0] = env;
+      if (dur_server_start(&r.srv, 20000)) {
+        dur_fail("%s: armed restart failed", r.name);
+        goto out;
+      }
     }
     pthread_t t;
     pthread_create(&t, NULL, push_thread, &r);
-    int code = dur_server_wait(&r.srv, 15000);
-    if (code != 128 + 9) {
-      dur_fail("%s: the server did not die at log-after-write (status %d)",
-               r.name, code);
-      dur_server_kill(&r.srv);
-    }
-    r.srv.env[0] = NULL;
-    if (dur_server_start(&r.srv, 30000)) {
-      dur_fail("%s: restart failed", r.name);
-      dur_server_dump_log(&r.srv);
+    if (mode == 'b') {
+      double deadline = dur_now_ms() + 15000;
+      do {
+        dur_sleep_ms(2);
+        it_proxy_counts(r.proxy, &st);
+      } while (st.faults_fired == st0.faults_fired &&
+               dur_now_ms() < deadline);
+      kill_restart(&r);
+      it_proxy_set_upstream(r.proxy, server);
+    } else {
+      int code = dur_server_wait(&r.srv, 15000);
+      if (code != 128 + 9) {
+        dur_fail("%s: the server did not die at log-after-write (status "
+                 "%d)", r.name, code);
+        dur_server_kill(&r.srv);
+      }
+      r.srv.env[0] = NULL;
+      if (dur_server_start(&r.srv, 30000)) {
+        dur_fail("%s: restart failed", r.name);
+        dur_server_dump_log(&r.srv);
+      }
     }
     void *res;
     pthread_join(t, &res);
@@ -142,35 +167,31 @@ static void run_case(char mode, int engine) {
                r.name, embps_client_last_error(r.c));
     else
       r.expected++;
-  } else {
-    dropproxy_arm(r.proxy, mode == 'b' ? kill_restart : NULL, &r);
-    push_ok(&r, "the push whose ack is cut");
   }
-  dropproxy_stats(r.proxy, &st);
+  it_proxy_counts(r.proxy, &st);
   check_witness(&r, "after the retried push");
-  if (mode != 'c' && st.dropped != st0.dropped + 1)
-    dur_fail("%s: the proxy cut %llu acks, want 1 (the fault did not "
-             "happen)", r.name,
-             (unsigned long long)(st.dropped - st0.dropped));
-  if (st.duplicates != st0.duplicates + 1)
-    dur_fail("%s: %llu replies flagged duplicate after the fault, want "
+  if (mode != 'c' && st.faults_fired != st0.faults_fired + 1)
+    dur_fail("%s: the proxy cut %u acks, want 1 (the fault did not "
+             "happen)", r.name, st.faults_fired - st0.faults_fired);
+  if (st.push_duplicates != st0.push_duplicates + 1)
+    dur_fail("%s: %u replies flagged duplicate after the fault, want "
              "exactly 1 (the retry)", r.name,
-             (unsigned long long)(st.duplicates - st0.duplicates));
+             st.push_duplicates - st0.push_duplicates);
   if (st.connections < st0.connections + 1)
     dur_fail("%s: the client did not reconnect", r.name);
   for (int i = 0; i < 2; i++)
     push_ok(&r, "after the fault");
   check_witness(&r, "after two more pushes");
-  dropproxy_stats(r.proxy, &st);
-  if (st.duplicates != st0.duplicates + 1)
-    dur_fail("%s: later pushes acknowledged as duplicates (%llu): they were "
+  it_proxy_counts(r.proxy, &st);
+  if (st.push_duplicates != st0.push_duplicates + 1)
+    dur_fail("%s: later pushes acknowledged as duplicates (%u): they were "
              "NOT applied", r.name,
-             (unsigned long long)(st.duplicates - st0.duplicates - 1));
-  dur_note("%s: %.0f pushes, each applied once; %llu client connections",
-           r.name, r.expected, (unsigned long long)st.connections);
+             st.push_duplicates - st0.push_duplicates - 1);
+  dur_note("%s: %.0f pushes, each applied once; %u client connections",
+           r.name, r.expected, st.connections);
 out:
   embps_client_destroy(r.c);
-  dropproxy_stop(r.proxy);
+  it_proxy_stop(r.proxy);
   if (dur_failures())
     dur_server_dump_log(&r.srv);
   dur_server_cleanup(&r.srv);
