@@ -133,28 +133,14 @@ int dur_server_start(dur_server_t *s, int timeout_ms) {
   }
   s->pid = pid;
   s->starts++;
-  double deadline = dur_now_ms() + timeout_ms;
-  for (;;) {
-    int st;
-    pid_t w = waitpid(pid, &st, WNOHANG);
-    if (w == pid) {
-      s->pid = 0;
-      return it_status_code(st);
-    }
-    int port = it_read_port(s->port_file);
-    if (port > 0) {
-      s->port = port;
-      snprintf(s->addr, sizeof s->addr, "127.0.0.1:%d", port);
-      return 0;
-    }
-    if (dur_now_ms() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      s->pid = 0;
-      return -1;
-    }
-    dur_sleep_ms(2);
+  int code = -1;
+  int r = it_wait_port(pid, s->port_file, timeout_ms, &s->port, &code);
+  if (r == 1) {
+    snprintf(s->addr, sizeof s->addr, "127.0.0.1:%d", s->port);
+    return 0;
   }
+  s->pid = 0;
+  return r == 0 ? code : -1;
 }
 
 void dur_server_kill(dur_server_t *s) {

@@ -143,31 +143,40 @@ int it_server_start(it_server_t *s, const char *const *extra_args) {
   }
   s->pid = pid;
 
-  double deadline = it_now_ms() + 10000;
+  int code = -1;
+  int r = it_wait_port(pid, s->port_file, 10000, &s->port, &code);
+  if (r == 1) {
+    snprintf(s->addr, sizeof s->addr, "127.0.0.1:%d", s->port);
+    return 0;
+  }
+  if (r == 0)
+    fprintf(stderr, "[harness] embps-server exited during start-up "
+            "(status %d)\n", code);
+  else
+    fprintf(stderr, "[harness] no port file after 10 s\n");
+  s->pid = 0;
+  it_server_dump_log(s);
+  remove_dir(s);
+  return -1;
+}
+
+int it_wait_port(pid_t pid, const char *port_file, int timeout_ms,
+                 int *port, int *code) {
+  double deadline = it_now_ms() + timeout_ms;
   for (;;) {
     int st;
-    pid_t w = waitpid(pid, &st, WNOHANG);
-    if (w == pid) {
-      fprintf(stderr, "[harness] embps-server exited during start-up "
-              "(status %d)\n", it_status_code(st));
-      s->pid = 0;
-      it_server_dump_log(s);
-      remove_dir(s);
-      return -1;
-    }
-    int port = it_read_port(s->port_file);
-    if (port > 0) {
-      s->port = port;
-      snprintf(s->addr, sizeof s->addr, "127.0.0.1:%d", port);
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      *code = it_status_code(st);
       return 0;
     }
+    int p = it_read_port(port_file);
+    if (p > 0) {
+      *port = p;
+      return 1;
+    }
     if (it_now_ms() > deadline) {
-      fprintf(stderr, "[harness] no port file after 10 s\n");
       kill(pid, SIGKILL);
       waitpid(pid, &st, 0);
-      s->pid = 0;
-      it_server_dump_log(s);
-      remove_dir(s);
       return -1;
     }
     it_sleep_ms(2);

@@ -68,6 +68,11 @@ void it_sleep_ms(double ms);
 int it_status_code(int wait_status);
 /* The port in a --port-file, or -1 (missing, partial, out of range). */
 int it_read_port(const char *path);
+/* Waits up to timeout_ms for child pid to write its --port-file: 1 (the
+ * port in *port), 0 (it exited: its status in *code) or -1 (timed out: it
+ * was killed and reaped). */
+int it_wait_port(pid_t pid, const char *port_file, int timeout_ms,
+                 int *port, int *code);
 /* Waits up to timeout_ms for child pid to exit: 1 (its status in *code, as
  * it_status_code), 0 (still running) or -1 (no such child). */
 int it_wait_exit(pid_t pid, int timeout_ms, int *code);
