@@ -10,6 +10,7 @@
  * per client is remembered; a push at or below it is acknowledged as a
  * duplicate without being applied again. */
 #include <errno.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@ struct embps_apply {
   embps_request_t *head, *tail;
   int stopping;
   int draining; /* shutting down: no synchronous push is held any more */
+  int prune;    /* a table was dropped: let go of its synchronous step */
   embps_scratch_t scratch;
   embps_sync_t sync;
   seen_t *seen; /* open addressing on client id; client 0 = empty */
@@ -148,6 +150,26 @@ static void fail_shutdown(void *ctx, embps_request_t *req) {
   req->complete(req);
 }
 
+/* ---- dropped synchronous tables (embps_apply_prune) ---- */
+
+/* 1 while t is the table its name designates (not dropped). */
+static int table_alive(void *ctx, embps_table_t *t) {
+  embps_apply_t *a = ctx;
+  embps_table_t *now =
+      embps_registry_get(&a->srv->registry, embps_table_spec(t)->name);
+  embps_table_unref(now);
+  return now == t;
+}
+
+static void fail_dropped(void *ctx, embps_request_t *req) {
+  embps_apply_t *a = ctx;
+  embps_request_fail(a->srv, req, EMBPS_ENOTABLE, "table \"%s\" was dropped "
+                     "before synchronous step %llu completed",
+                     embps_table_spec(req->table)->name,
+                     (unsigned long long)req->msg.u.push.step);
+  req->complete(req);
+}
+
 /* Handles one push from the queue and completes whatever it finishes: the
  * push itself, or, for a synchronous table, the whole step it completes. */
 static void apply_one(embps_apply_t *a, embps_request_t *req) {
@@ -168,6 +190,10 @@ static void apply_one(embps_apply_t *a, embps_request_t *req) {
     fail_shutdown(a, req);
     return;
   }
+  if (!table_alive(a, req->table)) {
+    fail_dropped(a, req);
+    return;
+  }
   embps_request_t *ready = NULL;
   const int64_t *idx = NULL;
   const float *vals = NULL;
@@ -183,12 +209,34 @@ static void apply_one(embps_apply_t *a, embps_request_t *req) {
   } /* rc == 0: held until the step's other pushes arrive */
 }
 
+/* OpenMP's thread count is a per-thread setting: set it here, on the
+ * thread whose parallel regions apply pushes, and log the team it gets. */
+static void omp_team_setup(const embps_server_config_t *cfg) {
+  if (cfg->omp_threads)
+    omp_set_num_threads((int)cfg->omp_threads);
+  int team = 0;
+#pragma omp parallel
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+  }
+  LOG_INFO("apply thread: OpenMP team of %d threads", team);
+}
+
 static void *apply_main(void *arg) {
   embps_apply_t *a = arg;
+  omp_team_setup(&a->srv->cfg);
   pthread_mutex_lock(&a->mu);
   for (;;) {
-    while (!a->head && !a->stopping && a->draining != 1)
+    while (!a->head && !a->stopping && a->draining != 1 && !a->prune)
       pthread_cond_wait(&a->cv, &a->mu);
+    if (a->prune) {
+      a->prune = 0;
+      pthread_mutex_unlock(&a->mu);
+      embps_sync_forget(&a->sync, table_alive, fail_dropped, a);
+      pthread_mutex_lock(&a->mu);
+      continue;
+    }
     if (a->draining == 1) { /* release held synchronous pushes */
       a->draining = 2;
       pthread_mutex_unlock(&a->mu);
@@ -246,6 +294,13 @@ void embps_apply_drain(embps_apply_t *a) {
   pthread_mutex_lock(&a->mu);
   if (!a->draining)
     a->draining = 1;
+  pthread_cond_signal(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+}
+
+void embps_apply_prune(embps_apply_t *a) {
+  pthread_mutex_lock(&a->mu);
+  a->prune = 1;
   pthread_cond_signal(&a->cv);
   pthread_mutex_unlock(&a->mu);
 }

@@ -24,11 +24,12 @@ void embps_request_free(embps_request_t *req) {
 
 void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
                         const char *fmt, ...) {
-  char msg[EMBPS_MESSAGE_MAX];
+  char raw[EMBPS_MESSAGE_MAX], msg[EMBPS_MESSAGE_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  embps_escape(raw, msg, sizeof msg); /* it may echo a peer's bytes */
   free(req->reply);
   req->reply = NULL;
   atomic_fetch_add_explicit(&srv->counters.errors, 1, memory_order_relaxed);
@@ -109,6 +110,16 @@ static void do_create(embps_server_t *srv, embps_request_t *req) {
   int rc = embps_table_spec_check(spec, why, sizeof why);
   if (rc) {
     embps_request_fail(srv, req, rc, "%s", why);
+    return;
+  }
+  uint64_t fixed = embps_table_fixed_bytes(spec, srv->cfg.cluster_size);
+  uint64_t used = embps_tables_total_bytes(), cap = srv->cfg.max_memory;
+  uint64_t left = used < cap ? cap - used : 0;
+  if (cap && fixed > left) {
+    embps_request_fail(srv, req, EMBPS_ELIMIT, "table \"%s\" needs %llu "
+                       "bytes up front (its row bitmap); --max-memory %llu "
+                       "has %llu left", spec->name, (unsigned long long)fixed,
+                       (unsigned long long)cap, (unsigned long long)left);
     return;
   }
   rc = embps_registry_create(&srv->registry, spec, srv->cfg.shards,
@@ -340,6 +351,7 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                          req->msg.u.name);
     else {
       LOG_INFO("dropped table \"%s\"", req->msg.u.name);
+      embps_apply_prune(srv->apply);
       reply(srv, req, EMBPS_KIND_DROP, NULL, 0);
     }
     break;

@@ -43,7 +43,14 @@ typedef struct {
   uint64_t max_memory;     /* bytes of table storage; 0: no limit */
   uint32_t omp_threads;    /* 0: OpenMP's default */
   embps_log_level_t log_level;
+  uint32_t hello_timeout_s;       /* a connection's time to say hello */
+  uint64_t max_buffer_bytes;      /* requests and replies held, server */
+  uint64_t max_conn_buffer_bytes; /* the same, one connection */
+  int insecure; /* may listen beyond loopback without a token */
 } embps_server_config_t;
+
+/* Largest frame accepted from a connection before its hello succeeds. */
+#define EMBPS_PREAUTH_FRAME_MAX 4096u
 
 /* Fills cfg with defaults, then parses argv. Returns 0 to run, 1 when
  * --help or --version was printed, -1 on an error (message in err). */
@@ -128,6 +135,9 @@ void embps_apply_submit(embps_apply_t *a, embps_request_t *req);
 /* Shutdown has begun: refuses synchronous pushes from now on and fails the
  * ones held, so no connection waits for a step that cannot complete. */
 void embps_apply_drain(embps_apply_t *a);
+/* A table was dropped: its held synchronous pushes fail with
+ * EMBPS_ENOTABLE and the apply thread lets go of it. */
+void embps_apply_prune(embps_apply_t *a);
 /* Applies everything queued, then stops and joins the thread. */
 void embps_apply_stop(embps_apply_t *a);
 
