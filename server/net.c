@@ -19,12 +19,14 @@
  * and every reply byte not yet sent counts against the connection's budget
  * (--max-conn-buffer-bytes) and the server's (--max-buffer-bytes). A request
  * runs only if its cost (its body, plus its reply for a pull) fits what is
- * left of both, or if nothing else is held (so one large request always
- * makes progress); otherwise it waits in its connection's queue. A
- * connection stops being read while its bytes or the server's are spent,
- * or while it has more than INFLIGHT_MAX requests unanswered. Waiting
+ * left of its connection's budget, or if the connection holds nothing else
+ * (so one large request always makes progress); otherwise it waits in its
+ * connection's queue. A connection stops being read while its bytes or the
+ * server's are spent, or while it has more than INFLIGHT_MAX requests
+ * unanswered. So a server holds at most about --max-buffer-bytes plus, per
+ * connection with queued requests, its budget and one reply. Stopped
  * connections are retried whenever bytes of theirs are freed and on every
- * sweep (budgets freed by other threads).
+ * sweep (the server's bytes are freed by other threads).
  *
  * Strangers: before a valid hello only a frame of EMBPS_PREAUTH_FRAME_MAX
  * bytes is accepted, and a connection has --hello-timeout seconds to
@@ -186,16 +188,14 @@ static size_t request_cost(const embps_request_t *req) {
   return cost;
 }
 
-/* May req (c's next request) run now without overdrawing a budget? */
+/* May req (c's next request) run now without overdrawing c's budget? The
+ * server's budget only stops reading: gating runs on it too would let
+ * connections whose client reads them one after the other wait for each
+ * other for ever. */
 static int budget_allows(const embps_conn_t *c, const embps_request_t *req) {
-  const embps_server_config_t *cfg = &the_net->srv.cfg;
   size_t held = conn_held(c);
-  size_t all = atomic_load_explicit(&the_net->run_bytes, memory_order_relaxed);
-  if (!held && !all)
-    return 1;
-  size_t cost = request_cost(req);
-  return (!held || held + cost <= cfg->max_conn_buffer_bytes) &&
-         (!all || all + cost <= cfg->max_buffer_bytes);
+  return !held ||
+         held + request_cost(req) <= the_net->srv.cfg.max_conn_buffer_bytes;
 }
 
 /* Must c stop being read? */
