@@ -63,4 +63,8 @@ void it_cli_result_free(it_cli_result_t *r);
 
 /* Monotonic milliseconds. */
 double it_now_ms(void);
+
+/* Reads exactly n bytes from the socket fd within timeout_ms: returns 0,
+ * 1 on EOF or reset, -1 on timeout. */
+int it_recv_full(int fd, void *p, size_t n, int timeout_ms);
 #endif

@@ -90,38 +90,18 @@ static size_t put_bytes(int fd, const void *p, size_t n, int timeout_ms) {
   return done;
 }
 
-/* Sends m as a frame of `kind` with bulk; 0 or -1. */
+/* Sends m as a frame of `kind` followed by bulk; 0 or -1. */
 static int send_msg(int fd, uint16_t kind, embps_msg_t *m, uint32_t req_id,
                     const void *bulk, size_t bulk_len) {
-  uint8_t *frame;
-  size_t len, off;
+  uint8_t *head;
+  size_t head_len;
   m->kind = kind;
-  assert_int_equal(embps_frame_build(m, req_id, bulk_len, &frame, &len, &off),
-                   0);
-  if (bulk_len)
-    memcpy(frame + off, bulk, bulk_len);
-  size_t w = put_bytes(fd, frame, len, 5000);
-  free(frame);
-  return w == len ? 0 : -1;
-}
-
-/* Reads exactly n bytes: 0, 1 on EOF/reset, -1 on timeout. */
-static int get_bytes(int fd, void *p, size_t n, double end_ms) {
-  uint8_t *b = p;
-  while (n) {
-    int left = (int)(end_ms - it_now_ms());
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left <= 0 || poll(&pfd, 1, left) == 0)
-      return -1;
-    ssize_t r = recv(fd, b, n, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
-      continue;
-    if (r <= 0)
-      return 1;
-    b += r;
-    n -= (size_t)r;
-  }
-  return 0;
+  assert_int_equal(
+      embps_frame_build_head(m, req_id, bulk_len, &head, &head_len), 0);
+  int ok = put_bytes(fd, head, head_len, 5000) == head_len &&
+           put_bytes(fd, bulk, bulk_len, 5000) == bulk_len;
+  free(head);
+  return ok ? 0 : -1;
 }
 
 typedef struct {
@@ -135,12 +115,13 @@ static int get_frame(int fd, frame_t *f, int timeout_ms) {
   memset(f, 0, sizeof *f);
   double end = it_now_ms() + timeout_ms;
   uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
-  int rc = get_bytes(fd, hdr, sizeof hdr, end);
+  int rc = it_recv_full(fd, hdr, sizeof hdr, timeout_ms);
   if (rc)
     return rc;
   assert_int_equal(embps_frame_header_decode(hdr, 1u << 30, &f->h), 0);
   f->body = must_alloc(f->h.body_len);
-  rc = get_bytes(fd, f->body, f->h.body_len, end);
+  int left = (int)(end - it_now_ms());
+  rc = it_recv_full(fd, f->body, f->h.body_len, left > 0 ? left : 1);
   if (rc)
     return rc;
   assert_int_equal(embps_msg_unpack(f->h.kind, f->body, f->h.meta_len, &f->m),
