@@ -460,14 +460,19 @@ static void consume(embps_conn_t *c, const uint8_t *p, size_t n) {
   }
 }
 
+/* Over budget, a connection is read only to the end of the frame whose
+ * body is allocated (and counted) already, then stopped (on_read): stopping
+ * inside it could hold its bytes for ever. */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   embps_conn_t *c = h->data;
-  if (c->cur && c->cur->hdr.body_len - c->body_got >= STAGE_LEN) {
+  size_t rest = c->cur ? c->cur->hdr.body_len - c->body_got : 0;
+  (void)suggested;
+  if (c->cur && rest >= STAGE_LEN) {
     buf->base = (char *)c->cur->body + c->body_got;
-    buf->len = c->cur->hdr.body_len - c->body_got;
+    buf->len = rest;
   } else {
     buf->base = (char *)c->stage;
-    buf->len = STAGE_LEN;
+    buf->len = c->cur && conn_over_budget(c) ? rest : STAGE_LEN;
   }
 }
 
@@ -492,7 +497,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (c->body_got == c->cur->hdr.body_len)
       frame_complete(c);
   }
-  if (c->reading && conn_over_budget(c)) {
+  if (c->reading && !c->cur && conn_over_budget(c)) {
     uv_read_stop(s);
     c->reading = 0;
   }

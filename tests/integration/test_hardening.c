@@ -405,6 +405,55 @@ static void test_unread_pulls_bounded(void **state) {
   stop_ok(&s);
 }
 
+/* Defect 5: a frame larger than the byte budgets still goes
+ * through when it arrives slowly: a connection is never stopped inside a
+ * body it was given (that would hold the body's bytes for ever). */
+static void test_frame_beyond_server_budget(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--max-frame-bytes", "4M", "--max-conn-buffer-bytes",
+                        "1M", "--max-buffer-bytes", "1M", NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  enum { N = 24000, DIM = 32 }; /* a 3.3 MB push */
+  embps_client_t *c = client_to(&s);
+  create_dense(c, "big", DIM, N, 0);
+  size_t bulk_len = (size_t)N * (sizeof(int64_t) + DIM * sizeof(float));
+  uint8_t *bulk = must_alloc(bulk_len);
+  for (int64_t i = 0; i < N; i++)
+    memcpy(bulk + i * sizeof i, &i, sizeof i);
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PUSH;
+  snprintf(m.u.push.table, sizeof m.u.push.table, "big");
+  m.u.push.n = N;
+  m.u.push.dim = DIM;
+  uint8_t *head;
+  size_t head_len;
+  assert_int_equal(embps_frame_build_head(&m, 2, bulk_len, &head, &head_len),
+                   0);
+  int fd = tcp_to(s.port);
+  say_hello(fd, 1);
+  /* the header and 1.5 MB, a pause (the server reads them), the rest */
+  size_t first = 3 * bulk_len / 7;
+  assert_int_equal(put_bytes(fd, head, head_len, 2000), head_len);
+  assert_int_equal(put_bytes(fd, bulk, first, 2000), first);
+  sleep_ms(400);
+  size_t rest = put_bytes(fd, bulk + first, bulk_len - first, 5000);
+  frame_t f;
+  int rc = get_frame(fd, &f, 5000);
+  if (rc || f.h.kind != (EMBPS_KIND_PUSH | EMBPS_KIND_REPLY))
+    fail_msg("push of %zu bytes (budgets 1 MiB): %s, %zu of the last "
+             "%zu bytes sent", bulk_len,
+             rc < 0 ? "no reply" : rc ? "closed" : f.m.u.error.message, rest,
+             bulk_len - first);
+  frame_free(&f);
+  close(fd);
+  free(head);
+  free(bulk);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
 /* Defect 4: out of file descriptors, the server neither spins nor floods
  * its log, and serves again once descriptors free. */
 static void test_out_of_fds(void **state) {
@@ -705,6 +754,7 @@ int main(void) {
       cmocka_unit_test(test_frame_before_hello),
       cmocka_unit_test(test_hello_deadline),
       cmocka_unit_test(test_unread_pulls_bounded),
+      cmocka_unit_test(test_frame_beyond_server_budget),
       cmocka_unit_test(test_out_of_fds),
       cmocka_unit_test(test_nofile_at_start),
       cmocka_unit_test(test_drop_sync_and_create_budget),
