@@ -725,6 +725,14 @@ static void on_sweep(uv_timer_t *t) {
   drain_check(io);
 }
 
+/* Wakes io's loop (from any thread); fails only once io has stopped,
+ * which nothing may outlive (drain_check waits for every push). */
+static void io_wake(io_thread_t *io) {
+  int rc = uv_async_send(&io->wake);
+  if (rc)
+    LOG_ERROR("cannot wake an I/O thread: %s", uv_strerror(rc));
+}
+
 static void *io_main(void *arg) {
   io_thread_t *io = arg;
   uv_run(&io->loop, UV_RUN_DEFAULT);
@@ -743,7 +751,7 @@ static void net_complete(embps_request_t *req) {
     io->done_head = req;
   io->done_tail = req;
   pthread_mutex_unlock(&io->mu);
-  uv_async_send(&io->wake);
+  io_wake(io);
 }
 
 /* ------------------------------------------------------------ main loop */
@@ -765,7 +773,7 @@ static void deal_fd(net_t *net, int fd) {
   }
   io->fds[io->n_fds++] = fd;
   pthread_mutex_unlock(&io->mu);
-  uv_async_send(&io->wake);
+  io_wake(io);
 }
 
 /* Over --max-connections: say so in one error frame, then close. */
@@ -800,7 +808,7 @@ static int evict_for_room(net_t *net) {
   if (!best)
     return 0;
   atomic_fetch_add(&best->evict, 1);
-  uv_async_send(&best->wake);
+  io_wake(best);
   return 1;
 }
 
@@ -813,7 +821,10 @@ static void on_accept_retry(uv_timer_t *t) {
   int rc = uv_poll_start(&net->listen_poll, UV_READABLE, on_listen);
   if (rc) {
     LOG_ERROR("cannot poll the listening socket: %s", uv_strerror(rc));
-    uv_timer_start(&net->accept_retry, on_accept_retry, ACCEPT_RETRY_MS, 0);
+    rc = uv_timer_start(&net->accept_retry, on_accept_retry, ACCEPT_RETRY_MS,
+                        0);
+    if (rc)
+      LOG_ERROR("cannot retry accepting: %s", uv_strerror(rc));
   }
 }
 
@@ -840,7 +851,10 @@ static void on_listen(uv_poll_t *p, int status, int events) {
                  "new connections for %d ms", strerror(err),
                  (unsigned long long)skipped, ACCEPT_RETRY_MS);
       uv_poll_stop(&net->listen_poll);
-      uv_timer_start(&net->accept_retry, on_accept_retry, ACCEPT_RETRY_MS, 0);
+      int rc = uv_timer_start(&net->accept_retry, on_accept_retry,
+                              ACCEPT_RETRY_MS, 0);
+      if (rc)
+        LOG_ERROR("cannot retry accepting: %s", uv_strerror(rc));
       return;
     }
     if (atomic_fetch_add(&net->open_conns, 1) >=
@@ -873,7 +887,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   for (uint32_t i = 0; i < net->srv.cfg.io_threads; i++) {
     io_thread_t *io = &net->io[i];
     atomic_store(&io->draining, 1);
-    uv_async_send(&io->wake);
+    io_wake(io);
   }
 }
 
@@ -989,7 +1003,9 @@ static void check_nofile(const embps_server_config_t *cfg) {
 }
 
 static void io_close(io_thread_t *io) {
-  uv_loop_close(&io->loop);
+  int rc = uv_loop_close(&io->loop);
+  if (rc)
+    LOG_WARN("an I/O loop closed with handles open: %s", uv_strerror(rc));
   embps_table_scratch_close(&io->scratch.table);
   embps_dedup_close(&io->scratch.dedup);
   pthread_mutex_destroy(&io->mu);
@@ -1070,7 +1086,9 @@ int embps_server_run(const embps_server_config_t *cfg) {
     io_close(&net->io[i]);
   free(net->io);
   close(net->listen_fd);
-  uv_loop_close(&net->loop);
+  rc = uv_loop_close(&net->loop);
+  if (rc)
+    LOG_WARN("the main loop closed with handles open: %s", uv_strerror(rc));
   embps_registry_close(&srv->registry);
   embps_bufpool_close(&srv->bodies);
   LOG_INFO("stopped");
