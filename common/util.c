@@ -79,3 +79,44 @@ int embps_read_file(const char *path, char **data, size_t *len) {
   *len = n;
   return 0;
 }
+
+/* Length of the well-formed UTF-8 sequence at p (1..4), or 0. */
+static size_t utf8_len(const unsigned char *p) {
+  unsigned char b = p[0];
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf; /* range of the second byte */
+  if (b >= 0xc2 && b <= 0xdf)
+    n = 2;
+  else if (b >= 0xe0 && b <= 0xef)
+    n = 3, lo = b == 0xe0 ? 0xa0 : 0x80, hi = b == 0xed ? 0x9f : 0xbf;
+  else if (b >= 0xf0 && b <= 0xf4)
+    n = 4, lo = b == 0xf0 ? 0x90 : 0x80, hi = b == 0xf4 ? 0x8f : 0xbf;
+  else
+    return 0;
+  if (p[1] < lo || p[1] > hi)
+    return 0;
+  for (size_t i = 2; i < n; i++)
+    if (p[i] < 0x80 || p[i] > 0xbf)
+      return 0;
+  return n;
+}
+
+char *embps_escape(const char *src, char *dst, size_t cap) {
+  const unsigned char *p = (const unsigned char *)src;
+  size_t o = 0;
+  while (*p) {
+    size_t n = *p >= 0x20 && *p < 0x7f ? 1 : utf8_len(p);
+    size_t out = n ? n : 4;
+    if (o + out >= cap)
+      break;
+    if (n) {
+      memcpy(dst + o, p, n);
+      p += n;
+    } else {
+      snprintf(dst + o, 5, "\\x%02x", *p++);
+    }
+    o += out;
+  }
+  dst[o] = 0;
+  return dst;
+}

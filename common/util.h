@@ -14,4 +14,11 @@ int embps_parse_hostport(const char *s, char *host, size_t cap, int *port);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated, *len bytes
  * before the NUL). Returns 0 or -errno. */
 int embps_read_file(const char *path, char **data, size_t *len);
+
+/* Copies the NUL-terminated src into dst (cap >= 1 bytes, always
+ * NUL-terminated) fit to echo into a log line or a message: printable ASCII
+ * and well-formed UTF-8 stay, every other byte (control bytes, invalid
+ * UTF-8) becomes \xNN. Cut at a character boundary if dst is too small.
+ * Returns dst. */
+char *embps_escape(const char *src, char *dst, size_t cap);
 #endif

@@ -348,6 +348,65 @@ void embps_msg_pack(const embps_msg_t *m, uint8_t *out) {
 
 /* ---- unpack ---- */
 
+static int varint(const uint8_t *p, size_t len, size_t *i, uint64_t *out) {
+  uint64_t v = 0;
+  for (unsigned shift = 0; shift < 64 && *i < len; shift += 7) {
+    uint8_t b = p[(*i)++];
+    v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) {
+      *out = v;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* 0 if a string field of the message in p (of type d, nested messages
+ * included) holds a NUL byte: protobuf-c would hand it over cut at the
+ * NUL, so "t\0x" would name table "t". Bytes that are not a well-formed
+ * message return 1: the unpacker refuses them. */
+static int strings_clean(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                         size_t len, int depth) {
+  size_t i = 0;
+  uint64_t key, v;
+  while (i < len) {
+    if (!varint(p, len, &i, &key))
+      return 1;
+    switch (key & 7) {
+    case 0:
+      if (!varint(p, len, &i, &v))
+        return 1;
+      break;
+    case 1:
+    case 5: {
+      size_t n = (key & 7) == 1 ? 8 : 4;
+      if (len - i < n)
+        return 1;
+      i += n;
+      break;
+    }
+    case 2: {
+      if (!varint(p, len, &i, &v) || v > len - i)
+        return 1;
+      const ProtobufCFieldDescriptor *f =
+          key >> 3 <= UINT32_MAX
+              ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3))
+              : NULL;
+      if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p + i, 0, v))
+        return 0;
+      if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
+          !strings_clean(f->descriptor, p + i, v, depth + 1))
+        return 0;
+      i += v;
+      break;
+    }
+    default:
+      return 1;
+    }
+  }
+  return 1;
+}
+
 static int bounded_copy(char *dst, size_t cap, const char *src) {
   size_t n = src ? strlen(src) : 0;
   if (n >= cap)
@@ -362,6 +421,8 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
   m->kind = kind;
   int rc = EMBPS_EPROTO;
 #define UNPACK_(type, var)                                                     \
+  if (!strings_clean(&embps__##type##__descriptor, meta, len, 0))              \
+    return EMBPS_EPROTO;                                                       \
   __typeof__(embps__##type##__unpack(NULL, 0, NULL)) var =                    \
       embps__##type##__unpack(NULL, len, meta);                                \
   if (!var)                                                                    \
@@ -376,7 +437,8 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
       if (p->token.len > EMBPS_TOKEN_MAX)
         rc = EMBPS_EPROTO;
       else {
-        memcpy(m->u.hello.token, p->token.data, p->token.len);
+        if (p->token.len) /* an empty token may have data == NULL */
+          memcpy(m->u.hello.token, p->token.data, p->token.len);
         m->u.hello.token_len = p->token.len;
       }
     }

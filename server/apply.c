@@ -14,6 +14,7 @@
  * next LSN and is logged between table prepare and commit (durable.h); a
  * CHECKPOINT marker hands the state at its LSN to the checkpoint thread. */
 #include <errno.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,26 @@ static void fail_shutdown(void *ctx, embps_request_t *req) {
   req->complete(req);
 }
 
+/* ---- dropped synchronous tables ---- */
+
+/* 1 while t is the table its name designates (not dropped). */
+static int table_alive(void *ctx, embps_table_t *t) {
+  embps_apply_t *a = ctx;
+  embps_table_t *now =
+      embps_registry_get(&a->srv->registry, embps_table_spec(t)->name);
+  embps_table_unref(now);
+  return now == t;
+}
+
+static void fail_dropped(void *ctx, embps_request_t *req) {
+  embps_apply_t *a = ctx;
+  embps_request_fail(a->srv, req, EMBPS_ENOTABLE, "table \"%s\" was dropped "
+                     "before synchronous step %llu completed",
+                     embps_table_spec(req->table)->name,
+                     (unsigned long long)req->msg.u.push.step);
+  req->complete(req);
+}
+
 /* Handles one push from the queue and completes whatever it finishes: the
  * push itself, or, for a synchronous table, the whole step it completes. */
 static void apply_one(embps_apply_t *a, embps_request_t *req) {
@@ -212,6 +233,10 @@ static void apply_one(embps_apply_t *a, embps_request_t *req) {
   }
   if (a->draining) {
     fail_shutdown(a, req);
+    return;
+  }
+  if (!table_alive(a, req->table)) {
+    fail_dropped(a, req);
     return;
   }
   embps_request_t *ready = NULL;
@@ -246,6 +271,8 @@ static void apply_ddl(embps_apply_t *a, embps_request_t *req) {
   embps_table_t *t = create ? NULL : embps_registry_get(&srv->registry, name);
   int rc = create ? embps_dispatch_create(srv, req)
                   : embps_dispatch_drop(srv, req);
+  if (!create && !rc) /* its held synchronous pushes fail now */
+    embps_sync_forget(&a->sync, table_alive, fail_dropped, a);
   if (create && !rc)
     t = embps_registry_get(&srv->registry, name);
   uint64_t lsn = 0;
@@ -290,8 +317,23 @@ void embps_apply_seen_note(embps_apply_t *a, uint64_t client, uint64_t seq) {
 
 void embps_apply_set_lsn(embps_apply_t *a, uint64_t lsn) { a->lsn = lsn; }
 
+/* OpenMP's thread count is a per-thread setting: set it here, on the
+ * thread whose parallel regions apply pushes, and log the team it gets. */
+static void omp_team_setup(const embps_server_config_t *cfg) {
+  if (cfg->omp_threads)
+    omp_set_num_threads((int)cfg->omp_threads);
+  int team = 0;
+#pragma omp parallel
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+  }
+  LOG_INFO("apply thread: OpenMP team of %d threads", team);
+}
+
 static void *apply_main(void *arg) {
   embps_apply_t *a = arg;
+  omp_team_setup(&a->srv->cfg);
   pthread_mutex_lock(&a->mu);
   for (;;) {
     while (!a->head && !a->stopping && a->draining != 1)

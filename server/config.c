@@ -5,6 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "server.h"
@@ -22,10 +26,18 @@ static const char usage[] =
     "  --cluster-size K          servers in the cluster (default 1)\n"
     "  --cluster-index I         this server's slot, 0..K-1 (default 0)\n"
     "  --auth-token-file FILE    require this token in every client's hello\n"
+    "                            (FILE must not be readable by group/others)\n"
+    "  --insecure                allow a non-loopback --listen without a token\n"
     "  --max-frame-bytes N       largest request frame (default 64M)\n"
     "  --max-connections N       concurrent connections (default 1024)\n"
     "  --max-tables N            tables per server (default 1024)\n"
     "  --idle-timeout SECONDS    close idle connections (default 0: never)\n"
+    "  --hello-timeout SECONDS   close connections with no hello by then\n"
+    "                            (default 5)\n"
+    "  --max-conn-buffer-bytes N requests and unsent replies one connection\n"
+    "                            may hold (default 2 x --max-frame-bytes)\n"
+    "  --max-buffer-bytes N      the same for all connections together\n"
+    "                            (default a quarter of RAM, at least 1G)\n"
     "  --max-memory BYTES        cap on table storage (default 0: none)\n"
     "  --log-level L             debug|info|warn|error (default info)\n"
     "  --data-dir DIR            keep tables in DIR: checkpoints and a log\n"
@@ -69,6 +81,48 @@ static int parse_size(const char *s, uint64_t max, uint64_t *out) {
   return 0;
 }
 
+/* 1 if every address host resolves to is a loopback one. */
+static int host_is_loopback(const char *host) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE};
+  struct addrinfo *res;
+  if (getaddrinfo(host, NULL, &hints, &res))
+    return 0;
+  int loopback = 1;
+  for (struct addrinfo *a = res; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const struct sockaddr_in *in = (const struct sockaddr_in *)a->ai_addr;
+      loopback &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const struct in6_addr *in6 =
+          &((const struct sockaddr_in6 *)a->ai_addr)->sin6_addr;
+      loopback &= IN6_IS_ADDR_LOOPBACK(in6) ||
+                  (IN6_IS_ADDR_V4MAPPED(in6) && in6->s6_addr[12] == 127);
+    } else {
+      loopback = 0;
+    }
+  }
+  freeaddrinfo(res);
+  return loopback;
+}
+
+/* Byte budgets left at 0 by the flags: a connection may hold two of the
+ * largest frames; the server a quarter of RAM (at least 1 GiB, and at
+ * least one connection's budget). */
+static void default_budgets(embps_server_config_t *cfg) {
+  if (!cfg->max_conn_buffer_bytes)
+    cfg->max_conn_buffer_bytes = 2 * cfg->max_frame_bytes;
+  if (!cfg->max_buffer_bytes) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
+                                         : 0;
+    cfg->max_buffer_bytes = ram / 4 > (1ULL << 30) ? ram / 4 : 1ULL << 30;
+  }
+  if (cfg->max_buffer_bytes < cfg->max_conn_buffer_bytes)
+    cfg->max_buffer_bytes = cfg->max_conn_buffer_bytes;
+}
+
 int embps_server_config_parse(embps_server_config_t *cfg, int argc,
                               char **argv, char *err, size_t err_len) {
   memset(cfg, 0, sizeof *cfg);
@@ -82,6 +136,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   cfg->max_tables = 1024;
   cfg->log_level = EMBPS_LOG_INFO;
   cfg->fsync = EMBPS_FSYNC_EVERYSEC;
+  cfg->hello_timeout_s = 5;
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -99,6 +154,10 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
                   "%s: not available in this version of embps-server", a);
     if (strncmp(a, "--", 2) != 0)
       return fail(err, err_len, "unexpected argument \"%s\"", a);
+    if (!strcmp(a, "--insecure")) {
+      cfg->insecure = 1;
+      continue;
+    }
     if (i + 1 >= argc)
       return fail(err, err_len, "%s needs a value", a);
     const char *v = argv[++i];
@@ -122,6 +181,10 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     NUM_("--idle-timeout", 0, 86400 * 365, idle_timeout_s)
     NUM_("--max-memory", 0, UINT64_MAX, max_memory)
     NUM_("--checkpoint-every", 0, 86400 * 365, checkpoint_every_s)
+    NUM_("--hello-timeout", 1, 3600, hello_timeout_s)
+    NUM_("--max-buffer-bytes", 1ULL << 20, UINT64_MAX, max_buffer_bytes)
+    NUM_("--max-conn-buffer-bytes", 1ULL << 16, UINT64_MAX,
+         max_conn_buffer_bytes)
 #undef NUM_
     if (!strcmp(a, "--listen")) {
       if (embps_parse_hostport(v, cfg->listen_host, sizeof cfg->listen_host,
@@ -147,6 +210,11 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     } else if (!strcmp(a, "--auth-token-file")) {
       char *data;
       size_t len;
+      struct stat st;
+      if (stat(v, &st) == 0 && (st.st_mode & 077))
+        return fail(err, err_len, "--auth-token-file %s: mode %04o lets "
+                    "group or others read the token; chmod 600 it", v,
+                    (unsigned)(st.st_mode & 07777));
       int rc = embps_read_file(v, &data, &len);
       if (rc)
         return fail(err, err_len, "--auth-token-file %s: %s", v,
@@ -173,5 +241,12 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   if (cfg->cluster_index >= cfg->cluster_size)
     return fail(err, err_len, "--cluster-index %u must be below "
                 "--cluster-size %u", cfg->cluster_index, cfg->cluster_size);
+  if (!cfg->has_token && !cfg->insecure && !host_is_loopback(cfg->listen_host))
+    return fail(err, err_len, "--listen %s is not a loopback address and "
+                "there is no --auth-token-file: anyone who can reach it "
+                "could read, change and drop every table (give a token, or "
+                "--insecure to serve anyway; README, Security)",
+                cfg->listen_host);
+  default_budgets(cfg);
   return 0;
 }

@@ -25,11 +25,12 @@ void embps_request_free(embps_request_t *req) {
 
 void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
                         const char *fmt, ...) {
-  char msg[EMBPS_MESSAGE_MAX];
+  char raw[EMBPS_MESSAGE_MAX], msg[EMBPS_MESSAGE_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  embps_escape(raw, msg, sizeof msg); /* it may echo a peer's bytes */
   free(req->reply);
   req->reply = NULL;
   atomic_fetch_add_explicit(&srv->counters.errors, 1, memory_order_relaxed);
@@ -111,6 +112,16 @@ int embps_dispatch_create(embps_server_t *srv, embps_request_t *req) {
   if (rc) {
     embps_request_fail(srv, req, rc, "%s", why);
     return rc;
+  }
+  uint64_t fixed = embps_table_fixed_bytes(spec, srv->cfg.cluster_size);
+  uint64_t used = embps_tables_total_bytes(), cap = srv->cfg.max_memory;
+  uint64_t left = used < cap ? cap - used : 0;
+  if (cap && fixed > left) {
+    embps_request_fail(srv, req, EMBPS_ELIMIT, "table \"%s\" needs %llu "
+                       "bytes up front (its row bitmap); --max-memory %llu "
+                       "has %llu left", spec->name, (unsigned long long)fixed,
+                       (unsigned long long)cap, (unsigned long long)left);
+    return EMBPS_ELIMIT;
   }
   rc = embps_registry_create(&srv->registry, spec, srv->cfg.shards,
                              srv->cfg.cluster_size, srv->cfg.max_tables);

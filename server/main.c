@@ -45,7 +45,11 @@ int main(int argc, char **argv) {
   /* Default: half the cores apply, the other half serve I/O (measured on
    * 2 cores: README, "Threads"). */
   int cores = omp_get_num_procs();
-  omp_set_num_threads(cfg.omp_threads ? (int)cfg.omp_threads
-                                      : (cores > 1 ? cores / 2 : 1));
+  /* the apply thread sets it where its parallel regions run (apply.c);
+   * OMP_NUM_THREADS stands when no flag is given */
+  if (!cfg.omp_threads && !getenv("OMP_NUM_THREADS"))
+    cfg.omp_threads = cores > 1 ? (uint32_t)cores / 2 : 1;
+  if (cfg.omp_threads)
+    omp_set_num_threads((int)cfg.omp_threads);
   return embps_server_run(&cfg);
 }

@@ -14,9 +14,28 @@
  * FIFO as they arrive, and any other request waits until the connection's
  * earlier pushes are applied, so a pull sees the pushes sent before it.
  *
- * Backpressure: a connection stops being read while it has more than
- * WRITE_HIGH bytes of replies unsent or more than INFLIGHT_MAX requests
- * unanswered, and resumes below half of that.
+ * Budgets (bytes): every request body a connection holds (being read,
+ * waiting, being served, at the apply thread, held for a synchronous step)
+ * and every reply byte not yet sent counts against the connection's budget
+ * (--max-conn-buffer-bytes) and the server's (--max-buffer-bytes). A request
+ * runs only if its cost (its body, plus its reply for a pull) fits what is
+ * left of its connection's budget, or if the connection holds nothing else
+ * (so one large request always makes progress); otherwise it waits in its
+ * connection's queue. A connection stops being read while its bytes or the
+ * server's are spent, or while it has more than INFLIGHT_MAX requests
+ * unanswered. So a server holds at most about --max-buffer-bytes plus, per
+ * connection with queued requests, its budget and one reply. Stopped
+ * connections are retried whenever bytes of theirs are freed and on every
+ * sweep (the server's bytes are freed by other threads).
+ *
+ * Strangers: before a valid hello only a frame of EMBPS_PREAUTH_FRAME_MAX
+ * bytes is accepted, and a connection has --hello-timeout seconds to
+ * complete its hello, however it trickles; at --max-connections, the oldest
+ * connection without a hello is closed to make room for a new one.
+ *
+ * Out of descriptors: when accept fails with EMFILE/ENFILE the listener is
+ * not polled for ACCEPT_RETRY_MS (a level-triggered poll would spin), and
+ * the warning is logged at most once per LOG_EVERY_MS.
  *
  * Shutdown (SIGTERM/SIGINT): stop accepting and reading, finish every
  * request already read, flush replies, close, stop the apply thread. */
@@ -31,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
@@ -39,9 +59,11 @@
 #include "server.h"
 
 #define STAGE_LEN (32u << 10)
-#define WRITE_HIGH (64u << 20)
 #define INFLIGHT_MAX 1024u
 #define SWEEP_MS 200
+#define ACCEPT_RETRY_MS 100
+#define LOG_EVERY_MS 1000
+#define FD_RESERVE 64 /* descriptors beyond the connections: loops, files */
 
 typedef struct io_thread io_thread_t;
 
@@ -56,12 +78,15 @@ struct embps_conn {
   size_t skip; /* bytes of a refused (oversized) frame still to discard */
   uint8_t *stage;
   int authed, reading, closing, close_after_write, dead;
+  int stranger; /* counted in io->n_strangers: open, no hello yet */
   size_t write_pending;
+  size_t run_bytes;    /* bodies of requests being served or applied */
+  size_t queued_bytes; /* bodies being read or waiting in the queue */
   uint32_t in_flight; /* pushes at the apply thread */
   uint32_t barriers;  /* of them, CREATE/DROP: everything after waits */
   uint32_t n_waiting;
   embps_request_t *wait_head, *wait_tail;
-  uint64_t last_active_ns;
+  uint64_t last_active_ns, opened_ns;
 };
 
 struct io_thread {
@@ -76,19 +101,31 @@ struct io_thread {
   embps_request_t *done_head, *done_tail;
   atomic_int draining; /* set by the main thread at shutdown */
   int stopped;
+  uint32_t in_flight; /* pushes at the apply thread, closed connections too */
+  atomic_uint n_strangers; /* connections without a hello */
+  atomic_uint evict;       /* strangers the main thread asks to close */
   embps_conn_t *conns;
   embps_scratch_t scratch;
 };
+
+/* At most one log line per LOG_EVERY_MS for a repeated event. */
+typedef struct {
+  uint64_t next_ns, skipped;
+} ratelimit_t;
 
 typedef struct {
   embps_server_t srv;
   uv_loop_t loop;
   uv_poll_t listen_poll;
+  uv_timer_t accept_retry;
   uv_signal_t sig_term, sig_int;
-  int listen_fd;
+  int listen_fd, stopping;
   io_thread_t *io;
   uint32_t next_io;
   atomic_uint open_conns;
+  /* bytes held by all connections (see "Budgets") */
+  atomic_size_t run_bytes, queued_bytes;
+  ratelimit_t accept_log, refuse_log;
 } net_t;
 
 static net_t *the_net; /* one server per process */
@@ -104,12 +141,93 @@ static void conn_resume_maybe(embps_conn_t *c);
 static void run_waiting(embps_conn_t *c);
 static void net_complete(embps_request_t *req);
 
+/* 1 when the event may be logged now; *skipped is how many times it was
+ * not since the last line. */
+static int ratelimit_pass(ratelimit_t *r, uint64_t *skipped) {
+  uint64_t now = embps_now_ns();
+  if (now < r->next_ns) {
+    r->skipped++;
+    return 0;
+  }
+  r->next_ns = now + (uint64_t)LOG_EVERY_MS * 1000000u;
+  *skipped = r->skipped;
+  r->skipped = 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------ budgets */
+
+/* Moves n bytes into (add) or out of one of c's counters and the server's
+ * matching one. */
+static void budget_add(size_t *mine, atomic_size_t *all, size_t n) {
+  *mine += n;
+  atomic_fetch_add_explicit(all, n, memory_order_relaxed);
+}
+static void budget_sub(size_t *mine, atomic_size_t *all, size_t n) {
+  *mine -= n;
+  atomic_fetch_sub_explicit(all, n, memory_order_relaxed);
+}
+
+static size_t conn_held(const embps_conn_t *c) {
+  return c->run_bytes + c->write_pending;
+}
+
+static size_t server_bytes(void) {
+  return atomic_load_explicit(&the_net->run_bytes, memory_order_relaxed) +
+         atomic_load_explicit(&the_net->queued_bytes, memory_order_relaxed);
+}
+
+/* Bytes a request will hold while it runs: its body, and for a pull its
+ * reply (the meta is decoded here only to learn n_ids x dim). */
+static size_t request_cost(const embps_request_t *req) {
+  size_t cost = req->body_cap;
+  embps_msg_t m;
+  if (req->hdr.kind == EMBPS_KIND_PULL &&
+      embps_msg_unpack(req->hdr.kind, req->body, req->hdr.meta_len, &m) == 0) {
+    cost += (size_t)m.u.pull.n_ids * m.u.pull.dim * sizeof(float);
+    embps_msg_free(&m);
+  }
+  return cost;
+}
+
+/* May req (c's next request) run now without overdrawing c's budget? The
+ * server's budget only stops reading: gating runs on it too would let
+ * connections whose client reads them one after the other wait for each
+ * other for ever. */
+static int budget_allows(const embps_conn_t *c, const embps_request_t *req) {
+  size_t held = conn_held(c);
+  return !held ||
+         held + request_cost(req) <= the_net->srv.cfg.max_conn_buffer_bytes;
+}
+
+/* Must c stop being read? */
+static int conn_over_budget(const embps_conn_t *c) {
+  const embps_server_config_t *cfg = &the_net->srv.cfg;
+  return conn_held(c) + c->queued_bytes >= cfg->max_conn_buffer_bytes ||
+         server_bytes() >= cfg->max_buffer_bytes ||
+         c->in_flight + c->n_waiting > INFLIGHT_MAX;
+}
+
+/* Frees a request that was running on c (or never held a body). */
+static void run_free(embps_conn_t *c, embps_request_t *req) {
+  budget_sub(&c->run_bytes, &the_net->run_bytes, req->body_cap);
+  embps_request_free(req);
+}
+
+/* A connection with no hello yet stops counting as a stranger. */
+static void stranger_done(embps_conn_t *c) {
+  if (c->stranger) {
+    c->stranger = 0;
+    atomic_fetch_sub(&c->io->n_strangers, 1);
+  }
+}
+
 /* ------------------------------------------------------------ writing */
 
 static void on_write(uv_write_t *w, int status) {
   write_req_t *wr = (write_req_t *)w;
   embps_conn_t *c = w->data;
-  c->write_pending -= wr->len;
+  budget_sub(&c->write_pending, &the_net->run_bytes, wr->len);
   free(wr->buf);
   free(wr);
   if (status < 0 && !c->closing) {
@@ -117,10 +235,12 @@ static void on_write(uv_write_t *w, int status) {
     conn_close(c);
     return;
   }
-  if (c->close_after_write && c->write_pending == 0)
+  if (c->close_after_write && c->write_pending == 0) {
     conn_close(c);
-  else
+  } else {
+    run_waiting(c);
     conn_resume_maybe(c);
+  }
 }
 
 /* Sends req's reply (taking it) and frees req. */
@@ -128,7 +248,7 @@ static void send_reply(embps_conn_t *c, embps_request_t *req) {
   uint8_t *buf = req->reply;
   size_t len = req->reply_len;
   req->reply = NULL;
-  embps_request_free(req);
+  run_free(c, req);
   if (c->closing) {
     free(buf);
     return;
@@ -148,12 +268,12 @@ static void send_reply(embps_conn_t *c, embps_request_t *req) {
   wr->len = len;
   wr->w.data = c;
   uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-  c->write_pending += len;
+  budget_add(&c->write_pending, &the_net->run_bytes, len);
   atomic_fetch_add_explicit(&c->io->srv->counters.bytes_out, len,
                             memory_order_relaxed);
   int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, on_write);
   if (rc) {
-    c->write_pending -= len;
+    budget_sub(&c->write_pending, &the_net->run_bytes, len);
     free(buf);
     free(wr);
     conn_close(c);
@@ -162,13 +282,20 @@ static void send_reply(embps_conn_t *c, embps_request_t *req) {
 
 /* ------------------------------------------------------------ requests */
 
+/* Runs req, whose body c holds in queued_bytes. */
 static void run_request(embps_conn_t *c, embps_request_t *req) {
   embps_server_t *srv = c->io->srv;
-  switch (embps_dispatch(srv, req, &c->authed, &c->io->scratch)) {
+  budget_sub(&c->queued_bytes, &the_net->queued_bytes, req->body_cap);
+  budget_add(&c->run_bytes, &the_net->run_bytes, req->body_cap);
+  embps_dispatch_t d = embps_dispatch(srv, req, &c->authed, &c->io->scratch);
+  if (c->authed)
+    stranger_done(c);
+  switch (d) {
   case EMBPS_DISPATCH_DEFERRED:
     c->in_flight++;
     if (req->hdr.kind == EMBPS_KIND_CREATE || req->hdr.kind == EMBPS_KIND_DROP)
       c->barriers++;
+    c->io->in_flight++;
     break;
   case EMBPS_DISPATCH_CLOSE:
     c->close_after_write = 1;
@@ -193,10 +320,11 @@ static int deferred_kind(uint16_t kind) {
 /* A request must wait while earlier requests of its connection wait, or
  * while earlier deferred requests are in flight (unless it is deferred
  * itself: the apply FIFO orders those), or while a CREATE/DROP is (a push
- * finds its table at dispatch). */
+ * finds its table at dispatch), or until its cost fits the budgets. */
 static int must_wait(const embps_conn_t *c, const embps_request_t *req) {
   return c->wait_head || c->barriers ||
-         (c->in_flight && !deferred_kind(req->hdr.kind));
+         (c->in_flight && !deferred_kind(req->hdr.kind)) ||
+         !budget_allows(c, req);
 }
 
 static void handle_frame(embps_conn_t *c, embps_request_t *req) {
@@ -217,7 +345,8 @@ static void handle_frame(embps_conn_t *c, embps_request_t *req) {
 static void run_waiting(embps_conn_t *c) {
   while (c->wait_head && !c->closing && !c->close_after_write) {
     embps_request_t *req = c->wait_head;
-    if (c->barriers || (c->in_flight && !deferred_kind(req->hdr.kind)))
+    if (c->barriers || (c->in_flight && !deferred_kind(req->hdr.kind)) ||
+        !budget_allows(c, req))
       return;
     c->wait_head = req->next;
     if (!c->wait_head)
@@ -264,7 +393,17 @@ static void frame_complete(embps_conn_t *c) {
 static int start_frame(embps_conn_t *c) {
   embps_server_t *srv = c->io->srv;
   embps_frame_header_t h;
-  int rc = embps_frame_header_decode(c->hdr, srv->cfg.max_frame_bytes, &h);
+  int rc = embps_frame_header_decode(
+      c->hdr, c->authed ? srv->cfg.max_frame_bytes : EMBPS_PREAUTH_FRAME_MAX,
+      &h);
+  if (rc == EMBPS_EFRAMESIZE && !c->authed) { /* a stranger: nothing held */
+    char msg[160];
+    snprintf(msg, sizeof msg, "frame of %u bytes before a hello (at most %u "
+             "bytes until a hello succeeds)", h.body_len,
+             EMBPS_PREAUTH_FRAME_MAX);
+    fail_frame(c, &h, rc, msg, 0);
+    return -1;
+  }
   if (rc == EMBPS_EFRAMESIZE) { /* well framed, too big: skip it, go on */
     char msg[128];
     snprintf(msg, sizeof msg, "frame of %u bytes exceeds --max-frame-bytes "
@@ -292,6 +431,7 @@ static int start_frame(embps_conn_t *c) {
   req->body = body;
   req->bodies = bodies;
   req->complete = net_complete;
+  budget_add(&c->queued_bytes, &the_net->queued_bytes, req->body_cap);
   c->cur = req;
   c->body_got = 0;
   if (h.body_len == 0)
@@ -331,14 +471,19 @@ static void consume(embps_conn_t *c, const uint8_t *p, size_t n) {
   }
 }
 
+/* Over budget, a connection is read only to the end of the frame whose
+ * body is allocated (and counted) already, then stopped (on_read): stopping
+ * inside it could hold its bytes for ever. */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   embps_conn_t *c = h->data;
-  if (c->cur && c->cur->hdr.body_len - c->body_got >= STAGE_LEN) {
+  size_t rest = c->cur ? c->cur->hdr.body_len - c->body_got : 0;
+  (void)suggested;
+  if (c->cur && rest >= STAGE_LEN) {
     buf->base = (char *)c->cur->body + c->body_got;
-    buf->len = c->cur->hdr.body_len - c->body_got;
+    buf->len = rest;
   } else {
     buf->base = (char *)c->stage;
-    buf->len = STAGE_LEN;
+    buf->len = c->cur && conn_over_budget(c) ? rest : STAGE_LEN;
   }
 }
 
@@ -363,8 +508,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (c->body_got == c->cur->hdr.body_len)
       frame_complete(c);
   }
-  if (c->reading && (c->write_pending > WRITE_HIGH ||
-                     c->in_flight + c->n_waiting > INFLIGHT_MAX)) {
+  if (c->reading && !c->cur && conn_over_budget(c)) {
     uv_read_stop(s);
     c->reading = 0;
   }
@@ -373,10 +517,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 static void conn_resume_maybe(embps_conn_t *c) {
   if (c->reading || c->closing || c->close_after_write || c->io->draining)
     return;
-  if (c->write_pending <= WRITE_HIGH / 2 &&
+  if (conn_held(c) + c->queued_bytes <=
+          the_net->srv.cfg.max_conn_buffer_bytes / 2 &&
+      server_bytes() < the_net->srv.cfg.max_buffer_bytes &&
       c->in_flight + c->n_waiting <= INFLIGHT_MAX / 2) {
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
-      c->reading = 1;
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    if (rc) {
+      LOG_DEBUG("cannot resume reading: %s", uv_strerror(rc));
+      conn_close(c);
+      return;
+    }
+    c->reading = 1;
   }
 }
 
@@ -398,12 +549,15 @@ static void on_close(uv_handle_t *h) {
     c->next->prev = c->prev;
   atomic_fetch_sub(&the_net->open_conns, 1);
   atomic_fetch_sub(&io->srv->counters.connections, 1);
-  if (c->cur)
+  if (c->cur) {
+    budget_sub(&c->queued_bytes, &the_net->queued_bytes, c->cur->body_cap);
     embps_request_free(c->cur);
+  }
   c->cur = NULL;
   while (c->wait_head) {
     embps_request_t *r = c->wait_head;
     c->wait_head = r->next;
+    budget_sub(&c->queued_bytes, &the_net->queued_bytes, r->body_cap);
     embps_request_free(r);
   }
   if (c->in_flight)
@@ -417,27 +571,37 @@ static void conn_close(embps_conn_t *c) {
     return;
   c->closing = 1;
   c->reading = 0;
+  stranger_done(c);
   uv_close((uv_handle_t *)&c->tcp, on_close);
+}
+
+/* Close callback of a handle that never became a connection. */
+static void on_close_unopened(uv_handle_t *h) {
+  conn_free(h->data);
+  atomic_fetch_sub(&the_net->open_conns, 1);
 }
 
 static void conn_open(io_thread_t *io, int fd) {
   embps_conn_t *c = calloc(1, sizeof *c);
   if (c)
     c->stage = malloc(STAGE_LEN);
-  if (!c || !c->stage) {
-    free(c);
+  int rc = c && c->stage ? uv_tcp_init(&io->loop, &c->tcp) : UV_ENOMEM;
+  if (rc) {
+    LOG_WARN("cannot set up a connection: %s", uv_strerror(rc));
+    if (c)
+      conn_free(c);
     close(fd);
     atomic_fetch_sub(&the_net->open_conns, 1);
     return;
   }
   c->io = io;
   c->tcp.data = c;
-  uv_tcp_init(&io->loop, &c->tcp);
-  if (uv_tcp_open(&c->tcp, fd)) {
+  rc = uv_tcp_open(&c->tcp, fd);
+  if (rc) { /* never linked: closed without touching io->conns */
+    LOG_WARN("cannot open a connection: %s", uv_strerror(rc));
     close(fd);
     c->closing = 1;
-    atomic_fetch_add(&io->srv->counters.connections, 1);
-    uv_close((uv_handle_t *)&c->tcp, on_close);
+    uv_close((uv_handle_t *)&c->tcp, on_close_unopened);
     return;
   }
   c->next = io->conns;
@@ -445,10 +609,19 @@ static void conn_open(io_thread_t *io, int fd) {
     io->conns->prev = c;
   io->conns = c;
   atomic_fetch_add(&io->srv->counters.connections, 1);
-  uv_tcp_nodelay(&c->tcp, 1);
-  c->last_active_ns = embps_now_ns();
+  c->stranger = 1;
+  atomic_fetch_add(&io->n_strangers, 1);
+  rc = uv_tcp_nodelay(&c->tcp, 1);
+  if (rc)
+    LOG_DEBUG("TCP_NODELAY: %s", uv_strerror(rc));
+  c->last_active_ns = c->opened_ns = embps_now_ns();
+  rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  if (rc) {
+    LOG_WARN("cannot read a connection: %s", uv_strerror(rc));
+    conn_close(c);
+    return;
+  }
   c->reading = 1;
-  uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
 /* A finished push from the apply thread, back on its connection's loop. */
@@ -457,15 +630,15 @@ static void push_done(embps_request_t *req) {
   c->in_flight--;
   if (req->hdr.kind == EMBPS_KIND_CREATE || req->hdr.kind == EMBPS_KIND_DROP)
     c->barriers--;
+  c->io->in_flight--;
   if (c->dead) {
-    embps_request_free(req);
+    run_free(c, req);
     if (!c->in_flight)
       conn_free(c);
     return;
   }
   send_reply(c, req);
-  if (!c->in_flight || !c->barriers)
-    run_waiting(c);
+  run_waiting(c);
   conn_resume_maybe(c);
 }
 
@@ -487,10 +660,26 @@ static void drain_check(io_thread_t *io) {
     if (!c->in_flight && !c->wait_head && !c->write_pending)
       conn_close(c);
   }
-  if (!io->conns) {
+  /* closed connections may still have pushes at the apply thread: their
+   * replies come back to this loop, which must still be running */
+  if (!io->conns && !io->in_flight) {
     io->stopped = 1;
     uv_close((uv_handle_t *)&io->wake, NULL);
     uv_close((uv_handle_t *)&io->sweep, NULL);
+  }
+}
+
+/* Closes io's oldest connection without a hello (the list is newest
+ * first), to make room under --max-connections. */
+static void evict_stranger(io_thread_t *io) {
+  embps_conn_t *oldest = NULL;
+  for (embps_conn_t *c = io->conns; c; c = c->next)
+    if (c->stranger && !c->closing)
+      oldest = c;
+  if (oldest) {
+    LOG_DEBUG("--max-connections reached: closing a connection that has "
+              "sent no hello");
+    conn_close(oldest);
   }
 }
 
@@ -519,24 +708,42 @@ static void on_wake(uv_async_t *a) {
     push_done(done);
     done = next;
   }
+  for (unsigned n = atomic_exchange(&io->evict, 0); n; n--)
+    evict_stranger(io);
   drain_check(io);
 }
 
 static void on_sweep(uv_timer_t *t) {
   io_thread_t *io = t->data;
   uint32_t idle_s = io->srv->cfg.idle_timeout_s;
-  if (idle_s) {
-    uint64_t now = embps_now_ns();
-    for (embps_conn_t *c = io->conns, *next; c; c = next) {
-      next = c->next;
-      if (!c->closing && conn_idle(c) &&
-          now - c->last_active_ns > (uint64_t)idle_s * 1000000000ULL) {
-        LOG_DEBUG("closing a connection idle for %us", idle_s);
-        conn_close(c);
-      }
+  uint64_t hello_ns = (uint64_t)io->srv->cfg.hello_timeout_s * 1000000000ULL;
+  uint64_t now = embps_now_ns();
+  for (embps_conn_t *c = io->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->closing)
+      continue;
+    if (c->stranger && now - c->opened_ns > hello_ns) {
+      LOG_DEBUG("closing a connection with no hello after %us",
+                io->srv->cfg.hello_timeout_s);
+      conn_close(c);
+    } else if (idle_s && conn_idle(c) &&
+               now - c->last_active_ns > (uint64_t)idle_s * 1000000000ULL) {
+      LOG_DEBUG("closing a connection idle for %us", idle_s);
+      conn_close(c);
+    } else { /* budgets freed by other threads */
+      run_waiting(c);
+      conn_resume_maybe(c);
     }
   }
   drain_check(io);
+}
+
+/* Wakes io's loop (from any thread); fails only once io has stopped,
+ * which nothing may outlive (drain_check waits for every push). */
+static void io_wake(io_thread_t *io) {
+  int rc = uv_async_send(&io->wake);
+  if (rc)
+    LOG_ERROR("cannot wake an I/O thread: %s", uv_strerror(rc));
 }
 
 static void *io_main(void *arg) {
@@ -557,7 +764,7 @@ static void net_complete(embps_request_t *req) {
     io->done_head = req;
   io->done_tail = req;
   pthread_mutex_unlock(&io->mu);
-  uv_async_send(&io->wake);
+  io_wake(io);
 }
 
 /* ------------------------------------------------------------ main loop */
@@ -579,7 +786,7 @@ static void deal_fd(net_t *net, int fd) {
   }
   io->fds[io->n_fds++] = fd;
   pthread_mutex_unlock(&io->mu);
-  uv_async_send(&io->wake);
+  io_wake(io);
 }
 
 /* Over --max-connections: say so in one error frame, then close. */
@@ -597,23 +804,80 @@ static void refuse_fd(net_t *net, int fd) {
   close(fd);
 }
 
+/* At --max-connections: asks the I/O thread with the most connections
+ * without a hello (not already asked for) to close its oldest one.
+ * Returns 0 if there is none. */
+static int evict_for_room(net_t *net) {
+  io_thread_t *best = NULL;
+  unsigned best_n = 0;
+  for (uint32_t i = 0; i < net->srv.cfg.io_threads; i++) {
+    io_thread_t *io = &net->io[i];
+    unsigned n = atomic_load(&io->n_strangers), asked = atomic_load(&io->evict);
+    if (n > asked && n - asked > best_n) {
+      best = io;
+      best_n = n - asked;
+    }
+  }
+  if (!best)
+    return 0;
+  atomic_fetch_add(&best->evict, 1);
+  io_wake(best);
+  return 1;
+}
+
+static void on_listen(uv_poll_t *p, int status, int events);
+
+static void on_accept_retry(uv_timer_t *t) {
+  net_t *net = t->data;
+  if (net->stopping)
+    return;
+  int rc = uv_poll_start(&net->listen_poll, UV_READABLE, on_listen);
+  if (rc) {
+    LOG_ERROR("cannot poll the listening socket: %s", uv_strerror(rc));
+    rc = uv_timer_start(&net->accept_retry, on_accept_retry, ACCEPT_RETRY_MS,
+                        0);
+    if (rc)
+      LOG_ERROR("cannot retry accepting: %s", uv_strerror(rc));
+  }
+}
+
 static void on_listen(uv_poll_t *p, int status, int events) {
   net_t *net = p->data;
-  if (status < 0)
+  uint64_t skipped;
+  (void)events;
+  if (status < 0) {
+    LOG_WARN("polling the listening socket: %s", uv_strerror(status));
     return;
+  }
   for (;;) {
     int fd = accept4(net->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR)
+      int err = errno;
+      if (err == EINTR || err == ECONNABORTED)
         continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        LOG_WARN("accept: %s", strerror(errno));
+      if (err == EAGAIN || err == EWOULDBLOCK)
+        return;
+      /* out of descriptors or memory: the pending connection stays in the
+       * backlog and the poll would fire again at once; pause instead */
+      if (ratelimit_pass(&net->accept_log, &skipped))
+        LOG_WARN("accept: %s (%llu more since the last warning); pausing "
+                 "new connections for %d ms", strerror(err),
+                 (unsigned long long)skipped, ACCEPT_RETRY_MS);
+      uv_poll_stop(&net->listen_poll);
+      int rc = uv_timer_start(&net->accept_retry, on_accept_retry,
+                              ACCEPT_RETRY_MS, 0);
+      if (rc)
+        LOG_ERROR("cannot retry accepting: %s", uv_strerror(rc));
       return;
     }
-    if (atomic_fetch_add(&net->open_conns, 1) >= net->srv.cfg.max_connections) {
+    if (atomic_fetch_add(&net->open_conns, 1) >=
+            net->srv.cfg.max_connections &&
+        !evict_for_room(net)) {
       atomic_fetch_sub(&net->open_conns, 1);
-      LOG_WARN("refusing a connection: --max-connections %u reached",
-               net->srv.cfg.max_connections);
+      if (ratelimit_pass(&net->refuse_log, &skipped))
+        LOG_WARN("refusing a connection: --max-connections %u reached "
+                 "(%llu more refused since the last warning)",
+                 net->srv.cfg.max_connections, (unsigned long long)skipped);
       refuse_fd(net, fd);
       continue;
     }
@@ -624,15 +888,19 @@ static void on_listen(uv_poll_t *p, int status, int events) {
 static void on_signal(uv_signal_t *s, int signum) {
   net_t *net = s->data;
   LOG_INFO("signal %d: finishing in-flight requests, then exiting", signum);
+  if (net->stopping)
+    return;
+  net->stopping = 1;
   uv_poll_stop(&net->listen_poll);
   uv_close((uv_handle_t *)&net->listen_poll, NULL);
+  uv_close((uv_handle_t *)&net->accept_retry, NULL);
   uv_close((uv_handle_t *)&net->sig_term, NULL);
   uv_close((uv_handle_t *)&net->sig_int, NULL);
   embps_apply_drain(net->srv.apply);
   for (uint32_t i = 0; i < net->srv.cfg.io_threads; i++) {
     io_thread_t *io = &net->io[i];
     atomic_store(&io->draining, 1);
-    uv_async_send(&io->wake);
+    io_wake(io);
   }
 }
 
@@ -699,18 +967,58 @@ static int io_start(net_t *net, io_thread_t *io) {
   pthread_mutex_init(&io->mu, NULL);
   embps_table_scratch_init(&io->scratch.table);
   embps_dedup_init(&io->scratch.dedup);
-  if (uv_loop_init(&io->loop))
-    return -1;
-  uv_async_init(&io->loop, &io->wake, on_wake);
+  int rc = uv_loop_init(&io->loop);
+  if (!rc)
+    rc = uv_async_init(&io->loop, &io->wake, on_wake);
   io->wake.data = io;
-  uv_timer_init(&io->loop, &io->sweep);
+  if (!rc)
+    rc = uv_timer_init(&io->loop, &io->sweep);
   io->sweep.data = io;
-  uv_timer_start(&io->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+  if (!rc)
+    rc = uv_timer_start(&io->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+  if (rc) {
+    LOG_ERROR("cannot set up an I/O loop: %s", uv_strerror(rc));
+    return -1;
+  }
   return pthread_create(&io->tid, NULL, io_main, io) ? -1 : 0;
 }
 
+/* Every connection takes a descriptor: make RLIMIT_NOFILE's soft limit
+ * room for --max-connections, as far as the hard limit allows. */
+static void check_nofile(const embps_server_config_t *cfg) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl))
+    return;
+  rlim_t want = (rlim_t)cfg->max_connections + FD_RESERVE +
+                4 * (rlim_t)cfg->io_threads;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want
+                      ? want
+                      : rl.rlim_max;
+    if (rl.rlim_cur > old && setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      LOG_INFO("raised the open-file limit from %llu to %llu for "
+               "--max-connections %u", (unsigned long long)old,
+               (unsigned long long)rl.rlim_cur, cfg->max_connections);
+    else
+      rl.rlim_cur = old;
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+    LOG_WARN("open-file limit %llu (hard %llu) is below what --max-"
+             "connections %u needs (%llu): past about %llu connections, "
+             "new ones wait in the backlog (raise it with ulimit -n)",
+             (unsigned long long)rl.rlim_cur,
+             (unsigned long long)rl.rlim_max, cfg->max_connections,
+             (unsigned long long)want,
+             (unsigned long long)(rl.rlim_cur > FD_RESERVE
+                                      ? rl.rlim_cur - FD_RESERVE
+                                      : 0));
+}
+
 static void io_close(io_thread_t *io) {
-  uv_loop_close(&io->loop);
+  int rc = uv_loop_close(&io->loop);
+  if (rc)
+    LOG_WARN("an I/O loop closed with handles open: %s", uv_strerror(rc));
   embps_table_scratch_close(&io->scratch.table);
   embps_dedup_close(&io->scratch.dedup);
   pthread_mutex_destroy(&io->mu);
@@ -727,6 +1035,11 @@ int embps_server_run(const embps_server_config_t *cfg) {
   srv->start_ns = embps_now_ns();
   embps_registry_init(&srv->registry);
   embps_bufpool_init(&srv->bodies, EMBPS_MMAP_THRESHOLD, EMBPS_BODY_POOL_BYTES);
+  if (cfg->insecure && !cfg->has_token)
+    LOG_WARN("--insecure: serving %s without an auth token; anyone who can "
+             "reach it can read, change and drop every table",
+             cfg->listen_host);
+  check_nofile(cfg);
   int port;
   if (embps_apply_start(srv, &srv->apply)) {
     LOG_ERROR("cannot start the apply thread");
@@ -751,15 +1064,28 @@ int embps_server_run(const embps_server_config_t *cfg) {
       return 1;
     }
   }
-  uv_loop_init(&net->loop);
-  uv_poll_init(&net->loop, &net->listen_poll, net->listen_fd);
+  int rc = uv_loop_init(&net->loop);
+  if (!rc)
+    rc = uv_poll_init(&net->loop, &net->listen_poll, net->listen_fd);
   net->listen_poll.data = net;
-  uv_poll_start(&net->listen_poll, UV_READABLE, on_listen);
-  uv_signal_init(&net->loop, &net->sig_term);
-  uv_signal_init(&net->loop, &net->sig_int);
+  if (!rc)
+    rc = uv_timer_init(&net->loop, &net->accept_retry);
+  net->accept_retry.data = net;
+  if (!rc)
+    rc = uv_poll_start(&net->listen_poll, UV_READABLE, on_listen);
+  if (!rc)
+    rc = uv_signal_init(&net->loop, &net->sig_term);
+  if (!rc)
+    rc = uv_signal_init(&net->loop, &net->sig_int);
   net->sig_term.data = net->sig_int.data = net;
-  uv_signal_start(&net->sig_term, on_signal, SIGTERM);
-  uv_signal_start(&net->sig_int, on_signal, SIGINT);
+  if (!rc)
+    rc = uv_signal_start(&net->sig_term, on_signal, SIGTERM);
+  if (!rc)
+    rc = uv_signal_start(&net->sig_int, on_signal, SIGINT);
+  if (rc) {
+    LOG_ERROR("cannot set up the main loop: %s", uv_strerror(rc));
+    return 1;
+  }
 
   if (cfg->port_file[0] && write_port_file(cfg->port_file, port)) {
     LOG_ERROR("cannot write --port-file %s: %s", cfg->port_file,
@@ -782,7 +1108,9 @@ int embps_server_run(const embps_server_config_t *cfg) {
     io_close(&net->io[i]);
   free(net->io);
   close(net->listen_fd);
-  uv_loop_close(&net->loop);
+  rc = uv_loop_close(&net->loop);
+  if (rc)
+    LOG_WARN("the main loop closed with handles open: %s", uv_strerror(rc));
   embps_registry_close(&srv->registry);
   embps_bufpool_close(&srv->bodies);
   LOG_INFO("stopped");

@@ -46,7 +46,14 @@ typedef struct {
   char data_dir[1024];     /* empty: nothing is durable */
   int fsync;               /* embps_fsync_t (wal.h) */
   uint32_t checkpoint_every_s; /* 0: on demand and at SIGTERM only */
+  uint32_t hello_timeout_s;       /* a connection's time to say hello */
+  uint64_t max_buffer_bytes;      /* requests and replies held, server */
+  uint64_t max_conn_buffer_bytes; /* the same, one connection */
+  int insecure; /* may listen beyond loopback without a token */
 } embps_server_config_t;
+
+/* Largest frame accepted from a connection before its hello succeeds. */
+#define EMBPS_PREAUTH_FRAME_MAX 4096u
 
 /* Fills cfg with defaults, then parses argv. Returns 0 to run, 1 when
  * --help or --version was printed, -1 on an error (message in err). */

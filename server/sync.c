@@ -41,6 +41,28 @@ void embps_sync_close(embps_sync_t *s,
   memset(s, 0, sizeof *s);
 }
 
+void embps_sync_forget(embps_sync_t *s,
+                       int (*alive)(void *ctx, embps_table_t *t),
+                       void (*release)(void *ctx, embps_request_t *req),
+                       void *ctx) {
+  for (size_t i = 0; i < s->n;) {
+    embps_sync_step_t *st = &s->steps[i];
+    if (alive(ctx, st->table)) {
+      i++;
+      continue;
+    }
+    embps_request_t *r = st->head;
+    while (r) {
+      embps_request_t *next = r->next;
+      r->next = NULL;
+      release(ctx, r);
+      r = next;
+    }
+    embps_table_unref(st->table);
+    *st = s->steps[--s->n];
+  }
+}
+
 static embps_sync_step_t *step_of(embps_sync_t *s, embps_table_t *t) {
   for (size_t i = 0; i < s->n; i++)
     if (s->steps[i].table == t)

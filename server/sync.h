@@ -33,6 +33,14 @@ void embps_sync_close(embps_sync_t *s,
                       void (*release)(void *ctx, embps_request_t *req),
                       void *ctx);
 
+/* Closes the open step of every table for which alive(ctx, table) is 0
+ * (dropped): each held push goes to release(ctx, req), and the step lets go
+ * of the table. */
+void embps_sync_forget(embps_sync_t *s,
+                       int (*alive)(void *ctx, embps_table_t *t),
+                       void (*release)(void *ctx, embps_request_t *req),
+                       void *ctx);
+
 /* Offers a push (req->table synchronous, merged, step set). Returns:
  *   0  held: the step still waits for other workers;
  *   1  the step is complete: *ready is the list (linked by ->next) of its

@@ -494,6 +494,13 @@ static void record_layout(embps_table_t *t) {
   t->row_bytes = (t->state_off + 4 * k * t->dim + 15) & ~15u;
 }
 
+uint64_t embps_table_fixed_bytes(const embps_table_spec_t *spec,
+                                 uint32_t cluster_size) {
+  if (spec->dynamic || cluster_size > 1) /* hashed: rows come with use */
+    return 0;
+  return (spec->rows + 63) / 64 * sizeof(uint64_t); /* the live bitmap */
+}
+
 static int create_array(embps_table_t *t) {
   t->rows_len = t->spec.rows * t->row_bytes;
   void *p = mmap(NULL, t->rows_len, PROT_READ | PROT_WRITE,

@@ -122,6 +122,10 @@ int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
 
 /* Bytes used by all tables of the process (for --max-memory). */
 uint64_t embps_tables_total_bytes(void);
+/* Bytes a table of this spec takes as soon as it is created (what counts
+ * against --max-memory before any row exists). */
+uint64_t embps_table_fixed_bytes(const embps_table_spec_t *spec,
+                                 uint32_t cluster_size);
 
 /* Table reference counts, for the registry: a table lives while referenced. */
 void embps_table_ref(embps_table_t *t);

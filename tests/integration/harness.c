@@ -5,11 +5,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -21,6 +23,30 @@ double it_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int it_recv_full(int fd, void *p, size_t n, int timeout_ms) {
+  char *b = p;
+  double deadline = it_now_ms() + timeout_ms;
+  while (n) {
+    int left = (int)(deadline - it_now_ms());
+    if (left <= 0)
+      return -1;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int pr = poll(&pfd, 1, left);
+    if (pr == 0)
+      return -1;
+    if (pr < 0 && errno == EINTR)
+      continue;
+    ssize_t r = recv(fd, b, n, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN))
+      continue;
+    if (r <= 0)
+      return 1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
 }
 
 void it_sleep_ms(double ms) {

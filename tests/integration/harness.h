@@ -81,4 +81,8 @@ int it_wait_exit(pid_t pid, int timeout_ms, int *code);
 void it_exec_logged(const char *const *argv, const char *log_file);
 /* In a freshly forked child: default signal handling, nothing blocked. */
 void it_child_reset_signals(void);
+
+/* Reads exactly n bytes from the socket fd within timeout_ms: returns 0,
+ * 1 on EOF or reset, -1 on timeout. */
+int it_recv_full(int fd, void *p, size_t n, int timeout_ms);
 #endif

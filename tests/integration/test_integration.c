@@ -470,27 +470,7 @@ static void raw_send(int fd, uint16_t kind, embps_msg_t *m, uint32_t req_id,
 
 /* 0: n bytes read; 1: EOF or reset; -1: timeout. */
 static int raw_read(int fd, void *p, size_t n, int timeout_ms) {
-  uint8_t *b = p;
-  double deadline = it_now_ms() + timeout_ms;
-  while (n) {
-    int left = (int)(deadline - it_now_ms());
-    if (left <= 0)
-      return -1;
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    int pr = poll(&pfd, 1, left);
-    if (pr == 0)
-      return -1;
-    if (pr < 0 && errno == EINTR)
-      continue;
-    ssize_t r = recv(fd, b, n, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
-      continue;
-    if (r <= 0)
-      return 1;
-    b += r;
-    n -= (size_t)r;
-  }
-  return 0;
+  return it_recv_full(fd, p, n, timeout_ms);
 }
 
 typedef struct {

@@ -1,0 +1,768 @@
+/* test_hardening.c - what a hostile or broken peer can make a real
+ * embps-server (127.0.0.1, port 0) hold or do: frames before a hello,
+ * connections that never say hello, pulls never read, running out of file
+ * descriptors, dropped synchronous tables, tables larger than
+ * --max-memory, token file modes and public binds, the apply thread's
+ * OpenMP team, malformed headers and names, and shutdown with pushes held.
+ *
+ * Memory and CPU are read from /proc/PID of the server; every wait has a
+ * deadline of a few seconds. Raw frames are built with common/wire.h. */
+#define _GNU_SOURCE /* prlimit */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "embps/embps.h"
+#include "frame.h"
+#include "harness.h"
+#include "wire.h"
+
+/* ================================================================ helpers */
+
+static void *must_alloc(size_t n) {
+  void *p = calloc(1, n ? n : 1);
+  assert_non_null(p);
+  return p;
+}
+
+static embps_client_t *client_to(const it_server_t *s) {
+  embps_client_options_t o;
+  memset(&o, 0, sizeof o);
+  o.servers = s->addr;
+  o.timeout_ms = 15000;
+  embps_client_t *c = NULL;
+  char err[512];
+  int rc = embps_client_create(&o, &c, err, sizeof err);
+  if (rc)
+    fail_msg("connect to %s: %s (%s)", s->addr, err, embps_err_name(rc));
+  return c;
+}
+
+static int tcp_to(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a))
+    fail_msg("connect to port %d: %s", port, strerror(errno));
+  return fd;
+}
+
+/* Writes all of p within timeout_ms; returns bytes written (fewer when the
+ * peer stops reading or goes away). */
+static size_t put_bytes(int fd, const void *p, size_t n, int timeout_ms) {
+  const uint8_t *b = p;
+  size_t done = 0;
+  double end = it_now_ms() + timeout_ms;
+  while (done < n) {
+    int left = (int)(end - it_now_ms());
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+    if (left <= 0 || poll(&pfd, 1, left) <= 0)
+      break;
+    ssize_t w = send(fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN))
+      continue;
+    if (w <= 0)
+      break;
+    done += (size_t)w;
+  }
+  return done;
+}
+
+/* Sends m as a frame of `kind` followed by bulk; 0 or -1. */
+static int send_msg(int fd, uint16_t kind, embps_msg_t *m, uint32_t req_id,
+                    const void *bulk, size_t bulk_len) {
+  uint8_t *head;
+  size_t head_len;
+  m->kind = kind;
+  assert_int_equal(
+      embps_frame_build_head(m, req_id, bulk_len, &head, &head_len), 0);
+  int ok = put_bytes(fd, head, head_len, 5000) == head_len &&
+           put_bytes(fd, bulk, bulk_len, 5000) == bulk_len;
+  free(head);
+  return ok ? 0 : -1;
+}
+
+typedef struct {
+  embps_frame_header_t h;
+  uint8_t *body;
+  embps_msg_t m;
+} frame_t;
+
+/* Reads one reply frame within timeout_ms: 0, 1 closed, -1 timed out. */
+static int get_frame(int fd, frame_t *f, int timeout_ms) {
+  memset(f, 0, sizeof *f);
+  double end = it_now_ms() + timeout_ms;
+  uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
+  int rc = it_recv_full(fd, hdr, sizeof hdr, timeout_ms);
+  if (rc)
+    return rc;
+  assert_int_equal(embps_frame_header_decode(hdr, 1u << 30, &f->h), 0);
+  f->body = must_alloc(f->h.body_len);
+  int left = (int)(end - it_now_ms());
+  rc = it_recv_full(fd, f->body, f->h.body_len, left > 0 ? left : 1);
+  if (rc)
+    return rc;
+  assert_int_equal(embps_msg_unpack(f->h.kind, f->body, f->h.meta_len, &f->m),
+                   0);
+  return 0;
+}
+
+static void frame_free(frame_t *f) {
+  embps_msg_free(&f->m);
+  free(f->body);
+}
+
+/* The next frame must be an error with code whose message holds substr. */
+static void want_error(int fd, int code, const char *substr, int timeout_ms) {
+  frame_t f;
+  int rc = get_frame(fd, &f, timeout_ms);
+  if (rc)
+    fail_msg("expected %s (\"%s\"): %s", embps_err_name(code), substr,
+             rc > 0 ? "connection closed" : "nothing within the deadline");
+  if (f.h.kind != EMBPS_KIND_ERROR || f.m.u.error.code != code ||
+      !strstr(f.m.u.error.message, substr))
+    fail_msg("expected %s (\"%s\"), got kind 0x%x %s \"%s\"",
+             embps_err_name(code), substr, f.h.kind,
+             embps_err_name(f.m.u.error.code), f.m.u.error.message);
+  frame_free(&f);
+}
+
+/* 1 if the server closes fd within timeout_ms (anything sent is dropped). */
+static int closed_by_peer(int fd, int timeout_ms) {
+  double end = it_now_ms() + timeout_ms;
+  uint8_t buf[4096];
+  for (int first = 1;; first = 0) {
+    int left = (int)(end - it_now_ms());
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (left <= 0 && !first)
+      return 0;
+    if (poll(&pfd, 1, left > 0 ? left : 0) <= 0)
+      continue;
+    ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN))
+      return 1;
+  }
+}
+
+static void say_hello(int fd, uint32_t req_id) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.u.hello.version = EMBPS_PROTOCOL_VERSION;
+  assert_int_equal(send_msg(fd, EMBPS_KIND_HELLO, &m, req_id, NULL, 0), 0);
+  frame_t f;
+  assert_int_equal(get_frame(fd, &f, 5000), 0);
+  assert_int_equal(f.h.kind, EMBPS_KIND_HELLO | EMBPS_KIND_REPLY);
+  frame_free(&f);
+}
+
+/* A pull frame of n ids (all 0..rows-1) from table. */
+static int send_pull(int fd, uint32_t req_id, const char *table, uint32_t n,
+                     uint32_t dim, uint32_t rows) {
+  int64_t *ids = must_alloc(n * sizeof *ids);
+  for (uint32_t i = 0; i < n; i++)
+    ids[i] = i % rows;
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  snprintf(m.u.pull.table, sizeof m.u.pull.table, "%s", table);
+  m.u.pull.n_ids = n;
+  m.u.pull.dim = dim;
+  int rc = send_msg(fd, EMBPS_KIND_PULL, &m, req_id, ids, n * sizeof *ids);
+  free(ids);
+  return rc;
+}
+
+/* A /proc/PID/status field in kB (VmRSS, Threads, ...). */
+static long proc_status(pid_t pid, const char *field) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  long v = -1;
+  size_t n = strlen(field);
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, field, n) && line[n] == ':')
+      v = strtol(line + n + 1, NULL, 10);
+  fclose(f);
+  return v;
+}
+
+/* utime + stime of pid, in clock ticks. */
+static long cpu_ticks(pid_t pid) {
+  char path[64], buf[2048];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* fields after the command name */
+  assert_non_null(p);
+  unsigned long ut = 0, st = 0;
+  assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u "
+                          "%*u %lu %lu", &ut, &st), 2);
+  return (long)(ut + st);
+}
+
+/* Lines of the server's log holding substr. */
+static long log_lines(const it_server_t *s, const char *substr) {
+  FILE *f = fopen(s->log_file, "r");
+  if (!f)
+    return 0;
+  char line[1024];
+  long n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, substr) != NULL;
+  fclose(f);
+  return n;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) && errno == EINTR) {
+  }
+}
+
+static void stop_ok(it_server_t *s) {
+  int st = it_server_stop(s);
+  if (st != 0)
+    fail_msg("embps-server exit status %d after SIGTERM, expected 0", st);
+}
+
+static void create_dense(embps_client_t *c, const char *name, uint32_t dim,
+                         uint64_t rows, uint32_t sync_workers) {
+  embps_table_spec_t s;
+  embps_table_spec_init(&s, name, dim, EMBPS_OPT_SGD);
+  s.rows = rows;
+  s.sync_workers = sync_workers;
+  if (embps_create_table(c, &s))
+    fail_msg("create %s: %s", name, embps_client_last_error(c));
+}
+
+/* ================================================================ tests */
+
+/* Defect 2: before a hello only EMBPS_PREAUTH_FRAME_MAX bytes: a header
+ * announcing 60 MiB is refused at once, nothing is allocated for it. */
+static void test_frame_before_hello(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  long rss0 = proc_status(s.pid, "VmRSS");
+  enum { N = 6 };
+  int fds[N];
+  const size_t chunk = 8u << 20;
+  uint8_t *junk = must_alloc(chunk);
+  for (int i = 0; i < N; i++) {
+    fds[i] = tcp_to(s.port);
+    embps_frame_header_t h = {.body_len = 60u << 20, .meta_len = 16,
+                              .req_id = 7, .kind = EMBPS_KIND_PUSH};
+    uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
+    embps_frame_header_encode(&h, hdr);
+    assert_int_equal(put_bytes(fds[i], hdr, sizeof hdr, 2000), sizeof hdr);
+    put_bytes(fds[i], junk, chunk, 500); /* refused: may not all go */
+  }
+  for (int i = 0; i < N; i++) {
+    want_error(fds[i], EMBPS_EFRAMESIZE, "before a hello", 3000);
+    assert_true(closed_by_peer(fds[i], 3000));
+    close(fds[i]);
+  }
+  long grown_kb = proc_status(s.pid, "VmRSS") - rss0;
+  if (grown_kb > 16 * 1024)
+    fail_msg("server RSS grew by %ld kB for %d refused frames", grown_kb, N);
+  free(junk);
+  /* a hello still fits, and the server serves */
+  int fd = tcp_to(s.port);
+  say_hello(fd, 1);
+  close(fd);
+  stop_ok(&s);
+}
+
+/* Defect 3: strangers (no hello) get --hello-timeout seconds even when they
+ * trickle bytes, and at --max-connections the oldest is closed to make room
+ * for a new connection. */
+static void test_hello_deadline(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--hello-timeout", "2", "--max-connections", "4",
+                        NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  int fds[4];
+  for (int i = 0; i < 4; i++)
+    fds[i] = tcp_to(s.port);
+  sleep_ms(300); /* all four accepted: the limit is reached */
+  /* a real client still gets in: a stranger makes room */
+  embps_client_t *c = client_to(&s);
+  create_dense(c, "t", 4, 16, 0);
+  /* the others are closed by the deadline, however they trickle */
+  double t0 = it_now_ms();
+  uint8_t hello_prefix[EMBPS_FRAME_HEADER_LEN];
+  embps_frame_header_t h = {.body_len = 8, .meta_len = 8, .req_id = 1,
+                            .kind = EMBPS_KIND_HELLO};
+  embps_frame_header_encode(&h, hello_prefix);
+  int open = 0;
+  for (size_t k = 0; it_now_ms() - t0 < 4000; k++) {
+    open = 0;
+    for (int i = 0; i < 4; i++) {
+      if (fds[i] < 0)
+        continue;
+      /* fds[0] sends a byte of a frame every 100 ms */
+      if (i == 0 && k < sizeof hello_prefix)
+        put_bytes(fds[0], hello_prefix + k, 1, 50);
+      if (closed_by_peer(fds[i], 1)) {
+        close(fds[i]);
+        fds[i] = -1;
+      } else {
+        open++;
+      }
+    }
+    if (!open)
+      break;
+    sleep_ms(100);
+  }
+  for (int i = 0; i < 4; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  if (open)
+    fail_msg("%d connection(s) without a hello still open after 4 s "
+             "(--hello-timeout 2)", open);
+  /* the authenticated client was not touched */
+  embps_table_info_t info;
+  assert_int_equal(embps_describe_table(c, "t", &info), 0);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Defect 5: pulls whose replies are never read are bounded by the byte
+ * budget of their connection (--max-conn-buffer-bytes, by default twice
+ * --max-frame-bytes: 8 MiB here), not by a request count (main held 64 MiB
+ * of replies and more per connection); once the client reads, every reply
+ * arrives. */
+static void test_unread_pulls_bounded(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--max-frame-bytes", "4M", NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  embps_client_t *c = client_to(&s);
+  const uint32_t dim = 256, rows = 1024, n_ids = 8192; /* 8 MiB replies */
+  create_dense(c, "p", dim, rows, 0);
+  long rss0 = proc_status(s.pid, "VmRSS");
+  enum { CONNS = 3, PULLS = 24 };
+  int fds[CONNS];
+  for (int i = 0; i < CONNS; i++) {
+    fds[i] = tcp_to(s.port);
+    say_hello(fds[i], 1);
+  }
+  int sent[CONNS] = {0};
+  double end = it_now_ms() + 3000;
+  for (int k = 0; k < PULLS && it_now_ms() < end; k++)
+    for (int i = 0; i < CONNS; i++)
+      if (sent[i] == k && send_pull(fds[i], 10 + (uint32_t)k, "p", n_ids, dim,
+                                    rows) == 0)
+        sent[i]++;
+  long peak_kb = 0;
+  for (int t = 0; t < 10; t++) {
+    long kb = proc_status(s.pid, "VmRSS") - rss0;
+    peak_kb = kb > peak_kb ? kb : peak_kb;
+    sleep_ms(100);
+  }
+  if (peak_kb > 64 * 1024)
+    fail_msg("server RSS grew by %ld MiB with replies unread (budget 8 MiB "
+             "a connection)", peak_kb >> 10);
+  /* now read: every pull sent is answered in full */
+  for (int i = 0; i < CONNS; i++) {
+    for (int k = 0; k < sent[i]; k++) {
+      frame_t f;
+      assert_int_equal(get_frame(fds[i], &f, 10000), 0);
+      assert_int_equal(f.h.kind, EMBPS_KIND_PULL | EMBPS_KIND_REPLY);
+      assert_int_equal(f.m.u.pull_reply.n_rows, n_ids);
+      frame_free(&f);
+    }
+    close(fds[i]);
+  }
+  assert_true(sent[0] > 0);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Defect 5: a frame larger than the byte budgets still goes
+ * through when it arrives slowly: a connection is never stopped inside a
+ * body it was given (that would hold the body's bytes for ever). */
+static void test_frame_beyond_server_budget(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--max-frame-bytes", "4M", "--max-conn-buffer-bytes",
+                        "1M", "--max-buffer-bytes", "1M", NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  enum { N = 24000, DIM = 32 }; /* a 3.3 MB push */
+  embps_client_t *c = client_to(&s);
+  create_dense(c, "big", DIM, N, 0);
+  size_t bulk_len = (size_t)N * (sizeof(int64_t) + DIM * sizeof(float));
+  uint8_t *bulk = must_alloc(bulk_len);
+  for (int64_t i = 0; i < N; i++)
+    memcpy(bulk + i * sizeof i, &i, sizeof i);
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PUSH;
+  snprintf(m.u.push.table, sizeof m.u.push.table, "big");
+  m.u.push.n = N;
+  m.u.push.dim = DIM;
+  uint8_t *head;
+  size_t head_len;
+  assert_int_equal(embps_frame_build_head(&m, 2, bulk_len, &head, &head_len),
+                   0);
+  int fd = tcp_to(s.port);
+  say_hello(fd, 1);
+  /* the header and 1.5 MB, a pause (the server reads them), the rest */
+  size_t first = 3 * bulk_len / 7;
+  assert_int_equal(put_bytes(fd, head, head_len, 2000), head_len);
+  assert_int_equal(put_bytes(fd, bulk, first, 2000), first);
+  sleep_ms(400);
+  size_t rest = put_bytes(fd, bulk + first, bulk_len - first, 5000);
+  frame_t f;
+  int rc = get_frame(fd, &f, 5000);
+  if (rc || f.h.kind != (EMBPS_KIND_PUSH | EMBPS_KIND_REPLY))
+    fail_msg("push of %zu bytes (budgets 1 MiB): %s, %zu of the last "
+             "%zu bytes sent", bulk_len,
+             rc < 0 ? "no reply" : rc ? "closed" : f.m.u.error.message, rest,
+             bulk_len - first);
+  frame_free(&f);
+  close(fd);
+  free(head);
+  free(bulk);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Defect 4: out of file descriptors, the server neither spins nor floods
+ * its log, and serves again once descriptors free. */
+static void test_out_of_fds(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  struct rlimit rl = {.rlim_cur = 48, .rlim_max = 48};
+  if (prlimit(s.pid, RLIMIT_NOFILE, &rl, NULL))
+    fail_msg("prlimit on the server: %s", strerror(errno));
+  enum { N = 80 };
+  int fds[N];
+  for (int i = 0; i < N; i++)
+    fds[i] = tcp_to(s.port);
+  sleep_ms(500);
+  long lines0 = log_lines(&s, "accept");
+  long t0 = cpu_ticks(s.pid);
+  sleep_ms(1000);
+  long ticks = cpu_ticks(s.pid) - t0;
+  long lines = log_lines(&s, "accept") - lines0;
+  long hz = sysconf(_SC_CLK_TCK);
+  if (ticks > hz / 10)
+    fail_msg("server used %ld%% of a core for a second while out of file "
+             "descriptors", ticks * 100 / hz);
+  if (lines > 3)
+    fail_msg("%ld log lines about accept in one second", lines);
+  for (int i = 0; i < N; i++)
+    close(fds[i]);
+  embps_client_t *c = client_to(&s);
+  create_dense(c, "after", 2, 2, 0);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Defect 4: at start, a soft RLIMIT_NOFILE below --max-connections is
+ * raised, and a hard one is warned about. Runs in a child whose hard limit
+ * is lowered (the server inherits it). */
+static void test_nofile_at_start(void **state) {
+  (void)state;
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = 100; /* below what 1000 connections need: raised */
+    setrlimit(RLIMIT_NOFILE, &rl);
+    it_server_t s;
+    const char *args[] = {"--max-connections", "1000", NULL};
+    if (it_server_start(&s, args))
+      _exit(10);
+    int raised = log_lines(&s, "raised the open-file limit") == 1;
+    it_server_stop(&s);
+    rl.rlim_cur = rl.rlim_max = 200; /* and now the hard limit too */
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (it_server_start(&s, args))
+      _exit(11);
+    int warned = log_lines(&s, "is below what --max-connections") == 1;
+    int st = it_server_stop(&s);
+    _exit(!raised ? 12 : !warned ? 13 : st ? 14 : 0);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  if (WEXITSTATUS(st))
+    fail_msg("open-file limit check failed (child status %d: 12 not "
+             "raised, 13 not warned)", WEXITSTATUS(st));
+}
+
+/* Connects, says hello and pushes worker 77's gradient for step 1 of the
+ * synchronous table (dim 4); checks it is held. Returns the socket. */
+static int held_push(const it_server_t *s, const char *table) {
+  int fd = tcp_to(s->port);
+  say_hello(fd, 1);
+  struct {
+    int64_t idx;
+    float g[4];
+  } bulk = {5, {1, 2, 3, 4}};
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  snprintf(m.u.push.table, sizeof m.u.push.table, "%s", table);
+  m.u.push.n = 1;
+  m.u.push.dim = 4;
+  m.u.push.client_id = 77;
+  m.u.push.step = 1;
+  assert_int_equal(send_msg(fd, EMBPS_KIND_PUSH, &m, 2, &bulk, sizeof bulk),
+                   0);
+  frame_t f;
+  assert_int_equal(get_frame(fd, &f, 300), -1); /* no reply: held */
+  return fd;
+}
+
+/* Defects 6 and 7: CREATE counts a dense table's bitmap against
+ * --max-memory; dropping a synchronous table fails the push it held with
+ * EMBPS_ENOTABLE and gives its memory back. */
+static void test_drop_sync_and_create_budget(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--max-memory", "24M", NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  embps_client_t *a = client_to(&s);
+  const uint64_t rows = 1ULL << 27; /* a 16 MiB bitmap */
+  create_dense(a, "s", 4, rows, 2);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "s2", 4, EMBPS_OPT_SGD);
+  spec.rows = rows;
+  assert_int_equal(embps_create_table(a, &spec), EMBPS_ELIMIT);
+  assert_non_null(strstr(embps_client_last_error(a), "16777216"));
+  /* a worker's push for step 1 waits for the second worker */
+  int fd = held_push(&s, "s");
+  assert_int_equal(embps_drop_table(a, "s"), 0);
+  want_error(fd, EMBPS_ENOTABLE, "dropped", 3000);
+  close(fd);
+  /* the table and its bitmap are gone: the same size fits again */
+  assert_int_equal(embps_create_table(a, &spec), 0);
+  embps_client_destroy(a);
+  stop_ok(&s);
+}
+
+/* Runs embps-server with args (no port file), stderr to a buffer; returns
+ * its exit status, or -1 if it still runs after 5 s (then killed). */
+static int run_server(const char *const *args, char *out, size_t out_len) {
+  char path[] = "/tmp/embps-hard-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(fd, 2);
+    dup2(fd, 1);
+    const char *argv[16] = {EMBPS_SERVER_BIN};
+    for (int i = 0; args[i] && i < 14; i++)
+      argv[i + 1] = args[i];
+    execv(EMBPS_SERVER_BIN, (char *const *)argv);
+    _exit(127);
+  }
+  int st = 0, done = 0;
+  for (int i = 0; i < 100 && !done; i++) {
+    done = waitpid(pid, &st, WNOHANG) == pid;
+    if (!done)
+      sleep_ms(50);
+  }
+  if (!done) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  ssize_t n = pread(fd, out, out_len - 1, 0);
+  out[n > 0 ? n : 0] = 0;
+  close(fd);
+  unlink(path);
+  return done && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Defect 8: a token file others can read, and a public address without a
+ * token, are refused; --insecure is accepted with a warning. */
+static void test_token_mode_and_public_bind(void **state) {
+  (void)state;
+  char tok[] = "/tmp/embps-hard-token-XXXXXX";
+  int fd = mkstemp(tok);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, "secret\n", 7), 7);
+  close(fd);
+  assert_int_equal(chmod(tok, 0644), 0);
+  char out[4096];
+  const char *with_tok[] = {"--listen", "127.0.0.1:0", "--auth-token-file",
+                            tok, NULL};
+  int st = run_server(with_tok, out, sizeof out);
+  if (st != 2 || !strstr(out, tok) || !strstr(out, "0644"))
+    fail_msg("token file of mode 0644: status %d, \"%s\"", st, out);
+  unlink(tok);
+  const char *public_args[] = {"--listen", "0.0.0.0:0", NULL};
+  st = run_server(public_args, out, sizeof out);
+  if (st != 2 || !strstr(out, "not a loopback address"))
+    fail_msg("0.0.0.0 without a token: status %d, \"%s\"", st, out);
+  /* --insecure is a flag without a value; on loopback it just warns */
+  it_server_t s;
+  const char *insecure[] = {"--insecure", NULL};
+  assert_int_equal(it_server_start(&s, insecure), 0);
+  assert_int_equal(log_lines(&s, "--insecure"), 1);
+  stop_ok(&s);
+}
+
+/* Defect 9: --omp-threads sets the team of the apply thread. */
+static void test_omp_threads_reach_apply(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--omp-threads", "3", "--io-threads", "1", NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  double end = it_now_ms() + 3000;
+  while (!log_lines(&s, "OpenMP team of") && it_now_ms() < end)
+    sleep_ms(50);
+  if (log_lines(&s, "apply thread: OpenMP team of 3 threads") != 1) {
+    it_server_dump_log(&s);
+    fail_msg("the apply thread does not run a team of --omp-threads 3");
+  }
+  /* main + 1 I/O + apply + 2 more OpenMP threads */
+  assert_true(proc_status(s.pid, "Threads") >= 5);
+  stop_ok(&s);
+}
+
+/* Defect 10: a HELLO whose token field is present but empty (NULL data in
+ * protobuf-c) is served; caught by UBSan builds before the fix. */
+static void test_empty_token_hello(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  int fd = tcp_to(s.port);
+  const uint8_t meta[8] = {0x08, EMBPS_PROTOCOL_VERSION, 0x12, 0x00};
+  embps_frame_header_t h = {.body_len = 8, .meta_len = 4, .req_id = 3,
+                            .kind = EMBPS_KIND_HELLO};
+  uint8_t frame[EMBPS_FRAME_HEADER_LEN + 8];
+  embps_frame_header_encode(&h, frame);
+  memcpy(frame + EMBPS_FRAME_HEADER_LEN, meta, sizeof meta);
+  assert_int_equal(put_bytes(fd, frame, sizeof frame, 2000), sizeof frame);
+  frame_t f;
+  assert_int_equal(get_frame(fd, &f, 5000), 0);
+  assert_int_equal(f.h.kind, EMBPS_KIND_HELLO | EMBPS_KIND_REPLY);
+  frame_free(&f);
+  /* meta_len 5 rounded up to 8 past a body of 6: refused in the header */
+  h.body_len = 6;
+  h.meta_len = 5;
+  h.kind = EMBPS_KIND_STATS;
+  embps_frame_header_encode(&h, frame);
+  assert_int_equal(put_bytes(fd, frame, EMBPS_FRAME_HEADER_LEN + 6, 2000),
+                   EMBPS_FRAME_HEADER_LEN + 6);
+  want_error(fd, EMBPS_EPROTO, "malformed frame header", 3000);
+  close(fd);
+  stop_ok(&s);
+}
+
+/* Defect 11: pushes held for a synchronous step by a connection that is
+ * gone are failed and freed at shutdown, which still exits 0 (leaks show
+ * in sanitizer builds). */
+static void test_shutdown_with_held_push_of_closed_conn(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  embps_client_t *a = client_to(&s);
+  create_dense(a, "h", 4, 64, 2);
+  close(held_push(&s, "h")); /* its connection goes away */
+  sleep_ms(200);
+  embps_client_destroy(a);
+  double t0 = it_now_ms();
+  stop_ok(&s);
+  assert_true(it_now_ms() - t0 < 5000);
+}
+
+/* Defect 12: a name with an embedded NUL is refused, not cut; bytes of a
+ * name echoed in an error are escaped. */
+static void test_names_nul_and_escaped(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  embps_client_t *c = client_to(&s);
+  create_dense(c, "t", 2, 8, 0);
+  int fd = tcp_to(s.port);
+  say_hello(fd, 1);
+  /* "tAx" packed, then the A turned into a NUL */
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PULL;
+  snprintf(m.u.pull.table, sizeof m.u.pull.table, "tAx");
+  m.u.pull.n_ids = 1;
+  m.u.pull.dim = 2;
+  int64_t id = 0;
+  uint8_t *frame;
+  size_t len, off;
+  assert_int_equal(embps_frame_build(&m, 2, sizeof id, &frame, &len, &off),
+                   0);
+  memcpy(frame + off, &id, sizeof id);
+  uint8_t *a = memchr(frame + EMBPS_FRAME_HEADER_LEN, 'A', off);
+  assert_non_null(a);
+  *a = 0;
+  assert_int_equal(put_bytes(fd, frame, len, 2000), len);
+  free(frame);
+  want_error(fd, EMBPS_EPROTO, "decode", 3000);
+  close(fd);
+  /* a name of control and invalid UTF-8 bytes comes back escaped */
+  fd = tcp_to(s.port);
+  say_hello(fd, 1);
+  memset(&m, 0, sizeof m);
+  snprintf(m.u.pull.table, sizeof m.u.pull.table, "bad\x01\n\xff\xc3\xa9");
+  m.u.pull.n_ids = 1;
+  m.u.pull.dim = 2;
+  assert_int_equal(send_msg(fd, EMBPS_KIND_PULL, &m, 3, &id, sizeof id), 0);
+  frame_t f;
+  assert_int_equal(get_frame(fd, &f, 3000), 0);
+  assert_int_equal(f.m.u.error.code, EMBPS_ENOTABLE);
+  if (!strstr(f.m.u.error.message, "bad\\x01\\x0a\\xff\xc3\xa9"))
+    fail_msg("name not escaped in \"%s\"", f.m.u.error.message);
+  frame_free(&f);
+  close(fd);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_frame_before_hello),
+      cmocka_unit_test(test_hello_deadline),
+      cmocka_unit_test(test_unread_pulls_bounded),
+      cmocka_unit_test(test_frame_beyond_server_budget),
+      cmocka_unit_test(test_out_of_fds),
+      cmocka_unit_test(test_nofile_at_start),
+      cmocka_unit_test(test_drop_sync_and_create_budget),
+      cmocka_unit_test(test_token_mode_and_public_bind),
+      cmocka_unit_test(test_omp_threads_reach_apply),
+      cmocka_unit_test(test_empty_token_hello),
+      cmocka_unit_test(test_shutdown_with_held_push_of_closed_conn),
+      cmocka_unit_test(test_names_nul_and_escaped),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
