@@ -34,7 +34,8 @@ int embps_frame_header_decode(const uint8_t in[EMBPS_FRAME_HEADER_LEN],
   memcpy(&h->kind, in + 12, 2);
   if (h->body_len > max_body)
     return EMBPS_EFRAMESIZE;
-  if (h->meta_len > h->body_len)
+  if (h->meta_len > h->body_len ||
+      embps_bulk_offset(h->meta_len) > h->body_len) /* bulk length wraps */
     return EMBPS_EPROTO;
   return 0;
 }

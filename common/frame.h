@@ -40,8 +40,9 @@ typedef struct {
 
 void embps_frame_header_encode(const embps_frame_header_t *h,
                                uint8_t out[EMBPS_FRAME_HEADER_LEN]);
-/* Decodes and checks a header: returns 0, EMBPS_EPROTO (bad magic or
- * meta_len > body_len) or EMBPS_EFRAMESIZE (body_len > max_body). */
+/* Decodes and checks a header: returns 0, EMBPS_EPROTO (bad magic, or
+ * meta_len padded to 8 longer than body_len) or EMBPS_EFRAMESIZE
+ * (body_len > max_body). */
 int embps_frame_header_decode(const uint8_t in[EMBPS_FRAME_HEADER_LEN],
                               size_t max_body, embps_frame_header_t *h);
 

@@ -356,7 +356,7 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
     if (p->has_token) {
       if (p->token.len > EMBPS_TOKEN_MAX)
         rc = EMBPS_EPROTO;
-      else {
+      else if (p->token.len) { /* an empty token's data is NULL */
         memcpy(m->u.hello.token, p->token.data, p->token.len);
         m->u.hello.token_len = p->token.len;
       }
