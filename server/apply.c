@@ -31,7 +31,8 @@ struct embps_apply {
   pthread_cond_t cv;
   embps_request_t *head, *tail;
   int stopping;
-  int draining; /* shutting down: no synchronous push is held any more */
+  atomic_int draining; /* shutting down: no synchronous push is held any
+                        * more (read by apply_one without the lock) */
   embps_scratch_t scratch;
   embps_sync_t sync;
   seen_t *seen; /* open addressing on client id; client 0 = empty */

@@ -34,27 +34,16 @@ static inline void fuzz_take(fuzz_in_t *in, void *out, size_t len) {
   in->n -= k;
 }
 
-static inline uint8_t fuzz_u8(fuzz_in_t *in) {
-  uint8_t v;
-  fuzz_take(in, &v, 1);
-  return v;
-}
-
-static inline uint16_t fuzz_u16(fuzz_in_t *in) {
-  uint16_t v;
-  fuzz_take(in, &v, 2);
-  return v;
-}
-
-static inline uint32_t fuzz_u32(fuzz_in_t *in) {
-  uint32_t v;
-  fuzz_take(in, &v, 4);
-  return v;
-}
-
-static inline uint64_t fuzz_u64(fuzz_in_t *in) {
-  uint64_t v;
-  fuzz_take(in, &v, 8);
-  return v;
-}
+/* fuzz_u8, fuzz_u16, fuzz_u32, fuzz_u64: the next bytes as that type. */
+#define FUZZ_UINT_(bits)                                                       \
+  static inline uint##bits##_t fuzz_u##bits(fuzz_in_t *in) {                   \
+    uint##bits##_t v;                                                          \
+    fuzz_take(in, &v, sizeof v);                                               \
+    return v;                                                                  \
+  }
+FUZZ_UINT_(8)
+FUZZ_UINT_(16)
+FUZZ_UINT_(32)
+FUZZ_UINT_(64)
+#undef FUZZ_UINT_
 #endif
