@@ -4,7 +4,7 @@ BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= 2
 
-.PHONY: all deps build demo test bench compare install clean
+.PHONY: all deps build demo test test-sanitize test-tsan bench compare install clean
 
 all: build
 
@@ -22,6 +22,25 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 900
+
+# The unit, integration and fuzz-replay suites under AddressSanitizer +
+# UndefinedBehaviorSanitizer (CI runs it after `make test`).
+SAN_BUILD ?= build-asan
+test-sanitize: deps
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DEMBPS_SANITIZE=address,undefined
+	cmake --build $(SAN_BUILD) -j$(JOBS)
+	cd $(SAN_BUILD) && ctest --output-on-failure --timeout 900 \
+	  -L '^(unit|integration|fuzz)$$'
+
+# The same suites (all of them exercise threads) under ThreadSanitizer.
+TSAN_BUILD ?= build-tsan
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DEMBPS_SANITIZE=thread
+	cmake --build $(TSAN_BUILD) -j$(JOBS)
+	cd $(TSAN_BUILD) && ctest --output-on-failure --timeout 900 \
+	  -L '^(unit|integration|fuzz)$$'
 
 bench: build
 	bash tests/bench/compare $(BUILD)

@@ -38,7 +38,8 @@ struct embps_apply {
   pthread_cond_t cv;
   embps_request_t *head, *tail;
   int stopping;
-  int draining; /* shutting down: no synchronous push is held any more */
+  atomic_int draining; /* shutting down: no synchronous push is held any
+                        * more (read by apply_one without the lock) */
   embps_scratch_t scratch;
   embps_sync_t sync;
   seen_t *seen; /* open addressing on client id; client 0 = empty */
@@ -209,7 +210,6 @@ static void fail_dropped(void *ctx, embps_request_t *req) {
 static void apply_one(embps_apply_t *a, embps_request_t *req) {
   embps_server_t *srv = a->srv;
   const embps_push_t *p = &req->msg.u.push;
-  req->next = NULL;
   if (already_applied(a, p->client_id, p->seq)) {
     push_reply(srv, req, 1, 1); /* acknowledged once what it saw is durable */
     complete_all(a, req, a->lsn);
@@ -352,6 +352,7 @@ static void *apply_main(void *arg) {
     a->head = req->next;
     if (!a->head)
       a->tail = NULL;
+    req->next = NULL; /* complete_all follows next: this is one request */
     pthread_mutex_unlock(&a->mu);
     if (req->hdr.kind == EMBPS_KIND_PUSH)
       apply_one(a, req);
