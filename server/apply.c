@@ -126,6 +126,7 @@ static void apply_step(embps_apply_t *a, embps_request_t *reqs,
                                 memory_order_relaxed);
       atomic_fetch_add_explicit(&srv->counters.push_rows, req->n_unique,
                                 memory_order_relaxed);
+      embps_metrics_pushed(req);
       push_reply(srv, req, 1, 0);
     }
   }
@@ -204,6 +205,7 @@ static void *apply_main(void *arg) {
     if (!a->head)
       a->tail = NULL;
     pthread_mutex_unlock(&a->mu);
+    embps_metrics_queue(-1);
     apply_one(a, req);
     pthread_mutex_lock(&a->mu);
   }
@@ -240,6 +242,7 @@ void embps_apply_submit(embps_apply_t *a, embps_request_t *req) {
   a->tail = req;
   pthread_cond_signal(&a->cv);
   pthread_mutex_unlock(&a->mu);
+  embps_metrics_queue(1);
 }
 
 void embps_apply_drain(embps_apply_t *a) {

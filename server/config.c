@@ -27,10 +27,14 @@ static const char usage[] =
     "  --idle-timeout SECONDS    close idle connections (default 0: never)\n"
     "  --max-memory BYTES        cap on table storage (default 0: none)\n"
     "  --log-level L             debug|info|warn|error (default info)\n"
+    "  --log-format F            text|json: one line per event (default text)\n"
+    "  --metrics-listen HOST:PORT  serve Prometheus /metrics, /healthz and\n"
+    "                            /readyz over HTTP (default: off)\n"
+    "  --metrics-port-file FILE  write the bound metrics port to FILE\n"
     "  --version, --help\n"
     "Sizes take K, M or G suffixes. The durability flags of the design\n"
-    "(--data-dir, --fsync, --checkpoint-every) and --metrics-listen are not\n"
-    "built yet and are refused.\n";
+    "(--data-dir, --fsync, --checkpoint-every) are not built yet and are\n"
+    "refused.\n";
 
 static int fail(char *err, size_t len, const char *fmt, ...) {
   va_list ap;
@@ -89,7 +93,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       return 1;
     }
     if (!strcmp(a, "--data-dir") || !strcmp(a, "--fsync") ||
-        !strcmp(a, "--checkpoint-every") || !strcmp(a, "--metrics-listen"))
+        !strcmp(a, "--checkpoint-every"))
       return fail(err, err_len,
                   "%s: not available in this version of embps-server", a);
     if (strncmp(a, "--", 2) != 0)
@@ -141,6 +145,17 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       cfg->token_len = len;
       cfg->has_token = 1;
       free(data);
+    } else if (!strcmp(a, "--metrics-listen")) {
+      if (embps_parse_hostport(v, cfg->metrics_host, sizeof cfg->metrics_host,
+                               &cfg->metrics_port))
+        return fail(err, err_len, "--metrics-listen: \"%s\" is not "
+                    "HOST:PORT", v);
+    } else if (!strcmp(a, "--metrics-port-file")) {
+      snprintf(cfg->metrics_port_file, sizeof cfg->metrics_port_file, "%s", v);
+    } else if (!strcmp(a, "--log-format")) {
+      if (strcmp(v, "text") && strcmp(v, "json"))
+        return fail(err, err_len, "--log-format: \"%s\" is not text|json", v);
+      cfg->log_json = !strcmp(v, "json");
     } else if (!strcmp(a, "--log-level")) {
       if (embps_log_parse_level(v, &cfg->log_level))
         return fail(err, err_len, "--log-level: \"%s\" is not "

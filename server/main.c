@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   embps_log_set_level(cfg.log_level);
+  embps_log_set_json(cfg.log_json);
   signal(SIGPIPE, SIG_IGN);
   /* Request and reply buffers of a few MiB come and go at every batch; keep
    * them on the heap instead of a fresh mmap (and page faults) each time;

@@ -599,8 +599,11 @@ static void on_listen(uv_poll_t *p, int status, int events) {
     }
     if (atomic_fetch_add(&net->open_conns, 1) >= net->srv.cfg.max_connections) {
       atomic_fetch_sub(&net->open_conns, 1);
-      LOG_WARN("refusing a connection: --max-connections %u reached",
-               net->srv.cfg.max_connections);
+      uint64_t n;
+      if (embps_metrics_refused(&n)) /* one line a second at most */
+        LOG_WARN("refusing connections: --max-connections %u reached (%llu "
+                 "refused since the last such line)",
+                 net->srv.cfg.max_connections, (unsigned long long)n);
       refuse_fd(net, fd);
       continue;
     }
@@ -611,6 +614,7 @@ static void on_listen(uv_poll_t *p, int status, int events) {
 static void on_signal(uv_signal_t *s, int signum) {
   net_t *net = s->data;
   LOG_INFO("signal %d: finishing in-flight requests, then exiting", signum);
+  embps_metrics_set_ready(0);
   uv_poll_stop(&net->listen_poll);
   uv_close((uv_handle_t *)&net->listen_poll, NULL);
   uv_close((uv_handle_t *)&net->sig_term, NULL);
@@ -718,6 +722,8 @@ int embps_server_run(const embps_server_config_t *cfg) {
   net->listen_fd = listen_on(cfg, &port);
   if (net->listen_fd < 0)
     return 1;
+  if (embps_metrics_start(srv))
+    return 1;
   if (embps_apply_start(srv, &srv->apply)) {
     LOG_ERROR("cannot start the apply thread");
     return 1;
@@ -747,15 +753,17 @@ int embps_server_run(const embps_server_config_t *cfg) {
     return 1;
   }
   /* The one line scripts wait for; printed whatever the log level. */
-  fprintf(stderr, "embps-server %s ready on %s:%d (io-threads %u, shards %u, "
-          "cluster %u/%u)\n", EMBPS_VERSION_STRING, cfg->listen_host, port,
-          cfg->io_threads, cfg->shards, cfg->cluster_index, cfg->cluster_size);
-  fflush(stderr);
+  embps_log_ready("embps-server %s ready on %s:%d (io-threads %u, shards %u, "
+                  "cluster %u/%u)", EMBPS_VERSION_STRING, cfg->listen_host,
+                  port, cfg->io_threads, cfg->shards, cfg->cluster_index,
+                  cfg->cluster_size);
+  embps_metrics_set_ready(1);
 
   uv_run(&net->loop, UV_RUN_DEFAULT);
   for (uint32_t i = 0; i < cfg->io_threads; i++)
     pthread_join(net->io[i].tid, NULL);
   embps_apply_stop(srv->apply);
+  embps_metrics_stop();
   for (uint32_t i = 0; i < cfg->io_threads; i++)
     io_close(&net->io[i]);
   free(net->io);

@@ -22,6 +22,7 @@
 #include "frame.h"
 #include "log.h"
 #include "merge.h"
+#include "metrics.h"
 #include "registry.h"
 #include "util.h"
 #include "wire.h"
@@ -43,6 +44,10 @@ typedef struct {
   uint64_t max_memory;     /* bytes of table storage; 0: no limit */
   uint32_t omp_threads;    /* 0: OpenMP's default */
   embps_log_level_t log_level;
+  char metrics_host[256]; /* --metrics-listen; empty: no HTTP endpoint */
+  int metrics_port;
+  char metrics_port_file[1024];
+  int log_json; /* --log-format json */
 } embps_server_config_t;
 
 /* Fills cfg with defaults, then parses argv. Returns 0 to run, 1 when
@@ -79,6 +84,7 @@ typedef struct embps_request {
   int64_t *idx;         /* merged, in place in body */
   float *vals;
   size_t n_unique;
+  uint64_t start_ns; /* when dispatch began (latency metrics) */
   struct embps_request *next;
   /* Set by the request's owner: called (on the apply thread) once a
    * deferred request has its reply; owner is the owner's context. */
