@@ -18,7 +18,7 @@
 
 static const char usage[] =
     "usage: embps [--servers H:P[,H:P...]] [--token-file F] [--timeout-ms N]"
-    " COMMAND ...\n"
+    "\n             [--member I] COMMAND ...\n"
     "  create-table NAME --dim D (--rows N | --dynamic)\n"
     "               [--optimizer sgd|adagrad|adam|ftrl] [--lr X] [--eps X]\n"
     "               [--beta1 X] [--beta2 X] [--initial-accumulator X]\n"
@@ -35,6 +35,7 @@ static const char usage[] =
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
+    "--member I: stats, tables (and describe) ask only server I of the list\n"
     "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
     "to $EMBPS_TOKEN_FILE.\n";
 
@@ -573,6 +574,7 @@ static const command_t commands[] = {
 
 int main(int argc, char **argv) {
   embps_client_options_t opts = {0};
+  uint32_t member = UINT32_MAX;
   char *token = NULL;
   int i = 1;
   for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
@@ -604,6 +606,11 @@ int main(int argc, char **argv) {
       if (parse_u64(v, &ms) || ms == 0 || ms > INT32_MAX)
         return usage_error("--timeout-ms \"%s\" is not a positive number", v);
       opts.timeout_ms = (int)ms;
+    } else if (!strcmp(a, "--member")) {
+      uint64_t idx;
+      if (parse_u64(v, &idx) || idx >= UINT32_MAX)
+        return usage_error("--member \"%s\" is not a server index", v);
+      member = (uint32_t)idx;
     } else {
       return usage_error("unknown option %s", a);
     }
@@ -625,7 +632,7 @@ int main(int argc, char **argv) {
     return usage_error("unknown command \"%s\"", argv[i]);
   char err[512];
   embps_client_t *client;
-  int rc = embps_client_create(&opts, &client, err, sizeof err);
+  int rc = embps_client_create_member(&opts, member, &client, err, sizeof err);
   free(token);
   if (rc)
     return die(1, "%s", err);

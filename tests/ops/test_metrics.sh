@@ -103,6 +103,36 @@ assert all({"ts", "level", "msg"} <= d.keys() for d in docs), docs
 assert any(d.get("event") == "ready" and "ready on" in d["msg"] for d in docs), docs
 ' "$TMP/s.log"
 
+# a cluster of 2: --member I asks one member; members' figures add up
+start m0 --cluster-size 2 --cluster-index 0
+start m1 --cluster-size 2 --cluster-index 1
+C="$m0_ADDR,$m1_ADDR"
+cc() { timeout 30 "$CLI" --servers "$C" "$@"; }
+check "cluster: create" cc create-table d --dim 1 --dynamic
+check "cluster: push 40 ids" cc push d --indices "$(seq -s, 1 40)" --values "$(seq -s, 1 40)"
+for i in 0 1; do
+  cc --member $i stats --json >"$TMP/st$i" 2>"$TMP/err" || bad "--member $i stats" "$(cat "$TMP/err")"
+  cc --member $i tables >"$TMP/tb$i" 2>"$TMP/err" || bad "--member $i tables" "$(cat "$TMP/err")"
+done
+check "--member I stats: one server, slot I, rows adding up to 40" python3 -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert len(a) == 1 and len(b) == 1, (a, b)
+assert a[0]["cluster_index"] == 0 and b[0]["cluster_index"] == 1, (a, b)
+r = [x[0]["tables"][0]["rows_allocated"] for x in (a, b)]
+assert all(r) and sum(r) == 40, r
+' "$TMP/st0" "$TMP/st1"
+r0=$(awk '$1 == "d" {print $6}' "$TMP/tb0")
+r1=$(awk '$1 == "d" {print $6}' "$TMP/tb1")
+[ -n "$r0" ] && [ -n "$r1" ] && [ $((r0 + r1)) -eq 40 ] && [ "$r0" -ne 40 ] &&
+  ok "--member I tables: this member's rows ($r0 + $r1)" ||
+  bad "--member I tables: this member's rows" "$(cat "$TMP/tb0" "$TMP/tb1")"
+cc --member 2 stats >"$TMP/out" 2>&1 && bad "--member past the list refused" ||
+  { grep -q "member 2" "$TMP/out" && ok "--member past the list refused" ||
+    bad "--member past the list refused" "$(cat "$TMP/out")"; }
+stop m0
+stop m1
+
 # bad values are refused by name
 "$SERVER" --metrics-listen nonsense >"$TMP/out" 2>&1
 grep -q -- '--metrics-listen' "$TMP/out" && ok "bad --metrics-listen refused" ||

@@ -176,6 +176,15 @@ typedef struct {
 EMBPS_EXTERN int embps_client_create(const embps_client_options_t *opts,
                                      embps_client_t **out, char *errbuf,
                                      size_t errbuf_len);
+/* Like embps_client_create, but connects only to server `member` (its
+ * cluster index: its position in the list, which must still be the whole
+ * cluster) and sends it alone the whole-cluster requests: stats, list,
+ * describe, create, drop. Pulls and pushes still go to each id's owner
+ * (connecting on first use). Refuses a member past the list (EMBPS_EINVAL). */
+EMBPS_EXTERN int embps_client_create_member(const embps_client_options_t *opts,
+                                            uint32_t member,
+                                            embps_client_t **out,
+                                            char *errbuf, size_t errbuf_len);
 /* Closes every connection; NULL is accepted. Pending tickets are freed. */
 EMBPS_EXTERN void embps_client_destroy(embps_client_t *c);
 /* The message of the last failed call on c: the server's own text when the
