@@ -257,22 +257,30 @@ static void put_per_table(text_t *t, table_slot_t **slots, size_t n,
 static void put_tables(text_t *t, embps_server_t *srv) {
   table_slot_t *slots[TABLE_SLOTS + 1];
   size_t n = used_slots(slots);
-  head(t, "embps_table_requests_total", "counter",
-       "Pulls and pushes served, by table (pushes: applied).");
-  put_per_table(t, slots, n, "embps_table_requests_total", "pull",
-                offsetof(table_slot_t, pulls));
-  put_per_table(t, slots, n, "embps_table_requests_total", "push",
-                offsetof(table_slot_t, pushes));
-  head(t, "embps_table_rows_total", "counter",
-       "Rows pulled, and rows pushed as sent (duplicates included).");
-  put_per_table(t, slots, n, "embps_table_rows_total", "pull",
-                offsetof(table_slot_t, pull_rows));
-  put_per_table(t, slots, n, "embps_table_rows_total", "push",
-                offsetof(table_slot_t, push_rows));
-  head(t, "embps_push_merged_duplicates_total", "counter",
-       "Pushed rows summed into another row of the same push.");
-  put_per_table(t, slots, n, "embps_push_merged_duplicates_total", NULL,
-                offsetof(table_slot_t, merged));
+  static const struct {
+    const char *metric, *help, *op;
+    size_t offset;
+  } counters[] = {
+      {"embps_table_requests_total",
+       "Pulls and pushes served, by table (pushes: applied).", "pull",
+       offsetof(table_slot_t, pulls)},
+      {"embps_table_requests_total", NULL, "push",
+       offsetof(table_slot_t, pushes)},
+      {"embps_table_rows_total",
+       "Rows pulled, and rows pushed as sent (duplicates included).", "pull",
+       offsetof(table_slot_t, pull_rows)},
+      {"embps_table_rows_total", NULL, "push",
+       offsetof(table_slot_t, push_rows)},
+      {"embps_push_merged_duplicates_total",
+       "Pushed rows summed into another row of the same push.", NULL,
+       offsetof(table_slot_t, merged)},
+  };
+  for (size_t k = 0; k < sizeof counters / sizeof *counters; k++) {
+    if (counters[k].help) /* the first series of a metric */
+      head(t, counters[k].metric, "counter", counters[k].help);
+    put_per_table(t, slots, n, counters[k].metric, counters[k].op,
+                  counters[k].offset);
+  }
   head(t, "embps_errors_total", "counter",
        "Refused requests by error code and table (table=\"\": none named).");
   for (size_t i = 0; i < n; i++)

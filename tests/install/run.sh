@@ -21,22 +21,18 @@ cleanup() {
 trap cleanup EXIT
 unset EMBPS_SERVERS EMBPS_TOKEN_FILE PKG_CONFIG_PATH
 
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); echo "ok - $1"; }
-bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1"; [ -s "$TMP/out" ] && sed 's/^/    /' "$TMP/out"; }
-finish() { echo "$PASS passed, $FAIL failed"; [ "$FAIL" -eq 0 ]; exit $?; }
+. "$HERE/../ops/tap.sh"
 
 if "$CMAKE" --install "$BUILD" --prefix "$TMP/first" >"$TMP/out" 2>&1; then
   ok "cmake --install --prefix"
 else
-  bad "cmake --install --prefix"; finish
+  bad "cmake --install --prefix" "$(cat "$TMP/out")"; finish
 fi
 mv "$TMP/first" "$TMP/moved"
 P=$TMP/moved
 if grep -rq "$TMP/first" "$P/lib"* 2>/dev/null; then
-  grep -rl "$TMP/first" "$P/lib"* >"$TMP/out"
-  bad "no file in the prefix names the install path"
+  bad "no file in the prefix names the install path" \
+    "$(grep -rl "$TMP/first" "$P/lib"*)"
 else
   ok "no file in the prefix names the install path"
 fi
@@ -51,7 +47,7 @@ for _ in $(seq 1 500); do
   sleep 0.02
 done
 if [ ! -s "$TMP/port" ]; then
-  cp "$TMP/server.log" "$TMP/out"; bad "installed embps-server starts"; finish
+  bad "installed embps-server starts" "$(cat "$TMP/server.log")"; finish
 fi
 ADDR=127.0.0.1:$(cat "$TMP/port")
 
@@ -60,12 +56,12 @@ ADDR=127.0.0.1:$(cat "$TMP/port")
 check() {
   local name=$1 prog=$2 shared=$3
   if ! "$prog" "$ADDR" "$name" >"$TMP/out" 2>&1; then
-    bad "$name: runs against the server"; return
+    bad "$name: runs against the server" "$(cat "$TMP/out")"; return
   fi
   if ldd "$prog" | grep -q 'libembps\.so'; then
-    [ "$shared" = 1 ] && ok "$name" || { ldd "$prog" >"$TMP/out"; bad "$name: static, yet loads libembps.so"; }
+    [ "$shared" = 1 ] && ok "$name" || bad "$name: static, yet loads libembps.so" "$(ldd "$prog")"
   else
-    [ "$shared" = 0 ] && ok "$name" || { ldd "$prog" >"$TMP/out"; bad "$name: does not load libembps.so"; }
+    [ "$shared" = 0 ] && ok "$name" || bad "$name: does not load libembps.so" "$(ldd "$prog")"
   fi
 }
 
@@ -76,7 +72,7 @@ if $CC -o "$TMP/pc_shared" "$HERE/consumer.c" $(pkg-config --cflags --libs embps
      -Wl,-rpath,"$LIBDIR" >"$TMP/out" 2>&1; then
   check pc_shared "$TMP/pc_shared" 1
 else
-  bad "pkg-config shared: builds"
+  bad "pkg-config shared: builds" "$(cat "$TMP/out")"
 fi
 # static: the archive by name, the rest of `pkg-config --static`
 LIBS=$(pkg-config --static --libs embps | sed 's/-lembps\b/-l:libembps.a/')
@@ -85,7 +81,7 @@ if $CC -o "$TMP/pc_static" "$HERE/consumer.c" $(pkg-config --cflags embps) $LIBS
      >"$TMP/out" 2>&1; then
   check pc_static "$TMP/pc_static" 0
 else
-  bad "pkg-config static: builds"
+  bad "pkg-config static: builds" "$(cat "$TMP/out")"
 fi
 unset PKG_CONFIG_PATH
 
@@ -96,6 +92,6 @@ if "$CMAKE" -S "$HERE" -B "$TMP/consumer" -DCMAKE_PREFIX_PATH="$P" \
   check cmake_shared "$TMP/consumer/consumer_shared" 1
   check cmake_static "$TMP/consumer/consumer_static" 0
 else
-  bad "find_package(embps): configures and builds"
+  bad "find_package(embps): configures and builds" "$(tail -30 "$TMP/out")"
 fi
 finish

@@ -1,5 +1,5 @@
-# lib.sh - sourced by the operations tests: pass/fail bookkeeping and real
-# embps-server processes on 127.0.0.1 port 0. Needs $SERVER set.
+# lib.sh - sourced by the operations tests: tap.sh, a temporary directory,
+# and real embps-server processes on 127.0.0.1 port 0. Needs $SERVER set.
 TMP=$(mktemp -d /tmp/embps-ops-test.XXXXXX)
 SERVER_PIDS=()
 cleanup() {
@@ -9,28 +9,7 @@ cleanup() {
 trap cleanup EXIT
 unset EMBPS_SERVERS EMBPS_TOKEN_FILE OMP_WAIT_POLICY
 
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); echo "ok - $1"; }
-# bad NAME [DETAIL...]
-bad() {
-  FAIL=$((FAIL + 1))
-  echo "FAIL - $1"
-  shift
-  for line in "$@"; do printf '    %s\n' "$line"; done
-}
-# check NAME COMMAND...: ok when the command succeeds
-check() {
-  local name=$1
-  shift
-  if "$@" >"$TMP/check.out" 2>&1; then ok "$name"; else
-    bad "$name" "$(head -c 2000 "$TMP/check.out")"; fi
-}
-finish() {
-  echo "$PASS passed, $FAIL failed"
-  [ "$FAIL" -eq 0 ]
-  exit
-}
+. "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
 # start NAME ARGS...: starts embps-server ARGS on 127.0.0.1 port 0; sets
 # ${NAME}_PID and ${NAME}_ADDR; its log is $TMP/NAME.log. Fails the test

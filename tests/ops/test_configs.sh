@@ -11,15 +11,7 @@ ROOT=$1
 SERVER=${2:-}
 TMP=$(mktemp -d /tmp/embps-configs-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); echo "ok - $1"; }
-bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1"; [ $# -gt 1 ] && printf '%s\n' "$2" | sed 's/^/    /'; }
-check() {
-  local name=$1
-  shift
-  if "$@" >"$TMP/out" 2>&1; then ok "$name"; else bad "$name" "$(head -40 "$TMP/out")"; fi
-}
+. "$(dirname "$0")/tap.sh"
 PY=/usr/bin/python3
 D=$ROOT/docker
 
@@ -116,5 +108,4 @@ else
   bad "README.md and docker/README.md: the same bytes-per-row formula" \
     "$(diff "$TMP/f1" "$TMP/f2")"
 fi
-echo "$PASS passed, $FAIL failed"
-[ "$FAIL" -eq 0 ]
+finish
