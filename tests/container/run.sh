@@ -34,7 +34,7 @@ TMP=$(mktemp -d /tmp/embps-container-test.XXXXXX)
 export CONTAINERS_CONF=$CTR/containers.conf
 export CONTAINERS_STORAGE_CONF=$CTR/storage.conf
 cleanup() {
-  podman rm -f -t 5 "$NAME-0" "$NAME-1" >/dev/null 2>&1
+  podman rm -f -v -t 5 "$NAME-0" "$NAME-1" >/dev/null 2>&1
   [ -f "$TMP/kube.yaml" ] && podman kube down "$TMP/kube.yaml" >/dev/null 2>&1
   podman volume rm -f "$NAME-data" >/dev/null 2>&1
   podman secret rm "$AUTH" >/dev/null 2>&1
