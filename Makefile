@@ -4,7 +4,7 @@ BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= 2
 
-.PHONY: all deps build demo test test-sanitize test-tsan bench compare install clean
+.PHONY: all deps build demo test test-sanitize test-tsan bench compare install container-test clean
 
 all: build
 
@@ -47,6 +47,10 @@ bench: build
 
 install: build
 	cmake --install $(BUILD)
+
+# podman image, two servers, the example workers, kube play (root, slow)
+container-test: build
+	bash tests/container/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -18,7 +18,7 @@
 
 static const char usage[] =
     "usage: embps [--servers H:P[,H:P...]] [--token-file F] [--timeout-ms N]"
-    "\n             [--retry-ms N] COMMAND ...\n"
+    "\n             [--retry-ms N] [--member I] COMMAND ...\n"
     "  create-table NAME --dim D (--rows N | --dynamic)\n"
     "               [--optimizer sgd|adagrad|adam|ftrl] [--lr X] [--eps X]\n"
     "               [--beta1 X] [--beta2 X] [--initial-accumulator X]\n"
@@ -36,6 +36,7 @@ static const char usage[] =
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
+    "--member I: stats, tables (and describe) ask only server I of the list\n"
     "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
     "to $EMBPS_TOKEN_FILE. --timeout-ms bounds one attempt (default 30000);\n"
     "--retry-ms how long a push or read goes on retrying after a broken\n"
@@ -757,6 +758,7 @@ static const command_t commands[] = {
 
 int main(int argc, char **argv) {
   embps_client_options_t opts = {0};
+  uint32_t member = UINT32_MAX;
   char *token = NULL;
   int i = 1;
   for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
@@ -794,6 +796,11 @@ int main(int argc, char **argv) {
         return usage_error("--retry-ms \"%s\" is not a number of ms (or -1)",
                            v);
       opts.retry_ms = ms == 0 ? -1 : (int)ms;
+    } else if (!strcmp(a, "--member")) {
+      uint64_t idx;
+      if (parse_u64(v, &idx) || idx >= UINT32_MAX)
+        return usage_error("--member \"%s\" is not a server index", v);
+      member = (uint32_t)idx;
     } else {
       return usage_error("unknown option %s", a);
     }
@@ -815,7 +822,7 @@ int main(int argc, char **argv) {
     return usage_error("unknown command \"%s\"", argv[i]);
   char err[512];
   embps_client_t *client;
-  int rc = embps_client_create(&opts, &client, err, sizeof err);
+  int rc = embps_client_create_member(&opts, member, &client, err, sizeof err);
   free(token);
   if (rc)
     return die(1, "%s", err);

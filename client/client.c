@@ -148,6 +148,7 @@ struct embps_client {
   size_t n_tables;
   embps_dedup_t dedup;
   embps_bufpool_t pool; /* the buffers of finished pulls, for the next */
+  uint32_t member; /* < n: whole-cluster requests ask this server alone */
 };
 
 /* ------------------------------------------------------------ errors */
@@ -987,6 +988,13 @@ static int load_token(embps_client_t *c, const char *token, char *err,
 int embps_client_create(const embps_client_options_t *opts,
                         embps_client_t **out, char *errbuf,
                         size_t errbuf_len) {
+  return embps_client_create_member(opts, UINT32_MAX, out, errbuf,
+                                    errbuf_len);
+}
+
+int embps_client_create_member(const embps_client_options_t *opts,
+                               uint32_t member, embps_client_t **out,
+                               char *errbuf, size_t errbuf_len) {
   char local[512];
   if (!errbuf) {
     errbuf = local;
@@ -1012,6 +1020,12 @@ int embps_client_create(const embps_client_options_t *opts,
                 : opts->retry_ms < 0     ? -1
                                          : opts->retry_ms;
   int rc = parse_servers(c, servers, errbuf, errbuf_len);
+  c->member = member;
+  if (!rc && member != UINT32_MAX && member >= c->n) {
+    snprintf(errbuf, errbuf_len, "member %u: the server list has %u "
+             "entries", member, c->n);
+    rc = EMBPS_EINVAL;
+  }
   if (!rc)
     rc = load_token(c, opts ? opts->token : NULL, errbuf, errbuf_len);
   if (!rc && getrandom(&c->client_id, sizeof c->client_id, 0) !=
@@ -1019,7 +1033,7 @@ int embps_client_create(const embps_client_options_t *opts,
     c->client_id = embps_now_ns() ^ ((uint64_t)getpid() << 32);
   c->client_id |= 1; /* 0 means "no exactly-once" on the wire */
   for (uint32_t i = 0; !rc && i < c->n; i++) {
-    rc = ensure_conn(c, i);
+    rc = member < c->n && i != member ? 0 : ensure_conn(c, i);
     if (rc)
       snprintf(errbuf, errbuf_len, "%s", c->last_error);
   }
@@ -1051,6 +1065,8 @@ void embps_client_destroy(embps_client_t *c) {
  * failure. Returns the first error. */
 static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
                           uint32_t only, embps_ticket_t **out) {
+  if (only >= c->n && c->member < c->n) /* embps_client_create_member */
+    only = c->member;
   uint32_t n = only < c->n ? 1 : c->n;
   embps_ticket_t *t = ticket_new(OP_SIMPLE, n);
   *out = t;
@@ -1142,8 +1158,9 @@ static int find_lacking(embps_client_t *c, const embps_table_spec_t *spec,
     return rc;
   rc = 0;
   *n_lack = 0;
-  for (uint32_t s = 0; s < t->n_parts && !rc; s++) {
-    const part_t *p = &t->parts[s];
+  for (uint32_t i = 0; i < t->n_parts && !rc; i++) {
+    const part_t *p = &t->parts[i];
+    uint32_t s = p->server;
     const conn_t *k = &c->conns[s];
     char why[160];
     if (!p->has_reply)
@@ -1269,11 +1286,14 @@ int embps_list_tables_held(embps_client_t *c, embps_table_info_t **out,
       size_t a = 0;
       while (a < k && strcmp(v[a].spec.name, x->spec.name))
         a++;
-      if (a == k)
+      if (a == k) {
         v[k++] = *x;
-      else
+        for (uint32_t o = 0; c->member < K && o < K; o++)
+          h[a * K + o] = 1; /* a member client asks no other server */
+      } else {
         add_counters(&v[a], x);
-      h[a * K + s] = 1;
+      }
+      h[a * K + t->parts[s].server] = 1;
     }
   }
   ticket_free(t);
@@ -1310,20 +1330,22 @@ int embps_stats(embps_client_t *c, embps_server_stats_t **out,
   int rc = broadcast(c, &m, UINT32_MAX, &t);
   if (rc)
     return rc;
-  embps_server_stats_t *v = calloc(c->n, sizeof *v);
+  uint32_t n = t->n_parts; /* c->n, or 1 for a member client */
+  embps_server_stats_t *v = calloc(n, sizeof *v);
   if (!v) {
     ticket_free(t);
     return set_error(c, -ENOMEM, "out of memory");
   }
-  for (uint32_t i = 0; i < c->n; i++) {
+  for (uint32_t i = 0; i < n; i++) {
     v[i] = t->parts[i].reply.u.stats;
-    snprintf(v[i].address, sizeof v[i].address, "%.63s", c->conns[i].addr);
+    snprintf(v[i].address, sizeof v[i].address, "%.63s",
+             c->conns[t->parts[i].server].addr);
     t->parts[i].reply.u.stats.tables = NULL; /* handed to the caller */
     t->parts[i].reply.u.stats.n_tables = 0;
   }
   ticket_free(t);
   *out = v;
-  *n_servers = c->n;
+  *n_servers = n;
   return 0;
 }
 
@@ -1343,8 +1365,8 @@ int embps_checkpoint(embps_client_t *c, embps_checkpoint_info_t *info) {
   int rc = broadcast(c, &m, UINT32_MAX, &t);
   if (rc)
     return rc;
-  for (uint32_t i = 0; info && i < c->n; i++)
-    info[i] = t->parts[i].reply.u.checkpoint;
+  for (uint32_t i = 0; info && i < t->n_parts; i++)
+    info[t->parts[i].server] = t->parts[i].reply.u.checkpoint;
   ticket_free(t);
   return 0;
 }

@@ -3,11 +3,13 @@
 # is missing. Safe to run again: it does nothing when all are present.
 set -euo pipefail
 
-# build: compiler, cmake, libraries; tests: cmocka, python3 + numpy + torch
-# (the framework comparison suite), redis for the benchmark comparison.
+# build: compiler, cmake, libraries (libmicrohttpd: the metrics endpoint);
+# tests: cmocka, python3 + numpy + torch (the framework comparison suite),
+# promtool (Debian prometheus) and yamllint for the operations tests, redis
+# for the benchmark comparison.
 PACKAGES=(gcc make cmake pkg-config libuv1-dev libprotobuf-c-dev
-          protobuf-c-compiler libcmocka-dev python3 python3-numpy
-          python3-torch)
+          protobuf-c-compiler libcmocka-dev libmicrohttpd-dev python3
+          python3-numpy python3-torch prometheus yamllint)
 # optional extras: `scripts/install-deps.sh --bench` adds these
 if [[ "${1:-}" == "--bench" ]]; then
   PACKAGES+=(redis-server gnuplot-nox)

@@ -156,6 +156,7 @@ static uint64_t apply_step(embps_apply_t *a, embps_request_t *reqs,
                                 memory_order_relaxed);
       atomic_fetch_add_explicit(&srv->counters.push_rows, req->n_unique,
                                 memory_order_relaxed);
+      embps_metrics_pushed(req);
       push_reply(srv, req, 1, 0);
     }
   }
@@ -354,6 +355,7 @@ static void *apply_main(void *arg) {
       a->tail = NULL;
     req->next = NULL; /* complete_all follows next: this is one request */
     pthread_mutex_unlock(&a->mu);
+    embps_metrics_queue(-1);
     if (req->hdr.kind == EMBPS_KIND_PUSH)
       apply_one(a, req);
     else if (req->hdr.kind == EMBPS_KIND_CHECKPOINT)
@@ -395,6 +397,7 @@ void embps_apply_submit(embps_apply_t *a, embps_request_t *req) {
   a->tail = req;
   pthread_cond_signal(&a->cv);
   pthread_mutex_unlock(&a->mu);
+  embps_metrics_queue(1);
 }
 
 void embps_apply_drain(embps_apply_t *a) {

@@ -45,9 +45,12 @@ static const char usage[] =
     "  --fsync MODE              always|everysec|never (default everysec)\n"
     "  --checkpoint-every SECONDS  periodic checkpoints (default 0: on\n"
     "                            demand and at SIGTERM only)\n"
+    "  --log-format F            text|json: one line per event (default text)\n"
+    "  --metrics-listen HOST:PORT  serve Prometheus /metrics, /healthz and\n"
+    "                            /readyz over HTTP (default: off)\n"
+    "  --metrics-port-file FILE  write the bound metrics port to FILE\n"
     "  --version, --help\n"
-    "Sizes take K, M or G suffixes. --metrics-listen is not built yet and\n"
-    "is refused.\n";
+    "Sizes take K, M or G suffixes.\n";
 
 static int fail(char *err, size_t len, const char *fmt, ...) {
   va_list ap;
@@ -149,9 +152,6 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
              EMBPS_PROTOCOL_VERSION);
       return 1;
     }
-    if (!strcmp(a, "--metrics-listen"))
-      return fail(err, err_len,
-                  "%s: not available in this version of embps-server", a);
     if (strncmp(a, "--", 2) != 0)
       return fail(err, err_len, "unexpected argument \"%s\"", a);
     if (!strcmp(a, "--insecure")) {
@@ -230,6 +230,17 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       cfg->token_len = len;
       cfg->has_token = 1;
       free(data);
+    } else if (!strcmp(a, "--metrics-listen")) {
+      if (embps_parse_hostport(v, cfg->metrics_host, sizeof cfg->metrics_host,
+                               &cfg->metrics_port))
+        return fail(err, err_len, "--metrics-listen: \"%s\" is not "
+                    "HOST:PORT", v);
+    } else if (!strcmp(a, "--metrics-port-file")) {
+      snprintf(cfg->metrics_port_file, sizeof cfg->metrics_port_file, "%s", v);
+    } else if (!strcmp(a, "--log-format")) {
+      if (strcmp(v, "text") && strcmp(v, "json"))
+        return fail(err, err_len, "--log-format: \"%s\" is not text|json", v);
+      cfg->log_json = !strcmp(v, "json");
     } else if (!strcmp(a, "--log-level")) {
       if (embps_log_parse_level(v, &cfg->log_level))
         return fail(err, err_len, "--log-level: \"%s\" is not "

@@ -34,6 +34,7 @@ void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
   free(req->reply);
   req->reply = NULL;
   atomic_fetch_add_explicit(&srv->counters.errors, 1, memory_order_relaxed);
+  embps_metrics_error(req, code);
   LOG_DEBUG("request %u kind %u refused: %s", req->hdr.req_id, req->hdr.kind,
             msg);
   if (embps_frame_error(req->hdr.req_id, code, msg, &req->reply,
@@ -229,6 +230,7 @@ static void do_pull(embps_server_t *srv, embps_request_t *req) {
   atomic_fetch_add_explicit(&srv->counters.pulls, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&srv->counters.pull_rows, p->n_ids,
                             memory_order_relaxed);
+  embps_metrics_pulled(p->table, p->n_ids, req->start_ns);
 out:
   embps_table_unref(t);
 }
@@ -337,6 +339,7 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
 embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                                 int *authed, embps_scratch_t *scratch) {
   atomic_fetch_add_explicit(&srv->counters.requests, 1, memory_order_relaxed);
+  req->start_ns = embps_metrics_request(req->hdr.kind);
   int rc = embps_msg_unpack(req->hdr.kind, req->body, req->hdr.meta_len,
                             &req->msg);
   if (rc == EMBPS_EKIND || (req->hdr.kind & EMBPS_KIND_REPLY)) {

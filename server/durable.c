@@ -599,6 +599,13 @@ int embps_durable_open(embps_server_t *srv, char *err, size_t err_len) {
     LOG_WARN("EMBPS_TEST_UNSAFE_ACK=1: pushes are acknowledged BEFORE they "
              "are logged; a crash loses acknowledged pushes. Test only, "
              "never in production");
+  const char *slow = getenv("EMBPS_TEST_RESTORE_DELAY_MS");
+  if (slow && atoi(slow) > 0) { /* lets a test see /readyz before ready */
+    LOG_WARN("EMBPS_TEST_RESTORE_DELAY_MS=%d: restore delayed. Test only",
+             atoi(slow));
+    struct timespec ts = {atoi(slow) / 1000, (atoi(slow) % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
   uint64_t last = 0;
   if ((mkdir(d->dir, 0755) && errno != EEXIST) ||
       (mkdir(d->log_dir, 0755) && errno != EEXIST)) {

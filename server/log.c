@@ -7,9 +7,11 @@
 #include <time.h>
 
 static embps_log_level_t min_level = EMBPS_LOG_INFO;
+static int json;
 static const char *const names[] = {"debug", "info", "warn", "error"};
 
 void embps_log_set_level(embps_log_level_t level) { min_level = level; }
+void embps_log_set_json(int on) { json = on; }
 
 int embps_log_parse_level(const char *s, embps_log_level_t *out) {
   for (int i = 0; i < 4; i++) {
@@ -21,19 +23,67 @@ int embps_log_parse_level(const char *s, embps_log_level_t *out) {
   return -1;
 }
 
-void embps_log(embps_log_level_t level, const char *fmt, ...) {
-  if (level < min_level)
-    return;
+/* msg as a JSON string body: quotes, backslashes and control bytes escaped
+ * (bytes >= 0x80 pass through: messages are UTF-8 or ASCII). */
+static void json_escape(const char *msg, char *out, size_t cap) {
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)msg; *p; p++) {
+    char esc[8];
+    size_t n;
+    if (*p == '"' || *p == '\\')
+      n = (size_t)snprintf(esc, sizeof esc, "\\%c", *p);
+    else if (*p < 0x20)
+      n = (size_t)snprintf(esc, sizeof esc, "\\u%04x", *p);
+    else
+      n = (size_t)snprintf(esc, sizeof esc, "%c", *p);
+    if (o + n >= cap)
+      break;
+    memcpy(out + o, esc, n);
+    o += n;
+  }
+  out[o] = '\0';
+}
+
+/* Writes one line: text "TIME embps-server LEVEL: MSG", or with `bare`
+ * the message alone; JSON {"ts","level","msg"} (+ "event" when given). */
+static void emit(const char *level, const char *event, int bare,
+                 const char *fmt, va_list ap) {
   char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   gmtime_r(&ts.tv_sec, &tm);
-  fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ embps-server %s: %s\n",
-          tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-          tm.tm_sec, ts.tv_nsec / 1000000, names[level], msg);
+  char when[96];
+  snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
+           tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+           tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+  if (json) {
+    char esc[6 * sizeof msg];
+    json_escape(msg, esc, sizeof esc);
+    fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",%s%s%s\"msg\":\"%s\"}\n",
+            when, level, event ? "\"event\":\"" : "", event ? event : "",
+            event ? "\"," : "", esc);
+  } else if (bare) {
+    fprintf(stderr, "%s\n", msg);
+  } else {
+    fprintf(stderr, "%s embps-server %s: %s\n", when, level, msg);
+  }
+}
+
+void embps_log(embps_log_level_t level, const char *fmt, ...) {
+  if (level < min_level)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  emit(names[level], NULL, 0, fmt, ap);
+  va_end(ap);
+}
+
+void embps_log_ready(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  emit("info", "ready", 1, fmt, ap);
+  va_end(ap);
+  fflush(stderr);
 }

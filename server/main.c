@@ -5,25 +5,42 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
+#include <string.h>
+#include <sys/auxv.h>
 
 #include "server.h"
 
 /* OpenMP threads spin for a while after each parallel region by default,
  * taking cores the I/O threads need; passive waiting measured +19% push
- * throughput on 2 cores. libgomp reads OMP_WAIT_POLICY once, when it is
- * loaded, so unless the user chose a policy the process re-executes itself
- * once with it set. */
-static void omp_wait_passive(char **argv) {
-  if (getenv("OMP_WAIT_POLICY"))
-    return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
-  execv("/proc/self/exe", argv);
-  /* exec failed (no /proc?): carry on with the default policy */
+ * throughput on 2 cores. libgomp reads OMP_WAIT_POLICY in its constructor,
+ * which runs before any code of ours can call setenv (libc's own start-up
+ * resets the environment after .preinit_array). So the daemon defines
+ * getenv and secure_getenv itself: a shared library's reference binds to
+ * the executable's definition, and these answer "passive" for
+ * OMP_WAIT_POLICY when the environment does not set it, and read the
+ * environment unchanged for every other name. The process keeps its name
+ * (no re-exec). tests/integration/test_process.sh checks libgomp's view. */
+extern char **environ;
+
+static const char omp_wait_name[] = "OMP_WAIT_POLICY";
+
+char *getenv(const char *name) {
+  size_t len = strlen(name);
+  for (char **e = environ; e && *e; e++)
+    if (!strncmp(*e, name, len) && (*e)[len] == '=')
+      return *e + len + 1;
+  if (!strcmp(name, omp_wait_name))
+    return (char *)"passive";
+  return NULL;
+}
+
+/* glibc declares it only under _GNU_SOURCE */
+char *secure_getenv(const char *name);
+char *secure_getenv(const char *name) {
+  return getauxval(AT_SECURE) ? NULL : getenv(name);
 }
 
 int main(int argc, char **argv) {
-  omp_wait_passive(argv);
   embps_server_config_t cfg;
   char err[512];
   int rc = embps_server_config_parse(&cfg, argc, argv, err, sizeof err);
@@ -34,6 +51,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   embps_log_set_level(cfg.log_level);
+  embps_log_set_json(cfg.log_json);
   signal(SIGPIPE, SIG_IGN);
   /* Request and reply buffers of a few MiB come and go at every batch; keep
    * them on the heap instead of a fresh mmap (and page faults) each time;

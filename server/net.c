@@ -125,7 +125,7 @@ typedef struct {
   atomic_uint open_conns;
   /* bytes held by all connections (see "Budgets") */
   atomic_size_t run_bytes, queued_bytes;
-  ratelimit_t accept_log, refuse_log;
+  ratelimit_t accept_log;
 } net_t;
 
 static net_t *the_net; /* one server per process */
@@ -874,10 +874,11 @@ static void on_listen(uv_poll_t *p, int status, int events) {
             net->srv.cfg.max_connections &&
         !evict_for_room(net)) {
       atomic_fetch_sub(&net->open_conns, 1);
-      if (ratelimit_pass(&net->refuse_log, &skipped))
-        LOG_WARN("refusing a connection: --max-connections %u reached "
-                 "(%llu more refused since the last warning)",
-                 net->srv.cfg.max_connections, (unsigned long long)skipped);
+      uint64_t n;
+      if (embps_metrics_refused(&n)) /* one line a second at most */
+        LOG_WARN("refusing connections: --max-connections %u reached (%llu "
+                 "refused since the last such line)",
+                 net->srv.cfg.max_connections, (unsigned long long)n);
       refuse_fd(net, fd);
       continue;
     }
@@ -891,6 +892,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   if (net->stopping)
     return;
   net->stopping = 1;
+  embps_metrics_set_ready(0);
   uv_poll_stop(&net->listen_poll);
   uv_close((uv_handle_t *)&net->listen_poll, NULL);
   uv_close((uv_handle_t *)&net->accept_retry, NULL);
@@ -1045,6 +1047,8 @@ int embps_server_run(const embps_server_config_t *cfg) {
     LOG_ERROR("cannot start the apply thread");
     return 1;
   }
+  if (embps_metrics_start(srv)) /* /healthz answers during the restore */
+    return 1;
   if (cfg->data_dir[0]) { /* restored before anyone can connect */
     char err[2048];
     if (embps_durable_open(srv, err, sizeof err)) {
@@ -1093,16 +1097,18 @@ int embps_server_run(const embps_server_config_t *cfg) {
     return 1;
   }
   /* The one line scripts wait for; printed whatever the log level. */
-  fprintf(stderr, "embps-server %s ready on %s:%d (io-threads %u, shards %u, "
-          "cluster %u/%u)\n", EMBPS_VERSION_STRING, cfg->listen_host, port,
-          cfg->io_threads, cfg->shards, cfg->cluster_index, cfg->cluster_size);
-  fflush(stderr);
+  embps_log_ready("embps-server %s ready on %s:%d (io-threads %u, shards %u, "
+                  "cluster %u/%u)", EMBPS_VERSION_STRING, cfg->listen_host,
+                  port, cfg->io_threads, cfg->shards, cfg->cluster_index,
+                  cfg->cluster_size);
+  embps_metrics_set_ready(1);
 
   uv_run(&net->loop, UV_RUN_DEFAULT);
   for (uint32_t i = 0; i < cfg->io_threads; i++)
     pthread_join(net->io[i].tid, NULL);
   int status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */
   embps_apply_stop(srv->apply);
+  embps_metrics_stop(); /* before what it reads goes */
   embps_durable_close(srv);
   for (uint32_t i = 0; i < cfg->io_threads; i++)
     io_close(&net->io[i]);

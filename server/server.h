@@ -22,6 +22,7 @@
 #include "frame.h"
 #include "log.h"
 #include "merge.h"
+#include "metrics.h"
 #include "registry.h"
 #include "util.h"
 #include "wire.h"
@@ -50,6 +51,10 @@ typedef struct {
   uint64_t max_buffer_bytes;      /* requests and replies held, server */
   uint64_t max_conn_buffer_bytes; /* the same, one connection */
   int insecure; /* may listen beyond loopback without a token */
+  char metrics_host[256]; /* --metrics-listen; empty: no HTTP endpoint */
+  int metrics_port;
+  char metrics_port_file[1024];
+  int log_json; /* --log-format json */
 } embps_server_config_t;
 
 /* Largest frame accepted from a connection before its hello succeeds. */
@@ -89,6 +94,7 @@ typedef struct embps_request {
   int64_t *idx;         /* merged, in place in body */
   float *vals;
   size_t n_unique;
+  uint64_t start_ns; /* when dispatch began (latency metrics) */
   struct embps_request *next;
   /* Set by the request's owner: called (on the apply thread) once a
    * deferred request has its reply; owner is the owner's context. */

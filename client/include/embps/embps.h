@@ -201,6 +201,15 @@ typedef struct {
 EMBPS_EXTERN int embps_client_create(const embps_client_options_t *opts,
                                      embps_client_t **out, char *errbuf,
                                      size_t errbuf_len);
+/* Like embps_client_create, but connects only to server `member` (its
+ * cluster index: its position in the list, which must still be the whole
+ * cluster) and sends it alone the whole-cluster requests: stats, list,
+ * describe, create, drop. Pulls and pushes still go to each id's owner
+ * (connecting on first use). Refuses a member past the list (EMBPS_EINVAL). */
+EMBPS_EXTERN int embps_client_create_member(const embps_client_options_t *opts,
+                                            uint32_t member,
+                                            embps_client_t **out,
+                                            char *errbuf, size_t errbuf_len);
 /* Closes every connection; NULL is accepted. Pending tickets are freed. */
 EMBPS_EXTERN void embps_client_destroy(embps_client_t *c);
 /* The message of the last failed call on c: the server's own text when the
@@ -239,7 +248,8 @@ EMBPS_EXTERN int embps_list_tables(embps_client_t *c,
 /* embps_list_tables, and which servers hold each table: *held (may be
  * NULL; else malloc'd, free with free()) has n x n_servers bytes, and
  * (*held)[i * n_servers + s] is 1 when server s holds table i, 0 when it
- * is missing there. */
+ * is missing there (a member client asks its member only: the others
+ * read as holding every table it lists). */
 EMBPS_EXTERN int embps_list_tables_held(embps_client_t *c,
                                         embps_table_info_t **out, size_t *n,
                                         uint8_t **held);

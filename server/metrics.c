@@ -1,0 +1,501 @@
+/* metrics.c - see metrics.h. Exposition format: Prometheus text 0.0.4. */
+#include "metrics.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "durable.h"
+#include "server.h"
+
+/* ------------------------------------------------------------ figures */
+
+#define TABLE_SLOTS 1024u /* per-table figures kept; a power of two */
+#define PROBE_MAX 64u
+#define KINDS 32u /* request kinds counted one by one; the rest as "other" */
+
+/* embps codes are EMBPS_EINVAL, EMBPS_EINVAL - 1, ...: one counter each,
+ * plus one for system errors (-errno) */
+#define COUNT_CODE_(name, code, msg) +1
+enum { N_CODES = 0 EMBPS_ERRNO_MAP(COUNT_CODE_) };
+#undef COUNT_CODE_
+
+typedef atomic_uint_fast64_t counter_t;
+
+enum { SLOT_EMPTY, SLOT_CLAIMING, SLOT_READY };
+
+typedef struct {
+  atomic_int state;
+  char name[EMBPS_TABLE_NAME_MAX];
+  counter_t pulls, pull_rows, pushes, push_rows, merged;
+  counter_t errors[N_CODES + 1];
+} table_slot_t;
+
+/* seconds; the +Inf bucket follows */
+static const double bucket_s[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                  0.005,  0.01,    0.025,  0.05,  0.1,
+                                  0.25,   0.5,     1,      2.5,   5,   10};
+#define N_BUCKETS (sizeof bucket_s / sizeof *bucket_s)
+
+typedef struct {
+  counter_t bucket[N_BUCKETS + 1]; /* not cumulative; summed at scrape */
+  counter_t sum_ns;
+} histogram_t;
+
+static struct {
+  table_slot_t slot[TABLE_SLOTS];
+  table_slot_t none; /* errors naming no table, tables past the slots */
+  counter_t kinds[KINDS + 1];
+  histogram_t pull, push;
+  counter_t refused;
+  atomic_uint_fast64_t refused_logged_ns, refused_unlogged;
+  atomic_int_fast64_t queue;
+  atomic_int ready;
+  struct MHD_Daemon *daemon;
+  embps_server_t *srv;
+  time_t start_s;
+} m;
+
+static void add(counter_t *c, uint64_t n) {
+  atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+static uint64_t get(const counter_t *c) {
+  return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+/* The slot of table `name`, claimed on first use. */
+static table_slot_t *slot_of(const char *name) {
+  if (!name[0])
+    return &m.none;
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (const char *p = name; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
+  for (uint32_t i = 0; i < PROBE_MAX;) {
+    table_slot_t *s = &m.slot[(h + i) & (TABLE_SLOTS - 1)];
+    int st = atomic_load_explicit(&s->state, memory_order_acquire);
+    if (st == SLOT_READY) {
+      if (!strcmp(s->name, name))
+        return s;
+      i++;
+    } else if (st == SLOT_EMPTY) {
+      if (atomic_compare_exchange_strong(&s->state, &st, SLOT_CLAIMING)) {
+        snprintf(s->name, sizeof s->name, "%s", name);
+        atomic_store_explicit(&s->state, SLOT_READY, memory_order_release);
+        return s;
+      }
+    } else {
+      sched_yield(); /* another thread is writing the name: a few ns */
+    }
+  }
+  return &m.none;
+}
+
+static void observe(histogram_t *hg, uint64_t start_ns) {
+  uint64_t ns = embps_now_ns() - start_ns;
+  size_t b = 0;
+  while (b < N_BUCKETS && (double)ns > bucket_s[b] * 1e9)
+    b++;
+  add(&hg->bucket[b], 1);
+  add(&hg->sum_ns, ns);
+}
+
+uint64_t embps_metrics_request(uint16_t kind) {
+  add(&m.kinds[kind < KINDS ? kind : KINDS], 1);
+  return embps_now_ns();
+}
+
+void embps_metrics_pulled(const char *table, size_t n_rows,
+                          uint64_t start_ns) {
+  table_slot_t *s = slot_of(table);
+  add(&s->pulls, 1);
+  add(&s->pull_rows, n_rows);
+  observe(&m.pull, start_ns);
+}
+
+void embps_metrics_pushed(const embps_request_t *req) {
+  const embps_push_t *p = &req->msg.u.push;
+  table_slot_t *s = slot_of(p->table);
+  add(&s->pushes, 1);
+  add(&s->push_rows, p->n);
+  add(&s->merged, p->n - req->n_unique);
+  observe(&m.push, req->start_ns);
+}
+
+void embps_metrics_error(const embps_request_t *req, int code) {
+  /* Only a request that reached its table names it: a label per name a
+   * client merely sends would let clients grow the scrape without bound. */
+  const char *table = "";
+  if (code != EMBPS_ENOTABLE && code != EMBPS_EPROTO && code != EMBPS_EKIND &&
+      code != EMBPS_EAUTH && code != EMBPS_EVERSION) {
+    if (req->hdr.kind == EMBPS_KIND_PULL)
+      table = req->msg.u.pull.table;
+    else if (req->hdr.kind == EMBPS_KIND_PUSH)
+      table = req->msg.u.push.table;
+  }
+  int i = EMBPS_EINVAL - code;
+  add(&slot_of(table)->errors[i >= 0 && i < N_CODES ? i : N_CODES], 1);
+}
+
+void embps_metrics_queue(int delta) {
+  atomic_fetch_add_explicit(&m.queue, delta, memory_order_relaxed);
+}
+
+int embps_metrics_refused(uint64_t *since_last) {
+  add(&m.refused, 1);
+  add(&m.refused_unlogged, 1);
+  uint64_t now = embps_now_ns();
+  uint64_t last = atomic_load(&m.refused_logged_ns);
+  if (last && now - last < 1000000000ull)
+    return 0;
+  if (!atomic_compare_exchange_strong(&m.refused_logged_ns, &last, now))
+    return 0;
+  *since_last = atomic_exchange(&m.refused_unlogged, 0);
+  return 1;
+}
+
+void embps_metrics_set_ready(int ready) { atomic_store(&m.ready, ready); }
+
+/* ------------------------------------------------------------ exposition */
+
+typedef struct {
+  char *p;
+  size_t len, cap;
+  int failed;
+} text_t;
+
+static void put(text_t *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void put(text_t *t, const char *fmt, ...) {
+  for (int pass = 0; pass < 2 && !t->failed; pass++) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->p ? t->p + t->len : NULL, t->cap - t->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      t->failed = 1;
+    } else if ((size_t)n < t->cap - t->len) {
+      t->len += (size_t)n;
+      return;
+    } else {
+      size_t cap = 2 * (t->cap + (size_t)n) + 4096;
+      char *q = realloc(t->p, cap);
+      if (!q)
+        t->failed = 1;
+      t->p = q ? q : t->p;
+      t->cap = q ? cap : t->cap;
+    }
+  }
+}
+
+static void head(text_t *t, const char *name, const char *type,
+                 const char *help) {
+  put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static const char *kind_name(unsigned k, char *buf, size_t len) {
+  static const char *const names[] = {
+      [EMBPS_KIND_HELLO] = "hello", [EMBPS_KIND_CREATE] = "create",
+      [EMBPS_KIND_DROP] = "drop",   [EMBPS_KIND_DESCRIBE] = "describe",
+      [EMBPS_KIND_LIST] = "list",   [EMBPS_KIND_PULL] = "pull",
+      [EMBPS_KIND_PUSH] = "push",   [EMBPS_KIND_STATS] = "stats"};
+  if (k == KINDS)
+    return "other";
+  if (k < sizeof names / sizeof *names && names[k])
+    return names[k];
+  snprintf(buf, len, "%u", k);
+  return buf;
+}
+
+static void put_histogram(text_t *t, const char *op, const histogram_t *hg) {
+  uint64_t cum = 0;
+  for (size_t b = 0; b <= N_BUCKETS; b++) {
+    cum += get(&hg->bucket[b]);
+    if (b < N_BUCKETS)
+      put(t, "embps_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} "
+          "%llu\n", op, bucket_s[b], (unsigned long long)cum);
+    else
+      put(t, "embps_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} "
+          "%llu\n", op, (unsigned long long)cum);
+  }
+  put(t, "embps_request_duration_seconds_sum{op=\"%s\"} %.9f\n", op,
+      (double)get(&hg->sum_ns) / 1e9);
+  put(t, "embps_request_duration_seconds_count{op=\"%s\"} %llu\n", op,
+      (unsigned long long)cum);
+}
+
+/* The slots in use, the catch-all last. */
+static size_t used_slots(table_slot_t **out) {
+  size_t n = 0;
+  for (size_t i = 0; i < TABLE_SLOTS; i++)
+    if (atomic_load_explicit(&m.slot[i].state, memory_order_acquire) ==
+        SLOT_READY)
+      out[n++] = &m.slot[i];
+  out[n++] = &m.none;
+  return n;
+}
+
+/* One line per used slot for the counter at `offset` in table_slot_t (the
+ * catch-all only when non-zero). */
+static void put_per_table(text_t *t, table_slot_t **slots, size_t n,
+                          const char *metric, const char *op, size_t offset) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v = get((const counter_t *)((const char *)slots[i] + offset));
+    if (v || slots[i] != &m.none)
+      put(t, "%s{table=\"%s\"%s%s%s} %llu\n", metric, slots[i]->name,
+          op ? ",op=\"" : "", op ? op : "", op ? "\"" : "",
+          (unsigned long long)v);
+  }
+}
+
+static void put_tables(text_t *t, embps_server_t *srv) {
+  table_slot_t *slots[TABLE_SLOTS + 1];
+  size_t n = used_slots(slots);
+  static const struct {
+    const char *metric, *help, *op;
+    size_t offset;
+  } counters[] = {
+      {"embps_table_requests_total",
+       "Pulls and pushes served, by table (pushes: applied).", "pull",
+       offsetof(table_slot_t, pulls)},
+      {"embps_table_requests_total", NULL, "push",
+       offsetof(table_slot_t, pushes)},
+      {"embps_table_rows_total",
+       "Rows pulled, and rows pushed as sent (duplicates included).", "pull",
+       offsetof(table_slot_t, pull_rows)},
+      {"embps_table_rows_total", NULL, "push",
+       offsetof(table_slot_t, push_rows)},
+      {"embps_push_merged_duplicates_total",
+       "Pushed rows summed into another row of the same push.", NULL,
+       offsetof(table_slot_t, merged)},
+  };
+  for (size_t k = 0; k < sizeof counters / sizeof *counters; k++) {
+    if (counters[k].help) /* the first series of a metric */
+      head(t, counters[k].metric, "counter", counters[k].help);
+    put_per_table(t, slots, n, counters[k].metric, counters[k].op,
+                  counters[k].offset);
+  }
+  head(t, "embps_errors_total", "counter",
+       "Refused requests by error code and table (table=\"\": none named).");
+  for (size_t i = 0; i < n; i++)
+    for (int c = 0; c <= N_CODES; c++)
+      if (get(&slots[i]->errors[c]))
+        put(t, "embps_errors_total{code=\"%s\",table=\"%s\"} %llu\n",
+            c < N_CODES ? embps_err_name(EMBPS_EINVAL - c) : "system",
+            slots[i]->name, (unsigned long long)get(&slots[i]->errors[c]));
+
+  embps_table_info_t *info = NULL;
+  size_t n_info = 0;
+  if (embps_registry_list(&srv->registry, &info, &n_info))
+    n_info = 0;
+  head(t, "embps_table_rows", "gauge", "Rows a table holds on this server.");
+  for (size_t i = 0; i < n_info; i++)
+    put(t, "embps_table_rows{table=\"%s\"} %llu\n", info[i].spec.name,
+        (unsigned long long)info[i].rows_allocated);
+  head(t, "embps_table_bytes", "gauge",
+       "Bytes of storage a table holds on this server.");
+  for (size_t i = 0; i < n_info; i++)
+    put(t, "embps_table_bytes{table=\"%s\"} %llu\n", info[i].spec.name,
+        (unsigned long long)info[i].bytes_used);
+  head(t, "embps_table_dim", "gauge", "Floats per row.");
+  for (size_t i = 0; i < n_info; i++)
+    put(t, "embps_table_dim{table=\"%s\"} %u\n", info[i].spec.name,
+        info[i].spec.dim);
+  free(info);
+}
+
+static void put_server(text_t *t, embps_server_t *srv) {
+  const embps_counters_t *c = &srv->counters;
+  head(t, "embps_build_info", "gauge", "Version of this embps-server.");
+  put(t, "embps_build_info{version=\"%s\",protocol=\"%d\"} 1\n",
+      EMBPS_VERSION_STRING, EMBPS_PROTOCOL_VERSION);
+  head(t, "embps_ready", "gauge", "1 once the server serves (see /readyz).");
+  put(t, "embps_ready %d\n", atomic_load(&m.ready));
+  head(t, "embps_start_time_seconds", "gauge",
+       "Unix time the server started.");
+  put(t, "embps_start_time_seconds %lld\n", (long long)m.start_s);
+  head(t, "embps_cluster_size", "gauge", "Servers in the cluster.");
+  put(t, "embps_cluster_size %u\n", srv->cfg.cluster_size);
+  head(t, "embps_cluster_index", "gauge", "This server's --cluster-index.");
+  put(t, "embps_cluster_index %u\n", srv->cfg.cluster_index);
+  head(t, "embps_connections", "gauge", "Open client connections.");
+  put(t, "embps_connections %llu\n",
+      (unsigned long long)atomic_load(&c->connections));
+  head(t, "embps_connections_refused_total", "counter",
+       "Connections refused at --max-connections.");
+  put(t, "embps_connections_refused_total %llu\n",
+      (unsigned long long)get(&m.refused));
+  head(t, "embps_apply_queue_depth", "gauge",
+       "Pushes validated and waiting for the apply thread.");
+  put(t, "embps_apply_queue_depth %lld\n", (long long)atomic_load(&m.queue));
+  head(t, "embps_received_bytes_total", "counter", "Bytes read from clients.");
+  put(t, "embps_received_bytes_total %llu\n",
+      (unsigned long long)atomic_load(&c->bytes_in));
+  head(t, "embps_sent_bytes_total", "counter", "Bytes written to clients.");
+  put(t, "embps_sent_bytes_total %llu\n",
+      (unsigned long long)atomic_load(&c->bytes_out));
+  head(t, "embps_requests_total", "counter", "Requests received, by kind.");
+  char buf[16];
+  for (unsigned k = 0; k <= KINDS; k++)
+    if (get(&m.kinds[k]))
+      put(t, "embps_requests_total{kind=\"%s\"} %llu\n",
+          kind_name(k, buf, sizeof buf), (unsigned long long)get(&m.kinds[k]));
+  head(t, "embps_request_duration_seconds", "histogram",
+       "Time from a request's dispatch to its reply: pulls, and pushes "
+       "through the apply queue until applied.");
+  put_histogram(t, "pull", &m.pull);
+  put_histogram(t, "push", &m.push);
+}
+
+/* Checkpoint and log figures (--data-dir only). */
+static void put_durability(text_t *t, embps_server_t *srv) {
+  if (!srv->dur)
+    return;
+  embps_server_stats_t s;
+  memset(&s, 0, sizeof s);
+  embps_durable_stats(srv->dur, &s);
+  head(t, "embps_checkpoint_time_seconds", "gauge",
+       "Unix time of the last durable checkpoint (0: none yet).");
+  put(t, "embps_checkpoint_time_seconds %llu\n",
+      (unsigned long long)s.checkpoint_unix_s);
+  head(t, "embps_checkpoint_bytes", "gauge", "Size of the last checkpoint.");
+  put(t, "embps_checkpoint_bytes %llu\n",
+      (unsigned long long)s.checkpoint_bytes);
+  head(t, "embps_checkpoint_duration_seconds", "gauge",
+       "How long the last checkpoint took.");
+  put(t, "embps_checkpoint_duration_seconds %.3f\n",
+      (double)s.checkpoint_ms / 1e3);
+  head(t, "embps_checkpoint_lsn", "gauge",
+       "Log position the last checkpoint covers.");
+  put(t, "embps_checkpoint_lsn %llu\n", (unsigned long long)s.checkpoint_lsn);
+  head(t, "embps_log_bytes", "gauge",
+       "Bytes of push log since the last checkpoint.");
+  put(t, "embps_log_bytes %llu\n", (unsigned long long)s.log_bytes);
+  head(t, "embps_durability_failed", "gauge",
+       "1 when a write or fsync failed and pushes are refused.");
+  put(t, "embps_durability_failed %d\n", s.durability_failed[0] != 0);
+}
+
+/* ------------------------------------------------------------ HTTP */
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status,
+                               char *body, size_t len, int owned) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(
+      len, body, owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+  if (!r) {
+    if (owned)
+      free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                          status == MHD_HTTP_OK && owned
+                              ? "text/plain; version=0.0.4; charset=utf-8"
+                              : "text/plain; charset=utf-8");
+  enum MHD_Result rc = MHD_queue_response(conn, status, r);
+  MHD_destroy_response(r);
+  return rc;
+}
+
+#define STATIC_(conn, status, text)                                            \
+  respond((conn), (status), (char *)(text), sizeof(text) - 1, 0)
+
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
+                               const char *url, const char *method,
+                               const char *version, const char *upload,
+                               size_t *upload_len, void **state) {
+  if (strcmp(method, MHD_HTTP_METHOD_GET) &&
+      strcmp(method, MHD_HTTP_METHOD_HEAD))
+    return STATIC_(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "GET only\n");
+  if (*upload_len) /* a GET with a body: ignore the body */
+    *upload_len = 0;
+  if (!strcmp(url, "/healthz"))
+    return STATIC_(conn, MHD_HTTP_OK, "ok\n");
+  if (!strcmp(url, "/readyz"))
+    return atomic_load(&m.ready)
+               ? STATIC_(conn, MHD_HTTP_OK, "ready\n")
+               : STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+  if (strcmp(url, "/metrics"))
+    return STATIC_(conn, MHD_HTTP_NOT_FOUND,
+                   "not found: try /metrics, /healthz, /readyz\n");
+  text_t t = {0};
+  put_server(&t, m.srv);
+  if (atomic_load(&m.ready)) /* srv->dur is set up once restored */
+    put_durability(&t, m.srv);
+  put_tables(&t, m.srv);
+  if (t.failed) {
+    free(t.p);
+    return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+  }
+  return respond(conn, MHD_HTTP_OK, t.p, t.len, 1);
+}
+
+static int write_port_file(const char *path, unsigned port) {
+  char tmp[1100];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f)
+    return -1;
+  fprintf(f, "%u\n", port);
+  if (fclose(f) || rename(tmp, path)) {
+    remove(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+int embps_metrics_start(embps_server_t *srv) {
+  const embps_server_config_t *cfg = &srv->cfg;
+  m.srv = srv;
+  m.start_s = time(NULL);
+  if (!cfg->metrics_host[0])
+    return 0;
+  char port[16];
+  snprintf(port, sizeof port, "%d", cfg->metrics_port);
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(cfg->metrics_host, port, &hints, &res);
+  if (rc) {
+    LOG_ERROR("--metrics-listen: cannot resolve %s: %s", cfg->metrics_host,
+              gai_strerror(rc));
+    return -1;
+  }
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  if (res->ai_family == AF_INET6)
+    flags |= MHD_USE_IPv6;
+  m.daemon = MHD_start_daemon(
+      flags, 0, NULL, NULL, on_http, NULL, MHD_OPTION_SOCK_ADDR, res->ai_addr,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)10, MHD_OPTION_END);
+  freeaddrinfo(res);
+  if (!m.daemon) {
+    LOG_ERROR("--metrics-listen: cannot serve HTTP on %s:%d (address in "
+              "use?)", cfg->metrics_host, cfg->metrics_port);
+    return -1;
+  }
+  const union MHD_DaemonInfo *di =
+      MHD_get_daemon_info(m.daemon, MHD_DAEMON_INFO_BIND_PORT);
+  unsigned bound = di ? di->port : (unsigned)cfg->metrics_port;
+  if (cfg->metrics_port_file[0] &&
+      write_port_file(cfg->metrics_port_file, bound)) {
+    LOG_ERROR("cannot write --metrics-port-file %s", cfg->metrics_port_file);
+    embps_metrics_stop();
+    return -1;
+  }
+  LOG_INFO("metrics on http://%s:%u/metrics (and /healthz, /readyz)",
+           cfg->metrics_host, bound);
+  return 0;
+}
+
+void embps_metrics_stop(void) {
+  if (m.daemon)
+    MHD_stop_daemon(m.daemon);
+  m.daemon = NULL;
+}

@@ -1,0 +1,43 @@
+/* metrics.h - the server's Prometheus endpoint (--metrics-listen): counters
+ * the request path bumps, and an HTTP server (libmicrohttpd) answering
+ * /metrics, /healthz and /readyz.
+ *
+ * The hooks run on the I/O and apply threads and take no lock: every figure
+ * is a relaxed atomic, per-table figures live in a fixed table of slots
+ * claimed once by name (compare-and-swap), so a request costs a hash of its
+ * table name and a few atomic adds. The hooks work whether or not the HTTP
+ * server was started. One server per process. */
+#ifndef EMBPS_METRICS_H
+#define EMBPS_METRICS_H
+#include <stddef.h>
+#include <stdint.h>
+
+struct embps_server;
+struct embps_request;
+
+/* Starts the HTTP server on cfg->metrics_host:metrics_port (when set) and
+ * writes cfg->metrics_port_file. Returns 0 or -1 with a logged reason. */
+int embps_metrics_start(struct embps_server *srv);
+/* Stops the HTTP server; NULL-safe, idempotent. */
+void embps_metrics_stop(void);
+/* /readyz answers 200 from set_ready(1) on, 503 before and after
+ * set_ready(0) (shutdown has begun). /healthz is 200 while serving HTTP. */
+void embps_metrics_set_ready(int ready);
+
+/* A request of `kind` entered dispatch; returns the time (CLOCK_MONOTONIC
+ * ns) its latency is measured from. */
+uint64_t embps_metrics_request(uint16_t kind);
+/* A pull of n_rows rows of `table` was served; start_ns from
+ * embps_metrics_request. */
+void embps_metrics_pulled(const char *table, size_t n_rows, uint64_t start_ns);
+/* req, a push, was applied: its rows, the duplicates merged out of them
+ * and its latency from dispatch to the applied reply. */
+void embps_metrics_pushed(const struct embps_request *req);
+/* req failed with `code` (its table, when it names an existing one). */
+void embps_metrics_error(const struct embps_request *req, int code);
+/* The apply queue grew (+1) or shrank (-1). */
+void embps_metrics_queue(int delta);
+/* A connection was refused at --max-connections. Returns 1 when it should
+ * be logged (at most one line per second, with the count since the last). */
+int embps_metrics_refused(uint64_t *since_last);
+#endif

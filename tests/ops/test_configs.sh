@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# test_configs.sh ROOT [SERVER] - offline checks of the deployment files:
+# yamllint of docker/; every pod spec in docker/k8s/ meets the restricted
+# Pod Security Standard and probes /readyz and /healthz over HTTP; the
+# Prometheus config passes promtool and every Grafana panel's query parses;
+# the systemd unit passes systemd-analyze verify (ExecStart pointed at
+# SERVER when given) with the settings it must have; README.md and
+# docker/README.md give the same bytes-per-row formula.
+set -u
+ROOT=$1
+SERVER=${2:-}
+TMP=$(mktemp -d /tmp/embps-configs-test.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+. "$(dirname "$0")/tap.sh"
+PY=/usr/bin/python3
+D=$ROOT/docker
+
+check "yamllint docker/" yamllint -s -c "$D/yamllint.yaml" "$D/k8s" "$D/compose.yaml" "$D/monitoring"
+
+check "k8s: restricted Pod Security Standard, HTTP probes, claims" $PY - "$D/k8s" <<'PY'
+import glob, sys, yaml
+docs = [d for f in sorted(glob.glob(sys.argv[1] + "/*.yaml"))
+        for d in yaml.safe_load_all(open(f)) if d]
+kinds = {d["kind"] for d in docs}
+assert {"StatefulSet", "Service", "PodDisruptionBudget"} <= kinds, kinds
+ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                   "persistentVolumeClaim", "projected", "secret"}
+for d in docs:
+    if d["kind"] not in ("StatefulSet", "Deployment", "Pod"):
+        continue
+    pod = d["spec"]["template"]["spec"] if d["kind"] != "Pod" else d["spec"]
+    psc = pod.get("securityContext", {})
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), d
+    for v in pod.get("volumes", []):
+        kind = set(v) - {"name"}
+        assert kind <= ALLOWED_VOLUMES, ("volume type not allowed", v)
+    assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", psc
+    for c in pod.get("initContainers", []) + pod["containers"]:
+        sc = c.get("securityContext", {})
+        assert sc.get("allowPrivilegeEscalation") is False, c["name"]
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], c["name"]
+        assert not set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}
+        assert sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, c["name"]
+        assert sc.get("runAsUser", psc.get("runAsUser", 1)) != 0
+        assert not sc.get("privileged"), c["name"]
+        assert sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type") \
+            in ("RuntimeDefault", "Localhost")
+        assert all("hostPort" not in p for p in c.get("ports", [])), c["name"]
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", c["name"]
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", c["name"]
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        assert mounts.get("/var/lib/embps") == "data", mounts
+        assert "--data-dir /var/lib/embps" in " ".join(c.get("args", [])), c["name"]
+        r = c["resources"]
+        assert r["requests"]["memory"] == r["limits"]["memory"], r
+    if d["kind"] == "StatefulSet":
+        t = [v["metadata"]["name"] for v in d["spec"]["volumeClaimTemplates"]]
+        assert t == ["data"], t
+        aa = pod["affinity"]["podAntiAffinity"]
+        terms = aa.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+        assert terms and terms[0]["topologyKey"] == "kubernetes.io/hostname", aa
+PY
+
+if command -v promtool >/dev/null; then
+  check "promtool check config docker/monitoring/prometheus.yml" \
+    promtool check config "$D/monitoring/prometheus.yml"
+  # every panel query, dashboard variables filled in, as a recording rule
+  if $PY - "$D/monitoring/grafana-dashboard.json" >"$TMP/rules.yml" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+assert len(exprs) >= 8, exprs
+print("groups:\n  - name: dashboard\n    rules:")
+for i, e in enumerate(exprs):
+    e = e.replace("$__rate_interval", "5m").replace("$job", ".*").replace("$instance", ".*")
+    print("      - record: dashboard:q%d\n        expr: %s" % (i, json.dumps(e)))
+PY
+  then
+    check "Grafana dashboard: every query parses (promtool check rules)" \
+      promtool check rules "$TMP/rules.yml"
+  else
+    bad "Grafana dashboard: valid JSON with its panels"
+  fi
+else
+  bad "promtool installed (apt-get install prometheus)"
+fi
+
+UNIT=$ROOT/server/embps-server.service
+missing=
+for want in 'LimitNOFILE=' 'NoNewPrivileges=yes' 'ProtectSystem=strict' \
+            'StateDirectory=embps' '--data-dir %S/embps/data' '--metrics-listen'; do
+  grep -qF -- "$want" "$UNIT" || missing="$missing $want"
+done
+[ -z "$missing" ] && ok "systemd unit has its settings" || bad "systemd unit has its settings" "missing:$missing"
+if command -v systemd-analyze >/dev/null && [ -n "$SERVER" ]; then
+  sed "s|/usr/local/bin/embps-server|$SERVER|" "$UNIT" >"$TMP/embps-server.service"
+  check "systemd-analyze verify embps-server.service" \
+    systemd-analyze verify "$TMP/embps-server.service"
+fi
+
+# the formula: the fenced lines after "Bytes per row" in each README
+formula() { awk '/Bytes per row/{f=1} f && /^```/{n++; next} f && n==1' "$1"; }
+formula "$ROOT/README.md" >"$TMP/f1"
+formula "$D/README.md" >"$TMP/f2"
+if [ -s "$TMP/f1" ] && cmp -s "$TMP/f1" "$TMP/f2"; then
+  ok "README.md and docker/README.md: the same bytes-per-row formula"
+else
+  bad "README.md and docker/README.md: the same bytes-per-row formula" \
+    "$(diff "$TMP/f1" "$TMP/f2")"
+fi
+finish
