@@ -11,15 +11,27 @@ server's own message. One Client per thread or process, as in C.
     c.push("emb", [3, 1, 3], grads)            # IndexedSlices, duplicates summed
 
 The shared library is found through $EMBPS_LIBRARY, then next to this
-package in a source tree (build/libembps.so), then the system's library path.
+package (a libembps.so copied into it), then in a source tree
+(build/libembps.so), then in the lib directory of the install prefix this
+package sits under (what `cmake --install --prefix P` fills, whether pip put
+the package in P or in a virtual environment made in P), then sys.prefix's
+lib, then the system's loader path.
+
+A Client may be shared by threads (its calls are serialised by a lock) but
+not across fork(): a child that uses its parent's Client gets ForkError (it
+would read replies meant for the parent); create a new Client in the child.
 """
 import ctypes
 import ctypes.util
 import os
+import sys
+import sysconfig
+import threading
 
 import numpy as np
 
-__all__ = ["Client", "EmbpsError", "Ticket", "load_library"]
+__all__ = ["Client", "EmbpsError", "ForkError", "Ticket", "load_library",
+           "parse_init"]
 
 OPTIMIZERS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}  # storage type of the weights
@@ -96,6 +108,13 @@ class _Options(ctypes.Structure):
                 ("timeout_ms", ctypes.c_int), ("retry_ms", ctypes.c_int)]
 
 
+class _Slices(ctypes.Structure):
+    _fields_ = [("indices", ctypes.POINTER(ctypes.c_int64)),
+                ("values", ctypes.POINTER(ctypes.c_float)),
+                ("n", ctypes.c_size_t), ("cap", ctypes.c_size_t),
+                ("dim", ctypes.c_uint32)]
+
+
 class EmbpsError(Exception):
     """A failed call: .code is the embps or -errno code, .name its symbol."""
 
@@ -105,7 +124,32 @@ class EmbpsError(Exception):
         super().__init__("%s (%s)" % (message, self.name))
 
 
+class ForkError(RuntimeError):
+    """A Client used in a process other than the one that created it."""
+
+
 _LIB = None
+
+
+def _library_candidates(path):
+    """Where libembps.so may be, in the order load_library tries them."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = [path, os.environ.get("EMBPS_LIBRARY"),
+           os.path.join(here, "libembps.so"),
+           os.path.join(here, "..", "..", "..", "build", "libembps.so")]
+    libdirs = ["lib", "lib64"]
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch:
+        libdirs.append(os.path.join("lib", multiarch))
+    # the package lives under PREFIX/lib/pythonX.Y/site-packages (or Debian's
+    # PREFIX/local/lib/python3/dist-packages): try each ancestor as PREFIX
+    d = here
+    for _ in range(6):
+        d = os.path.dirname(d)
+        out += [os.path.join(d, ld, "libembps.so") for ld in libdirs]
+    out += [os.path.join(sys.prefix, ld, "libembps.so") for ld in libdirs]
+    out += [ctypes.util.find_library("embps"), "libembps.so.0"]
+    return out
 
 
 def load_library(path=None):
@@ -113,20 +157,21 @@ def load_library(path=None):
     global _LIB
     if _LIB is not None and path is None:
         return _LIB
-    candidates = [path, os.environ.get("EMBPS_LIBRARY")]
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates.append(os.path.join(here, "..", "..", "..", "build",
-                                   "libembps.so"))
-    candidates.append(ctypes.util.find_library("embps"))
-    for cand in candidates:
-        if cand and (os.path.exists(cand) or not os.path.isabs(cand)):
-            try:
-                lib = ctypes.CDLL(cand)
-                break
-            except OSError:
-                continue
+    tried = []
+    for cand in _library_candidates(path):
+        if not cand or cand in tried:
+            continue
+        tried.append(cand)
+        if os.path.isabs(cand) and not os.path.exists(cand):
+            continue
+        try:
+            lib = ctypes.CDLL(cand)
+            break
+        except OSError:
+            continue
     else:
-        raise OSError("libembps not found: set EMBPS_LIBRARY to its path")
+        raise OSError("libembps not found (tried $EMBPS_LIBRARY, %s): set "
+                      "EMBPS_LIBRARY to its path" % ", ".join(tried[:-1]))
     _declare(lib)
     _LIB = lib
     return lib
@@ -140,6 +185,7 @@ def _declare(lib):
     P = ctypes.c_void_p
     i64p = ctypes.POINTER(ctypes.c_int64)
     f32p = ctypes.POINTER(ctypes.c_float)
+    szp = ctypes.POINTER(ctypes.c_size_t)
     sig = {
         "embps_client_create": (ctypes.c_int, [ctypes.POINTER(_Options),
                                                ctypes.POINTER(P),
@@ -183,6 +229,16 @@ def _declare(lib):
                                             ctypes.POINTER(P)]),
         "embps_wait": (ctypes.c_int, [P, P]),
         "embps_route": (ctypes.c_uint32, [ctypes.c_int64, ctypes.c_uint32]),
+        "embps_slices_init": (None, [ctypes.POINTER(_Slices), ctypes.c_uint32]),
+        "embps_slices_free": (None, [ctypes.POINTER(_Slices)]),
+        "embps_bag_forward": (None, [f32p, ctypes.c_uint32, i64p, szp,
+                                     ctypes.c_size_t, f32p, ctypes.c_int,
+                                     ctypes.c_int, ctypes.c_int64, f32p]),
+        "embps_bag_backward": (ctypes.c_int, [f32p, ctypes.c_uint32, i64p, szp,
+                                              ctypes.c_size_t, f32p,
+                                              ctypes.c_int, ctypes.c_int,
+                                              ctypes.c_int64,
+                                              ctypes.POINTER(_Slices)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -207,6 +263,7 @@ def _spec_dict(s):
     d["optimizer"] = {v: k for k, v in OPTIMIZERS.items()}[s.optimizer]
     d["dtype"] = {v: k for k, v in DTYPES.items()}.get(s.dtype, "unknown")
     d["dynamic"] = bool(s.dynamic)
+    d["init"] = {v: k for k, v in _INITS.items()}.get(s.init, "unknown")
     return d
 
 
@@ -222,6 +279,121 @@ def route(id_, n_servers):
     return int(_lib().embps_route(int(id_), n_servers))
 
 
+COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}  # embps_combiner_t
+
+
+def _bag_args(ids, offsets, weights):
+    ids = _ids(ids).reshape(-1)
+    offs = np.ascontiguousarray(np.asarray(offsets, dtype=np.uintp))
+    if (offs.ndim != 1 or offs.size < 1 or offs[0] != 0
+            or offs[-1] != ids.size or np.any(offs[1:] < offs[:-1])):
+        raise ValueError("offsets must have n_bags + 1 non-decreasing "
+                         "entries from 0 to the number of ids (%d)" % ids.size)
+    if weights is not None:
+        weights = np.ascontiguousarray(np.asarray(weights, dtype=np.float32))
+        if weights.shape != ids.shape:
+            raise ValueError("weights must have one entry per id")
+    return ids, offs, weights
+
+
+def _fptr(a):
+    return None if a is None else _ptr(a, ctypes.c_float)
+
+
+def bag_forward(rows, ids, offsets, weights=None, combiner="sum",
+                padding_id=None):
+    """embps_bag_forward: rows (one per id position, n x dim), bag b covers
+    ids[offsets[b]:offsets[b+1]]; returns the n_bags x dim combined rows."""
+    ids, offs, weights = _bag_args(ids, offsets, weights)
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    if rows.ndim != 2 or rows.shape[0] != ids.size:
+        raise ValueError("rows must be (number of ids) x dim")
+    out = np.empty((offs.size - 1, rows.shape[1]), np.float32)
+    _lib().embps_bag_forward(
+        _ptr(rows, ctypes.c_float), rows.shape[1], _ptr(ids, ctypes.c_int64),
+        _ptr(offs, ctypes.c_size_t), offs.size - 1, _fptr(weights),
+        COMBINERS[combiner], padding_id is not None,
+        int(padding_id or 0), _ptr(out, ctypes.c_float))
+    return out
+
+
+def bag_backward(grad_out, ids, offsets, weights=None, combiner="sum",
+                 padding_id=None):
+    """embps_bag_backward: the IndexedSlices (indices, values) of the rows
+    given d loss / d out (n_bags x dim): one row per non-padding id
+    position, not merged."""
+    ids, offs, weights = _bag_args(ids, offsets, weights)
+    grad_out = np.ascontiguousarray(grad_out, dtype=np.float32)
+    dim = grad_out.shape[1]
+    if grad_out.shape[0] != offs.size - 1:
+        raise ValueError("grad_out must be n_bags x dim")
+    lib = _lib()
+    s = _Slices()
+    lib.embps_slices_init(ctypes.byref(s), dim)
+    try:
+        rc = lib.embps_bag_backward(
+            _ptr(grad_out, ctypes.c_float), dim, _ptr(ids, ctypes.c_int64),
+            _ptr(offs, ctypes.c_size_t), offs.size - 1, _fptr(weights),
+            COMBINERS[combiner], padding_id is not None, int(padding_id or 0),
+            ctypes.byref(s))
+        if rc:
+            raise EmbpsError(rc, "bag backward failed")
+        idx = np.ctypeslib.as_array(s.indices, (s.n,)).copy() if s.n else \
+            np.empty(0, np.int64)
+        vals = np.ctypeslib.as_array(s.values, (s.n, dim)).copy() if s.n \
+            else np.empty((0, dim), np.float32)
+    finally:
+        lib.embps_slices_free(ctypes.byref(s))
+    return idx, vals
+
+
+def parse_init(init, init_value=None):
+    """(kind, value) of an init spec: the CLI's spellings `zeros`,
+    `constant:V`, `uniform:A` (U(-A, A)), `normal:STD`, or a bare kind with
+    init_value. A value given both ways must agree."""
+    kind, sep, text = str(init).partition(":")
+    if kind not in _INITS:
+        raise ValueError("init %r is not zeros|constant:V|uniform:A|normal:STD"
+                         % (init,))
+    value = None
+    if sep:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError("init %r: %r is not a number" % (init, text))
+        if init_value is not None and float(init_value) != value:
+            raise ValueError("init %r disagrees with init_value=%r"
+                             % (init, init_value))
+    elif init_value is not None:
+        value = float(init_value)
+    return kind, 0.0 if value is None else value
+
+
+# spec fields compared when a table already exists (create_table exist_ok)
+_SPEC_KEYS = ("dim", "rows", "dynamic", "optimizer", "lr", "eps", "beta1",
+              "beta2", "initial_accumulator", "l1", "l2", "lr_power",
+              "weight_decay", "init", "init_value", "seed", "has_padding",
+              "padding_id", "dtype", "sync_workers")
+
+
+def spec_differences(want, have):
+    """The fields in which two spec dicts differ, as 'field X, not Y'
+    strings (padding_id only when padding is on)."""
+    out = []
+    for k in _SPEC_KEYS:
+        if k not in want or k not in have:
+            continue
+        if k == "padding_id" and not (want.get("has_padding")
+                                      or have.get("has_padding")):
+            continue
+        a, b = want[k], have[k]
+        same = (abs(a - b) <= 1e-12 * max(abs(a), abs(b))
+                if isinstance(a, float) or isinstance(b, float) else a == b)
+        if not same:
+            out.append("%s %r, not %r" % (k, b, a))
+    return out
+
+
 class Ticket:
     """An asynchronous call in flight; wait() returns its result."""
 
@@ -232,20 +404,27 @@ class Ticket:
     def wait(self):
         if self._handle is None:
             return self._result
-        rc = _lib().embps_wait(self._client._c, self._handle)
-        self._handle = None
-        if rc:
-            self._client._raise(rc)
+        with self._client._lock:
+            rc = _lib().embps_wait(self._client._h(), self._handle)
+            self._handle = None
+            if rc:
+                self._client._raise(rc)
         return self._result
 
 
 class Client:
-    """Connections to an embps cluster (server list in cluster order)."""
+    """Connections to an embps cluster (server list in cluster order).
+
+    Thread-safe: every call takes the client's lock. Not fork-safe: a
+    Client belongs to the process that created it (ForkError elsewhere).
+    """
 
     def __init__(self, servers=None, token=None, timeout_ms=0, retry_ms=0):
         lib = _lib()
         if isinstance(servers, (list, tuple)):
             servers = ",".join(servers)
+        self.servers = servers or os.environ.get("EMBPS_SERVERS",
+                                                 "127.0.0.1:7070")
         opts = _Options(servers.encode() if servers else None,
                         token.encode() if token else None, int(timeout_ms),
                         int(retry_ms))
@@ -256,9 +435,25 @@ class Client:
         if rc:
             raise EmbpsError(rc, err.value.decode())
         self._c = handle
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
         self._dims = {}
 
+    def _h(self):
+        """The C handle, checked to belong to this process and be open."""
+        if self._pid != os.getpid():
+            raise ForkError(
+                "embps.Client for %s was created in process %d and cannot be "
+                "used in process %d (a fork() child would take the parent's "
+                "replies): create a new Client in the child"
+                % (self.servers, self._pid, os.getpid()))
+        if not self._c:
+            raise ValueError("embps.Client for %s is closed" % self.servers)
+        return self._c
+
     def close(self):
+        """Closes the connections. In a fork() child, releases the child's
+        copy only (the parent's connections are untouched)."""
         if getattr(self, "_c", None):
             _lib().embps_client_destroy(self._c)
             self._c = None
@@ -272,9 +467,13 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
+    def __reduce__(self):
+        raise TypeError("an embps.Client holds open connections and cannot be "
+                        "pickled; create one in each process")
+
     @property
     def n_servers(self):
-        return int(_lib().embps_client_n_servers(self._c))
+        return int(_lib().embps_client_n_servers(self._h()))
 
     def _raise(self, rc):
         raise EmbpsError(rc, _lib().embps_client_last_error(self._c).decode())
@@ -285,21 +484,28 @@ class Client:
 
     # ---- tables ----
     def create_table(self, name, dim, rows=None, dynamic=False,
-                     optimizer="sgd", init="zeros", init_value=0.0, seed=0,
-                     padding_id=None, sync_workers=0, dtype="f32", **params):
+                     optimizer="sgd", init="zeros", init_value=None, seed=0,
+                     padding_id=None, sync_workers=0, dtype="f32",
+                     exist_ok=False, **params):
         """Creates a table on every server. params: lr, eps, beta1, beta2,
         initial_accumulator, l1, l2, lr_power, weight_decay (defaults per
-        optimizer as in DESIGN.md). init: zeros|constant|uniform|normal,
+        optimizer as in DESIGN.md). init: the CLI's spellings zeros,
+        constant:V, uniform:A, normal:STD, or zeros|constant|uniform|normal
         with init_value the constant, bound or std. dtype: f32|f16|bf16,
         how the server stores the weights (pulls and pushes stay float32;
-        optimizer state is float32)."""
+        optimizer state is float32). exist_ok: an existing table with the
+        same spec is fine; one with a different spec raises EmbpsError
+        (EMBPS_EEXIST) naming every difference."""
         spec = _Spec()
+        if optimizer not in OPTIMIZERS:
+            raise ValueError("optimizer must be one of %s, not %r"
+                             % ("|".join(OPTIMIZERS), optimizer))
         _lib().embps_table_spec_init(ctypes.byref(spec), name.encode(), dim,
                                      OPTIMIZERS[optimizer])
         spec.rows = rows or 0
         spec.dynamic = int(dynamic)
-        spec.init = _INITS[init]
-        spec.init_value = init_value
+        kind, spec.init_value = parse_init(init, init_value)
+        spec.init = _INITS[kind]
         spec.seed = seed
         if padding_id is not None:
             spec.has_padding, spec.padding_id = 1, padding_id
@@ -313,24 +519,35 @@ class Client:
                          "l1", "l2", "lr_power", "weight_decay"):
                 raise TypeError("unknown table parameter %r" % k)
             setattr(spec, k, float(v))
-        self._check(_lib().embps_create_table(self._c, ctypes.byref(spec)))
+        with self._lock:
+            rc = _lib().embps_create_table(self._h(), ctypes.byref(spec))
+            if rc == -30003 and exist_ok:  # EMBPS_EEXIST
+                diff = spec_differences(_spec_dict(spec), self.describe(name))
+                if diff:
+                    raise EmbpsError(rc, "table \"%s\" exists with a different "
+                                     "spec: %s" % (name, "; ".join(diff)))
+                rc = 0
+            self._check(rc)
         self._dims[name] = dim
 
     def drop_table(self, name):
         self._dims.pop(name, None)
-        self._check(_lib().embps_drop_table(self._c, name.encode()))
+        with self._lock:
+            self._check(_lib().embps_drop_table(self._h(), name.encode()))
 
     def describe(self, name):
         info = _Info()
-        self._check(_lib().embps_describe_table(self._c, name.encode(),
-                                                ctypes.byref(info)))
+        with self._lock:
+            self._check(_lib().embps_describe_table(self._h(), name.encode(),
+                                                    ctypes.byref(info)))
         return _info_dict(info)
 
     def tables(self):
         p = ctypes.POINTER(_Info)()
         n = ctypes.c_size_t()
-        self._check(_lib().embps_list_tables(self._c, ctypes.byref(p),
-                                             ctypes.byref(n)))
+        with self._lock:
+            self._check(_lib().embps_list_tables(self._h(), ctypes.byref(p),
+                                                 ctypes.byref(n)))
         out = [_info_dict(p[i]) for i in range(n.value)]
         _lib()._free(p)
         return out
@@ -338,8 +555,9 @@ class Client:
     def stats(self):
         p = ctypes.POINTER(_Stats)()
         n = ctypes.c_size_t()
-        self._check(_lib().embps_stats(self._c, ctypes.byref(p),
-                                       ctypes.byref(n)))
+        with self._lock:
+            self._check(_lib().embps_stats(self._h(), ctypes.byref(p),
+                                           ctypes.byref(n)))
         out = []
         for i in range(n.value):
             s = p[i]
@@ -376,9 +594,10 @@ class Client:
         out = np.empty(ids.shape + (dim,), dtype=np.float32)
         flat = ids.reshape(-1)
         h = ctypes.c_void_p()
-        self._check(_lib().embps_pull_async(
-            self._c, name.encode(), _ptr(flat, ctypes.c_int64), flat.size,
-            _ptr(out, ctypes.c_float), dim, ctypes.byref(h)))
+        with self._lock:
+            self._check(_lib().embps_pull_async(
+                self._h(), name.encode(), _ptr(flat, ctypes.c_int64),
+                flat.size, _ptr(out, ctypes.c_float), dim, ctypes.byref(h)))
         return Ticket(self, h, (flat, out), out)
 
     def pull(self, name, ids):
@@ -401,10 +620,11 @@ class Client:
         where they are."""
         idx, vals, dim = self._push_args(name, indices, values)
         h = ctypes.c_void_p()
-        self._check(_lib().embps_push_step_async(
-            self._c, name.encode(), _ptr(idx, ctypes.c_int64), idx.size,
-            _ptr(vals, ctypes.c_float), dim, PUSH_MERGE if merge else 0,
-            int(step or 0), ctypes.byref(h)))
+        with self._lock:
+            self._check(_lib().embps_push_step_async(
+                self._h(), name.encode(), _ptr(idx, ctypes.c_int64), idx.size,
+                _ptr(vals, ctypes.c_float), dim, PUSH_MERGE if merge else 0,
+                int(step or 0), ctypes.byref(h)))
         return Ticket(self, h, (idx, vals))
 
     def push(self, name, indices, values, merge=False, step=None):

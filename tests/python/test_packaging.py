@@ -1,0 +1,98 @@
+"""Packaging: `pip install ./client/python` offline with Debian's pip and
+setuptools, then `import embps` finds the libembps.so that `cmake --install`
+put in the same prefix, with EMBPS_LIBRARY unset, and talks to a server.
+Two layouts: a virtual environment made in the prefix, and pip's --prefix
+(Debian's scheme: PREFIX/local/lib/python3.X/dist-packages).
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+from harness import ROOT, SERVER_BIN, Server
+
+CHECK = """
+import sys, numpy as np, embps
+lib = embps.load_library()._name
+c = embps.Client(sys.argv[1])
+c.create_table(sys.argv[2], 2, rows=10, init="constant:1")
+c.push(sys.argv[2], [3], np.ones((1, 2), np.float32))
+print(lib)
+print(embps.__file__)
+print(c.pull(sys.argv[2], [3]).tolist())
+"""
+
+
+def build_dir():
+    d = os.path.dirname(os.path.abspath(SERVER_BIN))
+    while d != "/" and not os.path.exists(os.path.join(d, "CMakeCache.txt")):
+        d = os.path.dirname(d)
+    return d
+
+
+def run(*cmd, **kw):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, **kw)
+    if p.returncode:
+        raise AssertionError("%s failed:\n%s" % (" ".join(cmd), p.stdout))
+    return p.stdout
+
+
+@unittest.skipIf(subprocess.run([sys.executable, "-m", "pip", "--version"],
+                                capture_output=True).returncode,
+                 "pip missing: apt-get install python3-pip python3-setuptools")
+class Install(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="embps-pkg-")
+        # a copy: an in-tree setuptools build leaves build/ and egg-info
+        self.src = os.path.join(self.tmp, "src")
+        shutil.copytree(os.path.join(ROOT, "client", "python"), self.src,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info",
+                                                      "__pycache__"))
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("EMBPS_LIBRARY", "PYTHONPATH",
+                                 "LD_LIBRARY_PATH")}
+        self.server = Server().start()
+
+    def tearDown(self):
+        self.server.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def check(self, python, prefix, table, env=None):
+        out = run(python, "-c", CHECK, self.server.address, table,
+                  cwd=self.tmp, env=env or self.env).split("\n")
+        lib, pkg, rows = out[0], out[1], out[2]
+        self.assertTrue(lib.startswith(os.path.join(prefix, "lib")), lib)
+        self.assertTrue(pkg.startswith(prefix), pkg)
+        self.assertEqual(rows, "[[0.9900000095367432, 0.9900000095367432]]")
+
+    def test_venv_in_the_install_prefix(self):
+        prefix = os.path.join(self.tmp, "venv")
+        run(sys.executable, "-m", "venv", "--system-site-packages", prefix)
+        run("cmake", "--install", build_dir(), "--prefix", prefix)
+        py = os.path.join(prefix, "bin", "python")
+        run(py, "-m", "pip", "install", "--no-index", "--no-build-isolation",
+            self.src, env=self.env)
+        self.check(py, prefix, "v")
+
+    def test_pip_prefix(self):
+        prefix = os.path.join(self.tmp, "p")
+        run("cmake", "--install", build_dir(), "--prefix", prefix)
+        run(sys.executable, "-m", "pip", "install", "--no-index",
+            "--no-build-isolation", "--no-deps", "--prefix", prefix,
+            self.src, env=self.env)
+        (init,) = glob.glob(os.path.join(prefix, "**", "embps", "__init__.py"),
+                            recursive=True)
+        env = dict(self.env,
+                   PYTHONPATH=os.path.dirname(os.path.dirname(init)))
+        self.check(sys.executable, prefix, "p", env)
+
+
+if __name__ == "__main__":
+    unittest.main()
