@@ -58,8 +58,7 @@ int main(int argc, char **argv) {
    * larger request bodies go back to a pool (server.h). */
   if (!mallopt(M_MMAP_THRESHOLD, EMBPS_MMAP_THRESHOLD) ||
       !mallopt(M_TRIM_THRESHOLD, 256 << 20))
-    fprintf(stderr, "embps-server: mallopt refused; large buffers will be "
-            "mmap'd per request\n");
+    LOG_WARN("mallopt refused; large buffers will be mmap'd per request");
   /* Default: half the cores apply, the other half serve I/O (measured on
    * 2 cores: README, "Threads"). */
   int cores = omp_get_num_procs();

@@ -127,7 +127,8 @@ static int list_segments(const char *log_dir, seg_t **out, size_t *n) {
     (*out)[(*n)++].first = v;
   }
   closedir(d);
-  qsort(*out, *n, sizeof **out, by_first);
+  if (*n) /* *out is NULL when the directory has no segment */
+    qsort(*out, *n, sizeof **out, by_first);
   return 0;
 }
 

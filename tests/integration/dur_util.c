@@ -53,6 +53,11 @@ int dur_long(void) {
   return v && *v && strcmp(v, "0") != 0;
 }
 
+int dur_quick(void) {
+  const char *v = getenv("EMBPS_DUR_QUICK");
+  return v && *v && strcmp(v, "0") != 0;
+}
+
 uint64_t dur_seed(void) {
   const char *v = getenv("EMBPS_SEED");
   uint64_t seed = v && *v ? strtoull(v, NULL, 0)

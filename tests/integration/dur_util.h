@@ -186,6 +186,9 @@ void dur_sleep_ms(double ms);
 double dur_now_ms(void);
 /* $EMBPS_LONG set and not "0". */
 int dur_long(void);
+/* EMBPS_DUR_QUICK=1 (sanitizer builds, where a server start costs ~10x):
+ * fewer corruption trials. */
+int dur_quick(void);
 /* The run's seed: $EMBPS_SEED or the clock; printed. */
 uint64_t dur_seed(void);
 #endif
