@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,8 @@ static const char usage[] =
     "               [--seed S] [--padding-id ID] [--sync-workers N]\n"
     "               [--dtype f32|f16|bf16] [--exist-ok]\n"
     "  drop-table NAME\n"
+    "  alter NAME [--lr X] [--eps X] [--beta1 X] [--beta2 X] [--l1 X]\n"
+    "             [--l2 X] [--lr-power X] [--weight-decay X]\n"
     "  tables [--json]\n"
     "  pull NAME (--ids 1,2,3 | --ids-file F) [--out F] [--json]\n"
     "  push NAME (--indices 1,2,2 --values v,v,... |\n"
@@ -317,6 +320,62 @@ static int cmd_drop(cmd_t *cmd) {
   return rc ? server_error(cmd->client, rc) : 0;
 }
 
+/* The hyperparameters `alter` may change (embps_table_alter_t). */
+static const struct {
+  const char *flag;
+  unsigned bit;
+  size_t off;
+} alter_flags[] = {
+    {"--lr", EMBPS_ALTER_LR, offsetof(embps_table_alter_t, lr)},
+    {"--eps", EMBPS_ALTER_EPS, offsetof(embps_table_alter_t, eps)},
+    {"--beta1", EMBPS_ALTER_BETA1, offsetof(embps_table_alter_t, beta1)},
+    {"--beta2", EMBPS_ALTER_BETA2, offsetof(embps_table_alter_t, beta2)},
+    {"--l1", EMBPS_ALTER_L1, offsetof(embps_table_alter_t, l1)},
+    {"--l2", EMBPS_ALTER_L2, offsetof(embps_table_alter_t, l2)},
+    {"--lr-power", EMBPS_ALTER_LR_POWER,
+     offsetof(embps_table_alter_t, lr_power)},
+    {"--weight-decay", EMBPS_ALTER_WEIGHT_DECAY,
+     offsetof(embps_table_alter_t, weight_decay)},
+};
+
+static int cmd_alter(cmd_t *cmd) {
+  if (cmd->argc < 1)
+    return usage_error("%s", "alter needs a table NAME");
+  const size_t n_flags = sizeof alter_flags / sizeof *alter_flags;
+  embps_table_alter_t a;
+  memset(&a, 0, sizeof a);
+  for (int i = 1; i < cmd->argc; i += 2) {
+    const char *f = cmd->argv[i];
+    size_t k = 0;
+    while (k < n_flags && strcmp(alter_flags[k].flag, f))
+      k++;
+    if (k == n_flags)
+      return usage_error("unknown option %s for alter (it changes --lr, "
+                         "--eps, --beta1, --beta2, --l1, --l2, --lr-power, "
+                         "--weight-decay)", f);
+    if (i + 1 >= cmd->argc)
+      return usage_error("%s needs a value", f);
+    if (parse_double(cmd->argv[i + 1],
+                     (double *)((char *)&a + alter_flags[k].off)))
+      return usage_error("\"%s\" is not a number", cmd->argv[i + 1]);
+    a.set |= alter_flags[k].bit;
+  }
+  if (!a.set)
+    return usage_error("%s", "alter needs at least one of --lr, --eps, "
+                       "--beta1, --beta2, --l1, --l2, --lr-power, "
+                       "--weight-decay");
+  embps_table_info_t info;
+  int rc = embps_alter_table(cmd->client, cmd->argv[0], &a, &info);
+  if (rc)
+    return server_error(cmd->client, rc);
+  const embps_table_spec_t *s = &info.spec;
+  printf("table %s: lr %.9g, eps %.9g, beta1 %.9g, beta2 %.9g, l1 %.9g, "
+         "l2 %.9g, lr-power %.9g, weight-decay %.9g\n", s->name, s->lr,
+         s->eps, s->beta1, s->beta2, s->l1, s->l2, s->lr_power,
+         s->weight_decay);
+  return 0;
+}
+
 static int has_flag(cmd_t *cmd, const char *flag) {
   for (int i = 0; i < cmd->argc; i++)
     if (!strcmp(cmd->argv[i], flag))
@@ -334,6 +393,28 @@ static void print_spec_json(const embps_table_spec_t *s) {
          embps_optimizer_name(s->optimizer), embps_dtype_name(s->dtype), s->lr);
 }
 
+static void print_durability(const embps_server_stats_t *x, int json);
+
+/* Under a table of `tables --json`: `, "servers": [{"server": S,
+ * "address": "H:P", <stats' durability figures>}, ...]` for the servers
+ * that hold it (nothing when stats could not be read: st NULL). */
+static void print_table_servers_json(const embps_server_stats_t *st,
+                                     size_t n, const uint8_t *held) {
+  if (!st)
+    return;
+  printf(", \"servers\": [");
+  int any = 0;
+  for (size_t s = 0; s < n; s++) {
+    if (!held[s])
+      continue;
+    printf("%s{\"server\": %zu, \"address\": \"%s\"", any++ ? ", " : "", s,
+           st[s].address);
+    print_durability(&st[s], 1);
+    printf("}");
+  }
+  printf("]");
+}
+
 /* Under `tables`: one line per server that has a data dir. */
 static void print_tables_durability(cmd_t *cmd) {
   embps_server_stats_t *s;
@@ -343,11 +424,16 @@ static void print_tables_durability(cmd_t *cmd) {
   for (size_t i = 0; i < n; i++) {
     if (!s[i].data_dir[0])
       continue;
-    printf("server %s: data dir %s, fsync %s, last checkpoint %" PRIu64
-           " (unix) %" PRIu64 " bytes %" PRIu64 " ms LSN %" PRIu64
-           ", log %" PRIu64 " bytes%s%s\n", s[i].address, s[i].data_dir,
-           s[i].fsync, s[i].checkpoint_unix_s, s[i].checkpoint_bytes,
-           s[i].checkpoint_ms, s[i].checkpoint_lsn, s[i].log_bytes,
+    printf("server %s: data dir %s, fsync %s, ", s[i].address,
+           s[i].data_dir, s[i].fsync);
+    if (s[i].checkpoint_unix_s)
+      printf("last checkpoint at unix time %" PRIu64 " (%" PRIu64 " bytes in %"
+             PRIu64 " ms, LSN %" PRIu64 ")", s[i].checkpoint_unix_s,
+             s[i].checkpoint_bytes, s[i].checkpoint_ms, s[i].checkpoint_lsn);
+    else
+      printf("no checkpoint since start (restored up to LSN %" PRIu64 ")",
+             s[i].checkpoint_lsn);
+    printf(", log %" PRIu64 " bytes%s%s\n", s[i].log_bytes,
            s[i].durability_failed[0] ? ", FAILED: " : "",
            s[i].durability_failed);
   }
@@ -423,6 +509,12 @@ static int cmd_tables(cmd_t *cmd) {
   if (rc)
     return server_error(cmd->client, rc);
   const size_t K = embps_client_n_servers(cmd->client);
+  embps_server_stats_t *st = NULL;
+  size_t n_st = 0;
+  if (json && (embps_stats(cmd->client, &st, &n_st) || n_st != K)) {
+    embps_stats_free(st, n_st);
+    st = NULL;
+  }
   if (json) {
     printf("[");
     for (size_t i = 0; i < n; i++) {
@@ -432,6 +524,7 @@ static int cmd_tables(cmd_t *cmd) {
              ", \"pushes\": %" PRIu64 ", \"pulls\": %" PRIu64,
              v[i].rows_allocated, v[i].bytes_used, v[i].pushes, v[i].pulls);
       print_missing(cmd->client, held + i * K, 1);
+      print_table_servers_json(st, K, held + i * K);
       printf("}");
     }
     printf("]\n");
@@ -453,6 +546,7 @@ static int cmd_tables(cmd_t *cmd) {
     }
     print_tables_durability(cmd);
   }
+  embps_stats_free(st, n_st);
   free(v);
   free(held);
   return 0;
@@ -754,6 +848,7 @@ static const command_t commands[] = {
     {"tables", cmd_tables},       {"pull", cmd_pull},
     {"push", cmd_push},           {"stats", cmd_stats},
     {"checkpoint", cmd_checkpoint},
+    {"alter", cmd_alter},
 };
 
 int main(int argc, char **argv) {

@@ -1073,7 +1073,8 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
   if (!t)
     return set_error(c, -ENOMEM, "out of memory");
   if (m->kind == EMBPS_KIND_DESCRIBE || m->kind == EMBPS_KIND_LIST ||
-      m->kind == EMBPS_KIND_STATS) /* reads: safe to send again */
+      m->kind == EMBPS_KIND_STATS ||
+      m->kind == EMBPS_KIND_ALTER) /* reads, or sets absolute values */
     ticket_allow_retry(c, t);
   int rc = 0;
   for (uint32_t i = 0; i < n && !rc; i++) {
@@ -1240,6 +1241,13 @@ static void add_counters(embps_table_info_t *sum, const embps_table_info_t *x) {
     sum->step = x->step;
 }
 
+/* The table infos of a broadcast's replies, counters summed. */
+static void infos_sum(const embps_ticket_t *t, embps_table_info_t *out) {
+  *out = t->parts[0].reply.u.info;
+  for (uint32_t i = 1; i < t->n_parts; i++)
+    add_counters(out, &t->parts[i].reply.u.info);
+}
+
 int embps_describe_table(embps_client_t *c, const char *name,
                          embps_table_info_t *out) {
   embps_msg_t m;
@@ -1252,9 +1260,7 @@ int embps_describe_table(embps_client_t *c, const char *name,
   int rc = broadcast(c, &m, UINT32_MAX, &t);
   if (rc)
     return rc;
-  *out = t->parts[0].reply.u.info;
-  for (uint32_t i = 1; i < t->n_parts; i++)
-    add_counters(out, &t->parts[i].reply.u.info);
+  infos_sum(t, out);
   ticket_free(t);
   return 0;
 }
@@ -1369,6 +1375,35 @@ int embps_checkpoint(embps_client_t *c, embps_checkpoint_info_t *info) {
     info[t->parts[i].server] = t->parts[i].reply.u.checkpoint;
   ticket_free(t);
   return 0;
+}
+
+int embps_alter_table(embps_client_t *c, const char *name,
+                      const embps_table_alter_t *alter,
+                      embps_table_info_t *out) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_ALTER;
+  if (!name || !*name || strlen(name) >= sizeof m.u.alter.name)
+    return set_error(c, EMBPS_EINVAL, "bad table name");
+  if (!alter || !alter->set || (alter->set & ~EMBPS_ALTER_ALL))
+    return set_error(c, EMBPS_EPARAM, "nothing to alter in table \"%s\"",
+                     name);
+  strcpy(m.u.alter.name, name);
+  m.u.alter.set = *alter;
+  forget_table(c, name);
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (rc)
+    return rc;
+  if (out)
+    infos_sum(t, out);
+  ticket_free(t);
+  return 0;
+}
+
+int embps_set_lr(embps_client_t *c, const char *name, double lr) {
+  embps_table_alter_t a = {.set = EMBPS_ALTER_LR, .lr = lr};
+  return embps_alter_table(c, name, &a, NULL);
 }
 
 /* The cached spec of a table (fetched once per client). */

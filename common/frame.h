@@ -28,6 +28,7 @@ enum embps_kind {
   EMBPS_KIND_PUSH = 7,
   EMBPS_KIND_STATS = 8,
   EMBPS_KIND_CHECKPOINT = 9,
+  EMBPS_KIND_ALTER = 12,
   EMBPS_KIND_REPLY = 0x80, /* reply kind = request kind | EMBPS_KIND_REPLY */
   EMBPS_KIND_ERROR = 0xff,
 };

@@ -155,3 +155,36 @@ int embps_table_spec_check(const embps_table_spec_t *s, char *why,
                   (long long)s->padding_id, (unsigned long long)s->rows);
   return 0;
 }
+
+int embps_table_spec_alter(embps_table_spec_t *spec,
+                           const embps_table_alter_t *alter, char *why,
+                           size_t why_len) {
+  if (!alter->set)
+    return refuse(why, why_len, "nothing to alter: give at least one of lr, "
+                  "eps, beta1, beta2, l1, l2, lr-power, weight-decay");
+  if (alter->set & ~EMBPS_ALTER_ALL)
+    return refuse(why, why_len, "unknown alter field bits 0x%x",
+                  alter->set & ~EMBPS_ALTER_ALL);
+  embps_table_spec_t s = *spec;
+  const struct {
+    unsigned bit;
+    double *dst;
+    double src;
+  } fields[] = {
+      {EMBPS_ALTER_LR, &s.lr, alter->lr},
+      {EMBPS_ALTER_EPS, &s.eps, alter->eps},
+      {EMBPS_ALTER_BETA1, &s.beta1, alter->beta1},
+      {EMBPS_ALTER_BETA2, &s.beta2, alter->beta2},
+      {EMBPS_ALTER_L1, &s.l1, alter->l1},
+      {EMBPS_ALTER_L2, &s.l2, alter->l2},
+      {EMBPS_ALTER_LR_POWER, &s.lr_power, alter->lr_power},
+      {EMBPS_ALTER_WEIGHT_DECAY, &s.weight_decay, alter->weight_decay},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+    if (alter->set & fields[i].bit)
+      *fields[i].dst = fields[i].src;
+  int rc = embps_table_spec_check(&s, why, why_len);
+  if (!rc)
+    *spec = s;
+  return rc;
+}

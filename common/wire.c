@@ -113,6 +113,39 @@ static int info_from_pb(const Embps__TableInfo *p, embps_table_info_t *i) {
   return 0;
 }
 
+/* ---- alter: a field is present when its bit is set ---- */
+
+#define ALTER_FIELDS_(X)                                                       \
+  X(lr, EMBPS_ALTER_LR)                                                        \
+  X(eps, EMBPS_ALTER_EPS)                                                      \
+  X(beta1, EMBPS_ALTER_BETA1)                                                  \
+  X(beta2, EMBPS_ALTER_BETA2)                                                  \
+  X(l1, EMBPS_ALTER_L1)                                                        \
+  X(l2, EMBPS_ALTER_L2)                                                        \
+  X(lr_power, EMBPS_ALTER_LR_POWER)                                            \
+  X(weight_decay, EMBPS_ALTER_WEIGHT_DECAY)
+
+static void alter_to_pb(const embps_table_alter_t *a, Embps__AlterTable *p) {
+#define X(field, bit)                                                          \
+  if (a->set & (bit)) {                                                        \
+    p->has_##field = 1;                                                        \
+    p->field = a->field;                                                       \
+  }
+  ALTER_FIELDS_(X)
+#undef X
+}
+
+static void alter_from_pb(const Embps__AlterTable *p, embps_table_alter_t *a) {
+  memset(a, 0, sizeof *a);
+#define X(field, bit)                                                          \
+  if (p->has_##field) {                                                        \
+    a->set |= (bit);                                                           \
+    a->field = p->field;                                                       \
+  }
+  ALTER_FIELDS_(X)
+#undef X
+}
+
 /* Packs a list of infos into freshly allocated protobuf views. */
 typedef struct {
   Embps__TableInfo *infos;
@@ -211,12 +244,20 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     r = RUN_(drop_table, p);
     break;
   }
+  case EMBPS_KIND_ALTER: {
+    Embps__AlterTable p = EMBPS__ALTER_TABLE__INIT;
+    alter_to_pb(&m->u.alter.set, &p);
+    p.name = (char *)m->u.alter.name;
+    r = RUN_(alter_table, p);
+    break;
+  }
   case EMBPS_KIND_DESCRIBE: {
     Embps__DescribeTable p = EMBPS__DESCRIBE_TABLE__INIT;
     p.name = (char *)m->u.name;
     r = RUN_(describe_table, p);
     break;
   }
+  case EMBPS_KIND_ALTER | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY: {
     Embps__TableInfo p;
     Embps__TableSpec s;
@@ -479,12 +520,20 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
     FREE_(drop_table, p);
     break;
   }
+  case EMBPS_KIND_ALTER: {
+    UNPACK_(alter_table, p);
+    rc = copy_name(m->u.alter.name, p->name);
+    alter_from_pb(p, &m->u.alter.set);
+    FREE_(alter_table, p);
+    break;
+  }
   case EMBPS_KIND_DESCRIBE: {
     UNPACK_(describe_table, p);
     rc = copy_name(m->u.name, p->name);
     FREE_(describe_table, p);
     break;
   }
+  case EMBPS_KIND_ALTER | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY: {
     UNPACK_(table_info, p);
     rc = info_from_pb(p, &m->u.info);

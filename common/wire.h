@@ -74,6 +74,10 @@ typedef struct {
     embps_push_reply_t push_reply;
     embps_server_stats_t stats;      /* STATS | REPLY; tables malloc'd */
     embps_checkpoint_info_t checkpoint; /* CHECKPOINT | REPLY */
+    struct {
+      char name[EMBPS_TABLE_NAME_MAX];
+      embps_table_alter_t set;
+    } alter;                         /* ALTER; its reply is info */
   } u;                               /* CREATE|DROP|LIST|STATS replies: none */
 } embps_msg_t;
 

@@ -267,6 +267,11 @@ static void apply_ddl(embps_apply_t *a, embps_request_t *req) {
     complete_all(a, req, 0);
     return;
   }
+  if (req->hdr.kind == EMBPS_KIND_ALTER) {
+    int logged = embps_dispatch_alter(srv, req, a->lsn + 1);
+    complete_all(a, req, logged > 0 ? ++a->lsn : 0);
+    return;
+  }
   int create = req->hdr.kind == EMBPS_KIND_CREATE;
   const char *name = create ? req->msg.u.spec.name : req->msg.u.name;
   embps_table_t *t = create ? NULL : embps_registry_get(&srv->registry, name);

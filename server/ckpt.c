@@ -264,7 +264,7 @@ static int write_manifest(const char *tmp, const embps_ckpt_t *c,
     embps_msg_t m;
     memset(&m, 0, sizeof m);
     m.kind = EMBPS_KIND_CREATE;
-    m.u.spec = *embps_table_spec(c->tables[i].table);
+    m.u.spec = c->tables[i].spec;
     size_t len = embps_msg_size(&m);
     buf_64(&b, c->tables[i].incarnation);
     buf_64(&b, c->tables[i].step);
@@ -616,6 +616,7 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
       goto out;
     }
     off += padded;
+    ct->spec = m.u.spec;
     if (embps_table_create(&m.u.spec, shards, cluster_size, &ct->table)) {
       snprintf(err, err_len, "checkpoint %s: table \"%s\": out of memory",
                path, m.u.spec.name);

@@ -22,6 +22,8 @@ typedef struct {
   /* load: the shard count at write time and each shard's snapshot LSN */
   uint32_t file_shards;
   uint64_t *shard_lsn;
+  /* the spec at the marker (write: the table may be altered since) */
+  embps_table_spec_t spec;
 } embps_ckpt_table_t;
 
 typedef struct {

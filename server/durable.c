@@ -126,13 +126,14 @@ int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
   return rc;
 }
 
-int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
-                             embps_table_t *table, char *msg,
-                             size_t msg_len) {
+/* A CREATE or ALTER record: the incarnation, then spec packed. */
+static int log_spec(embps_durable_t *d, uint32_t type, uint64_t lsn,
+                    embps_table_t *table, const embps_table_spec_t *spec,
+                    char *msg, size_t msg_len) {
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   m.kind = EMBPS_KIND_CREATE;
-  m.u.spec = *embps_table_spec(table);
+  m.u.spec = *spec;
   size_t len = embps_msg_size(&m);
   uint8_t *buf = malloc(8 + len);
   if (!buf) {
@@ -143,9 +144,23 @@ int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
   memcpy(buf, &inc, 8);
   embps_msg_pack(&m, buf + 8);
   struct iovec part = {buf, 8 + len};
-  int rc = log_record(d, EMBPS_WAL_CREATE, lsn, &part, 1, msg, msg_len);
+  int rc = log_record(d, type, lsn, &part, 1, msg, msg_len);
   free(buf);
   return rc;
+}
+
+int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
+                             embps_table_t *table, char *msg,
+                             size_t msg_len) {
+  return log_spec(d, EMBPS_WAL_CREATE, lsn, table, embps_table_spec(table),
+                  msg, msg_len);
+}
+
+int embps_durable_log_alter(embps_durable_t *d, uint64_t lsn,
+                            embps_table_t *table,
+                            const embps_table_spec_t *spec, char *msg,
+                            size_t msg_len) {
+  return log_spec(d, EMBPS_WAL_ALTER, lsn, table, spec, msg, msg_len);
 }
 
 int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
@@ -198,6 +213,7 @@ void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
       c->tables[i].table = tables[i];
       c->tables[i].incarnation = embps_table_incarnation(tables[i]);
       c->tables[i].step = info.step;
+      c->tables[i].spec = info.spec;
     }
     c->n_tables = n;
     embps_wal_rotate(d->wal, lsn + 1, d->marker_err, sizeof d->marker_err);
@@ -456,15 +472,26 @@ static int replay_visit(void *ctx, const embps_wal_rec_t *rec, char *err,
     return -1;
   }
   uint64_t inc = embps_get64(rec->payload);
-  if (rec->type == EMBPS_WAL_CREATE) {
-    embps_msg_t m;
-    char why[256];
-    if (embps_msg_unpack(EMBPS_KIND_CREATE, rec->payload + 8, rec->len - 8,
-                         &m) ||
-        embps_table_spec_check(&m.u.spec, why, sizeof why)) {
-      snprintf(err, err_len, "table spec does not decode");
+  embps_msg_t m;
+  char why[256];
+  if ((rec->type == EMBPS_WAL_CREATE || rec->type == EMBPS_WAL_ALTER) &&
+      (embps_msg_unpack(EMBPS_KIND_CREATE, rec->payload + 8, rec->len - 8,
+                        &m) ||
+       embps_table_spec_check(&m.u.spec, why, sizeof why))) {
+    snprintf(err, err_len, "table spec does not decode");
+    return -1;
+  }
+  if (rec->type == EMBPS_WAL_ALTER) {
+    known_t *k = known_find(r, inc);
+    if (!k || !k->table) {
+      snprintf(err, err_len, "alter of table incarnation %" PRIx64 " that "
+               "does not exist", inc);
       return -1;
     }
+    embps_table_alter(k->table, &m.u.spec);
+    return 0;
+  }
+  if (rec->type == EMBPS_WAL_CREATE) {
     embps_table_t *t;
     if (embps_table_create(&m.u.spec, srv->cfg.shards, srv->cfg.cluster_size,
                            &t)) {

@@ -51,6 +51,11 @@ int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
                            size_t msg_len);
 int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
                              embps_table_t *table, char *msg, size_t msg_len);
+/* An ALTER: table's spec becomes spec (its alterable fields). */
+int embps_durable_log_alter(embps_durable_t *d, uint64_t lsn,
+                            embps_table_t *table,
+                            const embps_table_spec_t *spec, char *msg,
+                            size_t msg_len);
 int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
                            embps_table_t *table, char *msg, size_t msg_len);
 /* Completes req (its reply set) once the log is durable up to lsn in

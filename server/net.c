@@ -314,7 +314,8 @@ static void run_request(embps_conn_t *c, embps_request_t *req) {
 /* Kinds handed to the apply thread or the checkpoint thread, in order. */
 static int deferred_kind(uint16_t kind) {
   return kind == EMBPS_KIND_PUSH || kind == EMBPS_KIND_CREATE ||
-         kind == EMBPS_KIND_DROP || kind == EMBPS_KIND_CHECKPOINT;
+         kind == EMBPS_KIND_DROP || kind == EMBPS_KIND_CHECKPOINT ||
+         kind == EMBPS_KIND_ALTER;
 }
 
 /* A request must wait while earlier requests of its connection wait, or

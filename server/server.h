@@ -135,6 +135,11 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
  * code with req->reply the error. */
 int embps_dispatch_create(embps_server_t *srv, embps_request_t *req);
 int embps_dispatch_drop(embps_server_t *srv, embps_request_t *req);
+/* ALTER (alter.c), on the apply thread; lsn is the next LSN. Returns 1
+ * when it was logged at lsn, 0 when it took effect unlogged (no
+ * --data-dir), -1 with req->reply the error (nothing changed). */
+int embps_dispatch_alter(embps_server_t *srv, embps_request_t *req,
+                         uint64_t lsn);
 /* Sets req->reply to an error frame (code, printf-style message). */
 void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
                         const char *fmt, ...)

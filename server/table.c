@@ -61,7 +61,8 @@ typedef struct {
 } shard_t;
 
 struct embps_table {
-  embps_table_spec_t spec;
+  embps_table_spec_t spec; /* alterable fields: written under spec_mu */
+  pthread_mutex_t spec_mu; /* the apply thread alters, any thread reads */
   embps_optim_t optim;
   uint32_t n_shards, dim;
   embps_dtype_t dtype;
@@ -523,6 +524,7 @@ int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
   embps_table_t *t = calloc(1, sizeof *t);
   if (!t)
     return -ENOMEM;
+  pthread_mutex_init(&t->spec_mu, NULL);
   t->spec = *spec;
   embps_optim_from_spec(&t->optim, spec);
   t->n_shards = n_shards ? n_shards : 1;
@@ -570,6 +572,7 @@ void embps_table_destroy(embps_table_t *t) {
     munmap(t->rows, t->rows_len);
   free(t->live);
   atomic_fetch_sub(&total_bytes, atomic_load(&t->bytes));
+  pthread_mutex_destroy(&t->spec_mu);
   free(t);
 }
 
@@ -586,9 +589,25 @@ const embps_table_spec_t *embps_table_spec(const embps_table_t *t) {
 
 size_t embps_table_row_bytes(const embps_table_t *t) { return t->row_bytes; }
 
+void embps_table_alter(embps_table_t *t, const embps_table_spec_t *spec) {
+  pthread_mutex_lock(&t->spec_mu);
+  t->spec.lr = spec->lr;
+  t->spec.eps = spec->eps;
+  t->spec.beta1 = spec->beta1;
+  t->spec.beta2 = spec->beta2;
+  t->spec.l1 = spec->l1;
+  t->spec.l2 = spec->l2;
+  t->spec.lr_power = spec->lr_power;
+  t->spec.weight_decay = spec->weight_decay;
+  pthread_mutex_unlock(&t->spec_mu);
+  embps_optim_from_spec(&t->optim, &t->spec); /* read by commit: same thread */
+}
+
 void embps_table_info(embps_table_t *t, embps_table_info_t *out) {
   memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&t->spec_mu);
   out->spec = t->spec;
+  pthread_mutex_unlock(&t->spec_mu);
   out->rows_allocated = atomic_load(&t->rows_allocated);
   out->bytes_used = atomic_load(&t->bytes);
   out->pushes = atomic_load(&t->pushes);

@@ -56,7 +56,13 @@ int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
                        uint32_t cluster_size, embps_table_t **out);
 void embps_table_destroy(embps_table_t *t);
 
+/* The spec. Its alterable fields (embps_table_alter_t) change under the
+ * apply thread: other threads read those through embps_table_info. */
 const embps_table_spec_t *embps_table_spec(const embps_table_t *t);
+/* Takes the alterable hyperparameters (embps_table_alter_t's fields) of
+ * spec, a checked spec of this table; the next commit uses them. Applying
+ * thread only. */
+void embps_table_alter(embps_table_t *t, const embps_table_spec_t *spec);
 /* Spec plus counters. bytes_used is the memory the table holds: array
  * storage, materialised rows x row_bytes plus the bitmap; hashed storage,
  * the row chunks allocated plus the maps. */

@@ -21,6 +21,8 @@ typedef enum {
 } embps_fsync_t;
 
 enum { EMBPS_WAL_PUSH = 1, EMBPS_WAL_CREATE = 2, EMBPS_WAL_DROP = 3 };
+/* ALTER {incarnation, packed TableSpec: the table's spec after the alter} */
+enum { EMBPS_WAL_ALTER = 5 };
 
 #define EMBPS_WAL_HEADER_BYTES 32
 

@@ -84,7 +84,7 @@ static int setup(void **state) {
     embps_table_info_t info;
     embps_table_info(f->t[i], &info);
     f->tables[i] = (embps_ckpt_table_t){f->t[i], 1 + (uint64_t)i, info.step,
-                                        0, NULL};
+                                        0, NULL, info.spec};
   }
   for (int i = 0; i < 3; i++)
     f->seen[i] = (embps_ckpt_seen_t){100 + (uint64_t)i, 7 * (uint64_t)i + 1};

@@ -132,6 +132,32 @@ EMBPS_EXTERN void embps_table_spec_init(embps_table_spec_t *spec,
  * (may be NULL) of at most why_len bytes. The server runs the same check. */
 EMBPS_EXTERN int embps_table_spec_check(const embps_table_spec_t *spec,
                                         char *why, size_t why_len);
+/* What embps_alter_table may change during training: the hyperparameters
+ * that leave a table's rows and optimizer state as they are (never the
+ * optimizer, dim, dtype, rows, init, seed, padding, sync workers, nor the
+ * initial accumulator, which fresh rows' state starts from). A bit in `set`
+ * per field to change. */
+#define EMBPS_ALTER_LR (1u << 0)
+#define EMBPS_ALTER_EPS (1u << 1)
+#define EMBPS_ALTER_BETA1 (1u << 2)
+#define EMBPS_ALTER_BETA2 (1u << 3)
+#define EMBPS_ALTER_L1 (1u << 4)
+#define EMBPS_ALTER_L2 (1u << 5)
+#define EMBPS_ALTER_LR_POWER (1u << 6)
+#define EMBPS_ALTER_WEIGHT_DECAY (1u << 7)
+#define EMBPS_ALTER_ALL 0xffu
+
+typedef struct {
+  unsigned set; /* EMBPS_ALTER_* bits */
+  double lr, eps, beta1, beta2, l1, l2, lr_power, weight_decay;
+} embps_table_alter_t;
+
+/* Writes the fields of `alter` that are set into spec, then checks spec as
+ * embps_table_spec_check does. 0, or EMBPS_EPARAM with `why` (nothing set,
+ * an unknown bit, or a value out of range; spec is then unchanged). */
+EMBPS_EXTERN int embps_table_spec_alter(embps_table_spec_t *spec,
+                                        const embps_table_alter_t *alter,
+                                        char *why, size_t why_len);
 EMBPS_EXTERN const char *embps_optimizer_name(embps_optimizer_t opt);
 /* Parses "sgd", "adagrad", ...; returns 0 or EMBPS_EINVAL. */
 EMBPS_EXTERN int embps_optimizer_parse(const char *s, embps_optimizer_t *out);
@@ -262,6 +288,17 @@ EMBPS_EXTERN void embps_stats_free(embps_server_stats_t *s, size_t n_servers);
  * EMBPS_ENODATADIR if a server has no data dir. */
 EMBPS_EXTERN int embps_checkpoint(embps_client_t *c,
                                   embps_checkpoint_info_t *info);
+/* Changes hyperparameters of a table on every server of the cluster (see
+ * embps_table_alter_t), in order with the pushes: a push sent after this
+ * returns uses the new values; logged and checkpointed with --data-dir.
+ * Values are checked as a create checks them (EMBPS_EPARAM, naming the
+ * field; nothing changes). out, if not NULL, gets the new spec and the
+ * counters summed over the servers. */
+EMBPS_EXTERN int embps_alter_table(embps_client_t *c, const char *name,
+                                   const embps_table_alter_t *alter,
+                                   embps_table_info_t *out);
+/* embps_alter_table of the learning rate alone. */
+EMBPS_EXTERN int embps_set_lr(embps_client_t *c, const char *name, double lr);
 
 /* Pulls rows: out[i*dim .. i*dim+dim) = row ids[i], for i < n. Duplicated
  * ids are sent once. dim must be the table's dim (checked by the server). */
