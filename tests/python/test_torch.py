@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from harness import Server
+from test_optimizers import RTOL, batches, rel_err, torch_sparse_grad
 import embps
 import embps.torch as et
 
@@ -263,18 +264,74 @@ class Optimizer(TorchBase):
             sched.step()
         self.assertEqual(lrs, [0.5, 0.25, 0.125])
         self.assertTrue(np.allclose(self.c.pull("s", [4]), -sum(lrs)))
-        self.assertEqual(self.c.describe("s")["lr"], 0.5)  # table unchanged
+        self.assertEqual(self.c.describe("s")["lr"], 0.125)  # the last sent
 
-    def test_other_optimizers_say_what_is_missing(self):
+    def schedule_matches_torch(self, optimizer, make_local, make_sched,
+                               steps=50, rows=40, dim=8, **params):
+        """The same random sparse gradients and the same lr schedule
+        through RemoteOptimizer and through a local nn.Embedding(sparse=
+        True) with its torch.optim optimizer: equal to float32 rounding."""
+        name = "lr_" + optimizer
+        emb = et.RemoteEmbedding.create(self.c, name, rows, dim, init="normal",
+                                        init_value=0.5, seed=11,
+                                        optimizer=optimizer, **params)
+        local = torch.nn.Embedding(rows, dim, sparse=True)
+        with torch.no_grad():
+            local.weight.copy_(self.table_weight(name, rows))
+        ropt, lopt = et.RemoteOptimizer(emb), make_local(local.parameters())
+        rs, ls = make_sched(ropt), make_sched(lopt)
+        lrs = set()
+        for idx, vals in batches(np.random.default_rng(5), rows, dim, steps):
+            ropt.zero_grad()
+            lopt.zero_grad()
+            # the remote side through autograd: d(sum(out * vals))/dw = vals
+            (emb(torch.from_numpy(idx)) * torch.from_numpy(vals)).sum(
+            ).backward()
+            local.weight.grad = torch_sparse_grad(idx, vals, rows, dim)
+            self.assertEqual(ropt.param_groups[0]["lr"],
+                             lopt.param_groups[0]["lr"])
+            lrs.add(ropt.param_groups[0]["lr"])
+            ropt.step()
+            lopt.step()
+            rs.step()
+            ls.step()
+        got = self.c.pull(name, np.arange(rows))
+        err = rel_err(got, local.weight.detach().numpy())
+        self.assertLessEqual(err, RTOL, "%s: relative error %.3g"
+                             % (optimizer, err))
+        self.assertGreater(len(lrs), 3)  # the schedule did move
+        self.assertEqual(self.c.describe(name)["pushes"], steps)
+
+    def test_adagrad_follows_step_lr(self):
+        self.schedule_matches_torch(
+            "adagrad", lambda p: torch.optim.Adagrad(p, lr=0.5, eps=1e-10),
+            lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=10,
+                                                      gamma=0.5),
+            lr=0.5, eps=1e-10)
+
+    def test_adam_follows_lambda_lr(self):
+        self.schedule_matches_torch(
+            "adam", lambda p: torch.optim.SparseAdam(p, lr=0.05, eps=1e-8),
+            lambda o: torch.optim.lr_scheduler.LambdaLR(
+                o, lambda s: min(1.0, (s + 1) / 10) * 0.97 ** s),
+            lr=0.05, eps=1e-8)
+
+    def test_lr_refused_names_the_problem(self):
         emb = et.RemoteEmbedding.create(self.c, "a", 10, 2,
                                         optimizer="adagrad", lr=0.5)
         opt = et.RemoteOptimizer(emb)
-        opt.param_groups[0]["lr"] = 0.1
+        opt.param_groups[0]["lr"] = 0.0
         emb(torch.tensor([1])).sum().backward()
-        with self.assertRaises(NotImplementedError) as e:
+        with self.assertRaises(embps.EmbpsError) as e:
             opt.step()
-        self.assertIn("SET_LR", str(e.exception))
-        self.assertEqual(self.c.describe("a")["pushes"], 0)
+        self.assertIn("lr must be > 0", str(e.exception))
+        self.assertEqual(e.exception.name, "EMBPS_EPARAM")
+        d = self.c.describe("a")
+        self.assertEqual((d["lr"], d["pushes"]), (0.5, 0))
+        self.assertEqual(self.c.set_lr("a", 0.25)["lr"], 0.25)
+        self.assertEqual(self.c.alter("a", eps=1e-6, l2=0.5)["l2"], 0.5)
+        with self.assertRaises(ValueError):
+            self.c.alter("a", dim=3)
 
     def test_synchronous_table_steps(self):
         emb = et.RemoteEmbedding.create(self.c, "y", 10, 2, init="zeros",

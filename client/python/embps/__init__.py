@@ -103,6 +103,17 @@ class _CheckpointInfo(ctypes.Structure):
                 for f in ("lsn", "bytes", "duration_ms", "unix_s")]
 
 
+# embps_table_alter_t: the fields ALTER may change, in the order of their
+# EMBPS_ALTER_* bits.
+_ALTER_FIELDS = ("lr", "eps", "beta1", "beta2", "l1", "l2", "lr_power",
+                 "weight_decay")
+
+
+class _Alter(ctypes.Structure):
+    _fields_ = [("set", ctypes.c_uint)] + [(f, ctypes.c_double)
+                                           for f in _ALTER_FIELDS]
+
+
 class _Options(ctypes.Structure):
     _fields_ = [("servers", ctypes.c_char_p), ("token", ctypes.c_char_p),
                 ("timeout_ms", ctypes.c_int), ("retry_ms", ctypes.c_int)]
@@ -209,6 +220,9 @@ def _declare(lib):
                                        ctypes.POINTER(ctypes.c_size_t)]),
         "embps_stats_free": (None, [ctypes.POINTER(_Stats), ctypes.c_size_t]),
         "embps_checkpoint": (ctypes.c_int, [P, ctypes.POINTER(_CheckpointInfo)]),
+        "embps_alter_table": (ctypes.c_int, [P, ctypes.c_char_p,
+                                             ctypes.POINTER(_Alter),
+                                             ctypes.POINTER(_Info)]),
         "embps_client_n_servers": (ctypes.c_size_t, [P]),
         "embps_pull": (ctypes.c_int, [P, ctypes.c_char_p, i64p,
                                       ctypes.c_size_t, f32p, ctypes.c_uint32]),
@@ -541,6 +555,31 @@ class Client:
             self._check(_lib().embps_describe_table(self._h(), name.encode(),
                                                     ctypes.byref(info)))
         return _info_dict(info)
+
+    def alter(self, name, **params):
+        """Changes hyperparameters of table `name` on every server during
+        training: any of lr, eps, beta1, beta2, l1, l2, lr_power,
+        weight_decay (the others would change the rows' layout or meaning).
+        In order with pushes: a push sent after this returns uses the new
+        values. Checked like create_table (EmbpsError EPARAM naming the
+        field; nothing changes). Returns the table's new describe()."""
+        a = _Alter()
+        for k, v in params.items():
+            if k not in _ALTER_FIELDS:
+                raise ValueError("alter: %r cannot change during training "
+                                 "(only %s)" % (k, ", ".join(_ALTER_FIELDS)))
+            setattr(a, k, float(v))
+            a.set |= 1 << _ALTER_FIELDS.index(k)
+        info = _Info()
+        with self._lock:
+            self._check(_lib().embps_alter_table(self._h(), name.encode(),
+                                                 ctypes.byref(a),
+                                                 ctypes.byref(info)))
+        return _info_dict(info)
+
+    def set_lr(self, name, lr):
+        """alter(name, lr=lr)."""
+        return self.alter(name, lr=lr)
 
     def tables(self):
         p = ctypes.POINTER(_Info)()

@@ -370,10 +370,11 @@ class RemoteOptimizer(torch.optim.Optimizer):
     The update rule and its hyperparameters are the table's, applied on the
     servers. param_groups[i] holds "table", "optimizer" and "lr" (the
     table's). A learning-rate schedule (changing "lr", by hand or with a
-    torch.optim.lr_scheduler) works for sgd tables, whose update is linear
-    in lr: the gradient is scaled by lr / (the table's lr). Other optimizers
-    raise NotImplementedError at step(): they need a server request to set a
-    table's learning rate, which embps does not have yet.
+    torch.optim.lr_scheduler) works for every optimizer: at step(), a
+    group whose lr changed since the last step sends the table one alter
+    (Client.set_lr) before its push, so the servers apply that push and the
+    later ones with the new lr. Every worker running the same schedule
+    sends the same value. The servers refuse lr <= 0 (EmbpsError EPARAM).
 
     Synchronous tables (sync_workers > 0) are pushed with the step number,
     counted from the table's step when the optimizer is made; every worker
@@ -414,17 +415,12 @@ class RemoteOptimizer(torch.optim.Optimizer):
         for m in self._modules:
             m._grads = []
 
-    def _scale(self, group, t):
-        if group["lr"] == t["lr"]:
-            return None
-        if group["optimizer"] != "sgd":
-            raise NotImplementedError(
-                "table %r (%s) has lr %g on the servers; changing it to %g "
-                "needs a server request that sets a table's learning rate "
-                "(SET_LR / table alter), which embps does not have yet. Only "
-                "sgd tables follow a schedule now."
-                % (group["table"], group["optimizer"], t["lr"], group["lr"]))
-        return group["lr"] / t["lr"]
+    def _send_lr(self, group, t):
+        """One alter of the table's lr when the group's changed."""
+        lr = float(group["lr"])
+        if lr != t["lr"]:
+            t["client"].set_lr(group["table"], lr)
+            t["lr"] = lr
 
     def _batch(self, group, t):
         """(ids, grads) of one push: every gradient of every module on the
@@ -432,14 +428,11 @@ class RemoteOptimizer(torch.optim.Optimizer):
         pairs = [p for m in t["modules"] for p in m._grads]
         if not pairs and not t["sync"]:
             return None
-        scale = self._scale(group, t)
         dim = t["modules"][0].dim
         ids = torch.cat([p[0] for p in pairs]) if pairs else \
             torch.empty(0, dtype=torch.int64)
         grads = torch.cat([p[1] for p in pairs]) if pairs else \
             torch.empty(0, dim)
-        if scale is not None:
-            grads = grads * scale
         return ids.numpy(), grads.numpy()
 
     def step(self, closure=None):
@@ -453,6 +446,7 @@ class RemoteOptimizer(torch.optim.Optimizer):
         self.flush()
         jobs = []
         for group, t in zip(self.param_groups, self._groups):
+            self._send_lr(group, t)
             batch = self._batch(group, t)
             if batch is None:
                 continue
