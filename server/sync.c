@@ -117,6 +117,23 @@ static int combine(embps_sync_t *s, embps_sync_step_t *st, uint32_t dim,
   return 0;
 }
 
+/* A retry (same client id and seq) of the held request *at, sent again
+ * because its connection broke: req takes its place, and the old one is
+ * completed without a reply, so its connection (if it is still open) is
+ * closed rather than answered twice. */
+static void hold_instead(embps_sync_step_t *st, embps_request_t **at,
+                         embps_request_t *req) {
+  embps_request_t *old = *at;
+  req->next = old->next;
+  *at = req;
+  st->rows = st->rows - old->n_unique + req->n_unique;
+  old->next = NULL;
+  free(old->reply);
+  old->reply = NULL;
+  old->reply_len = 0;
+  old->complete(old);
+}
+
 int embps_sync_offer(embps_sync_t *s, embps_server_t *srv,
                      embps_request_t *req, embps_request_t **ready,
                      const int64_t **idx, const float **vals, size_t *n) {
@@ -138,7 +155,12 @@ int embps_sync_offer(embps_sync_t *s, embps_server_t *srv,
                        p->step < current ? "stale" : "ahead of it");
     return EMBPS_ESTEP;
   }
-  for (embps_request_t *r = st->head; r; r = r->next) {
+  for (embps_request_t **at = &st->head, *r; (r = *at); at = &r->next) {
+    if (r->msg.u.push.client_id == p->client_id && p->seq &&
+        r->msg.u.push.seq == p->seq) {
+      hold_instead(st, at, req);
+      return 0;
+    }
     if (r->msg.u.push.client_id == p->client_id) {
       embps_request_fail(srv, req, EMBPS_ESTEP, "worker %llx already pushed "
                          "for step %llu of table \"%s\"",

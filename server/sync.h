@@ -5,7 +5,10 @@
  *
  * Steps are numbered from 1: step k is the table's k-th synchronous step.
  * A push for a step already applied, for a step ahead of the current one,
- * or a second push from the same worker (client id) in a step is refused.
+ * or a second push from the same worker (client id) in a step is refused;
+ * but a retry of a held push (same client id and seq: its connection
+ * broke) replaces it, the old one completed without a reply. (A retry of a
+ * push whose step was applied is a duplicate: apply.c acknowledges it.)
  * Used only by the apply thread, so nothing here locks. */
 #ifndef EMBPS_SYNC_H
 #define EMBPS_SYNC_H
