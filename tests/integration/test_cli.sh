@@ -31,10 +31,11 @@ bad() {
   for line in "$@"; do printf '    %s\n' "$line"; done
 }
 
-# start_server NAME: starts a server, sets ${NAME}_PID and ${NAME}_ADDR
+# start_server NAME [ARGS...]: starts a server (with ARGS), sets ${NAME}_PID
+# and ${NAME}_ADDR
 start_server() {
   local name=$1 pf="$TMP/$1.port" log="$TMP/$1.log"
-  "$SERVER" --listen 127.0.0.1:0 --port-file "$pf" --io-threads 2 \
+  "$SERVER" --listen 127.0.0.1:0 --port-file "$pf" --io-threads 2 "${@:2}" \
     >"$log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
@@ -418,6 +419,46 @@ expect_fail "create-table: unknown dtype" '--dtype "f64" is not f32|f16|bf16' \
   create-table h64 --dim 2 --rows 4 --dtype f64
 
 stop_server MAIN
+
+# ------------------------------------------------- durability under tables
+start_server DUR --data-dir "$TMP/data" --fsync always
+ADDR=$DUR_ADDR
+expect_ok "data dir: create-table" create-table d --dim 2 --rows 4 --lr 0.5
+cli tables
+if [ "$RC" -eq 0 ] && grep -qF "server $DUR_ADDR: data dir $TMP/data, fsync always, no checkpoint since start (restored up to LSN 0), log " "$TMP/out"; then
+  ok "tables shows the data dir before a checkpoint"
+else
+  bad "tables shows the data dir before a checkpoint" "exit $RC" \
+    "$(cat "$TMP/out" "$TMP/err")"
+fi
+expect_ok "data dir: checkpoint" checkpoint
+expect_out "alter --lr (CLI)" \
+  'table d: lr 0.25, eps 0, beta1 0.9, beta2 0.999, l1 0, l2 0, lr-power -0.5, weight-decay 0\n' \
+  alter d --lr 0.25
+expect_fail "alter refuses a bad value and names it" "lr must be > 0 (got -2)" \
+  alter d --lr -2
+expect_fail "alter of an unknown table names the server" \
+  "server 0 ($DUR_ADDR): unknown table \"nope\"" alter nope --lr 1
+cli tables
+if [ "$RC" -eq 0 ] && grep -qE "^server $DUR_ADDR: data dir $TMP/data, fsync always, last checkpoint at unix time [0-9]{10} \([0-9]+ bytes in [0-9]+ ms, LSN 1\), log [0-9]+ bytes$" "$TMP/out"; then
+  ok "tables shows the last checkpoint and the log"
+else
+  bad "tables shows the last checkpoint and the log" "exit $RC" \
+    "$(cat "$TMP/out" "$TMP/err")"
+fi
+cli tables --json
+json_check "tables --json: each holding server's durability figures" \
+  "len(d) == 1 and d[0]['lr'] == 0.25 and len(d[0]['servers']) == 1 and \
+   d[0]['servers'][0]['address'] == '$DUR_ADDR' and \
+   d[0]['servers'][0]['data_dir'] == '$TMP/data' and \
+   d[0]['servers'][0]['fsync'] == 'always' and \
+   d[0]['servers'][0]['checkpoint_unix_s'] > 1700000000 and \
+   d[0]['servers'][0]['checkpoint_bytes'] > 0 and \
+   d[0]['servers'][0]['checkpoint_lsn'] == 1 and \
+   d[0]['servers'][0]['log_bytes'] > 0 and \
+   d[0]['servers'][0]['durability_failed'] == '' and \
+   'checkpoint_ms' in d[0]['servers'][0]"
+stop_server DUR
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
