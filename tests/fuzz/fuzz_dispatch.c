@@ -176,6 +176,14 @@ static void check_reply(core_t *k, const embps_request_t *req) {
     FUZZ_CHECK(k->n_tables > 0);
     k->n_tables--;
     break;
+  case EMBPS_KIND_ALTER:
+    FUZZ_CHECK(bulk_len == 0);
+    FUZZ_CHECK(strcmp(r.u.info.spec.name, q->u.alter.name) == 0);
+    ti = model_index(q->u.alter.name);
+    FUZZ_CHECK(ti < 0 || (k->exists[ti] && r.u.info.spec.dim == k->dims[ti]));
+    FUZZ_CHECK(!(q->u.alter.set.set & EMBPS_ALTER_LR) ||
+               r.u.info.spec.lr == q->u.alter.set.lr);
+    break;
   case EMBPS_KIND_DESCRIBE:
     FUZZ_CHECK(strcmp(r.u.info.spec.name, q->u.name) == 0);
     ti = model_index(q->u.name);
@@ -250,7 +258,8 @@ static void run(core_t *k, int ci, embps_request_t *req) {
   case EMBPS_DISPATCH_DEFERRED:
     FUZZ_CHECK(was_authed && (req->hdr.kind == EMBPS_KIND_PUSH ||
                               req->hdr.kind == EMBPS_KIND_CREATE ||
-                              req->hdr.kind == EMBPS_KIND_DROP));
+                              req->hdr.kind == EMBPS_KIND_DROP ||
+                              req->hdr.kind == EMBPS_KIND_ALTER));
     k->deferred++; /* req belongs to the apply thread now */
     if (req->hdr.kind == EMBPS_KIND_PUSH)
       return;
