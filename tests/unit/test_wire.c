@@ -805,6 +805,59 @@ static void test_spec_defaults(void **state) {
   }
 }
 
+/* ALTER: exactly the fields set travel; its reply is a TableInfo. And
+ * embps_table_spec_alter writes those fields or, refused, nothing. */
+static void test_alter(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_ALTER), *o = new_msg(0);
+  snprintf(m->u.alter.name, sizeof m->u.alter.name, "t.1");
+  m->u.alter.set = (embps_table_alter_t){
+      .set = EMBPS_ALTER_LR | EMBPS_ALTER_BETA2 | EMBPS_ALTER_WEIGHT_DECAY,
+      .lr = 0.125, .beta2 = 0.98, .weight_decay = 1e-4};
+  round_trip(m, o);
+  assert_string_equal(o->u.alter.name, "t.1");
+  assert_memory_equal(&o->u.alter.set, &m->u.alter.set,
+                      sizeof m->u.alter.set);
+  embps_msg_free(o);
+  m->u.alter.set = (embps_table_alter_t){.set = EMBPS_ALTER_ALL, .lr = 1,
+                                         .eps = 2, .beta1 = 3, .beta2 = 4,
+                                         .l1 = 5, .l2 = 6, .lr_power = 7,
+                                         .weight_decay = 8};
+  round_trip(m, o);
+  assert_memory_equal(&o->u.alter.set, &m->u.alter.set,
+                      sizeof m->u.alter.set);
+  embps_msg_free(o);
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_ALTER | EMBPS_KIND_REPLY;
+  full_info(&m->u.info, "altered", 3);
+  round_trip(m, o);
+  assert_info_equal(&o->u.info, &m->u.info);
+  embps_msg_free(o);
+
+  embps_table_spec_t s, before;
+  embps_table_spec_init(&s, "t", 4, EMBPS_OPT_ADAM);
+  s.rows = 10;
+  before = s;
+  char why[128];
+  embps_table_alter_t a = {.set = EMBPS_ALTER_LR | EMBPS_ALTER_BETA1,
+                           .lr = 0.5, .beta1 = 1};
+  assert_int_equal(embps_table_spec_alter(&s, &a, why, sizeof why),
+                   EMBPS_EPARAM);
+  assert_string_equal(why, "beta1 must be in [0, 1) (got 1)");
+  assert_memory_equal(&s, &before, sizeof s);
+  a.set = 1u << 12;
+  assert_int_equal(embps_table_spec_alter(&s, &a, why, sizeof why),
+                   EMBPS_EPARAM);
+  a = (embps_table_alter_t){.set = EMBPS_ALTER_LR | EMBPS_ALTER_L2,
+                            .lr = 0.5, .l2 = 0.25};
+  assert_int_equal(embps_table_spec_alter(&s, &a, why, sizeof why), 0);
+  before.lr = 0.5;
+  before.l2 = 0.25;
+  assert_memory_equal(&s, &before, sizeof s);
+  free(m);
+  free(o);
+}
+
 static void test_spec_refusals(void **state) {
   (void)state;
   for (int oi = EMBPS_OPT_SGD; oi <= EMBPS_OPT_FTRL; oi++) {
@@ -916,6 +969,7 @@ int main(void) {
       cmocka_unit_test(test_other_bounds),
       cmocka_unit_test(test_spec_defaults),
       cmocka_unit_test(test_spec_refusals),
+      cmocka_unit_test(test_alter),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
