@@ -386,7 +386,12 @@ static void test_unread_pulls_bounded(void **state) {
     peak_kb = kb > peak_kb ? kb : peak_kb;
     sleep_ms(100);
   }
-  if (peak_kb > 64 * 1024)
+#ifdef EMBPS_TEST_TSAN /* its shadow memory and allocator quadruple RSS */
+  const long slack = 4;
+#else
+  const long slack = 1;
+#endif
+  if (peak_kb > slack * 64 * 1024)
     fail_msg("server RSS grew by %ld MiB with replies unread (budget 8 MiB "
              "a connection)", peak_kb >> 10);
   /* now read: every pull sent is answered in full */
