@@ -101,6 +101,8 @@ typedef struct {
   /* write-behind: [0, submitted) is written, [submitted, flushed) is
    * being written (errors surface at the final fsync) */
   uint64_t submitted, flushed;
+  unsigned char *recs; /* a shard's snapshot, reused shard after shard */
+  size_t recs_cap;
 } wfile_t;
 
 /* Write-behind: a checkpoint hands every FLUSH_BYTES it wrote to the disk
@@ -157,10 +159,9 @@ static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
 
 static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k, char *err,
                        size_t err_len) {
-  unsigned char *recs;
   size_t rows;
   uint64_t lsn;
-  if (embps_table_snapshot_shard(t, k, &recs, &rows, &lsn)) {
+  if (embps_table_snapshot_shard(t, k, &f->recs, &f->recs_cap, &rows, &lsn)) {
     snprintf(err, err_len, "checkpoint %s: out of memory copying shard %u",
              f->path, k);
     return -1;
@@ -179,11 +180,10 @@ static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k, char *err,
     uint8_t b[BLK_HDR];
     embps_put32(b, BLCK);
     embps_put32(b + 4, (uint32_t)n);
-    embps_put32(b + 8, embps_crc32c(0, recs + i * fr, n * fr));
+    embps_put32(b + 8, embps_crc32c(0, f->recs + i * fr, n * fr));
     embps_put32(b + 12, embps_crc32c(0, b, 12));
-    rc = wf_write(f, b, sizeof b, recs + i * fr, n * fr, err, err_len);
+    rc = wf_write(f, b, sizeof b, f->recs + i * fr, n * fr, err, err_len);
   }
-  free(recs);
   return rc;
 }
 
@@ -219,6 +219,7 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
     if (first && k == (shards - 1) / 2)
       embps_failpoint("ckpt-mid-write");
   }
+  free(f.recs);
   uint8_t e[16] = {0};
   embps_put32(e, TEND);
   embps_put32(e + 4, shards);

@@ -903,46 +903,54 @@ static void to_file_record(const embps_table_t *t, int64_t id,
                            const unsigned char *rec, unsigned char *out) {
   const size_t fr = embps_table_file_record_bytes(t);
   const size_t state = body_bytes(t) - (t->state_off - t->w_off);
-  memset(out, 0, fr);
+  const size_t state_at = ID_BYTES + (t->state_off - t->w_off);
   memcpy(out, &id, sizeof id);
   memcpy(out + ID_BYTES, rec + t->w_off, t->w_bytes);
-  memcpy(out + ID_BYTES + (t->state_off - t->w_off), rec + t->state_off,
-         state);
+  memset(out + ID_BYTES + t->w_bytes, 0, state_at - ID_BYTES - t->w_bytes);
+  memcpy(out + state_at, rec + t->state_off, state);
+  memset(out + state_at + state, 0, fr - state_at - state); /* padding */
+}
+
+/* Grows a snapshot buffer to hold `want` file records. 0 or -ENOMEM. */
+static int snap_reserve(const embps_table_t *t, unsigned char **buf,
+                        size_t *cap, size_t want) {
+  unsigned char *v = realloc(*buf, want * embps_table_file_record_bytes(t));
+  if (!v)
+    return -ENOMEM;
+  *buf = v;
+  *cap = want;
+  return 0;
 }
 
 /* Appends one file record to a growing buffer. 0 or -ENOMEM. */
 static int snap_push(const embps_table_t *t, unsigned char **buf, size_t *n,
                      size_t *cap, int64_t id, const unsigned char *rec) {
   const size_t fr = embps_table_file_record_bytes(t);
-  if (*n == *cap) {
-    size_t c = *cap ? 2 * *cap : 1024;
-    unsigned char *v = realloc(*buf, c * fr);
-    if (!v)
-      return -ENOMEM;
-    *buf = v;
-    *cap = c;
-  }
+  if (*n == *cap && snap_reserve(t, buf, cap, 2 * *cap + 1024))
+    return -ENOMEM;
   to_file_record(t, id, rec, *buf + *n * fr);
   (*n)++;
   return 0;
 }
 
 int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
-                               unsigned char **out, size_t *rows,
-                               uint64_t *lsn) {
+                               unsigned char **buf, size_t *cap,
+                               size_t *rows, uint64_t *lsn) {
   shard_t *sh = &t->shards[k];
-  unsigned char *buf = NULL;
-  size_t n = 0, cap = 0;
+  size_t n = 0;
   int rc = 0;
+  /* sized before the lock from the row count (dense: the shard's share,
+   * plus slack), so the copy under the lock rarely grows the buffer */
+  size_t want = t->hashed ? 0 : atomic_load(&t->rows_allocated) / t->n_shards;
+  want += want / 8 + 1024;
+  if (want > *cap && snap_reserve(t, buf, cap, want))
+    return -ENOMEM;
   pthread_rwlock_rdlock(&sh->lock);
   if (t->hashed) {
-    cap = sh->n_rows;
-    buf = malloc((cap ? cap : 1) * embps_table_file_record_bytes(t));
-    if (!buf)
-      rc = -ENOMEM;
+    rc = sh->n_rows > *cap ? snap_reserve(t, buf, cap, sh->n_rows) : 0;
     for (uint32_t slot = 0; !rc && slot < sh->n_rows; slot++) {
       const unsigned char *rec = slot_rec(t, sh, slot);
-      rc = snap_push(t, &buf, &n, &cap, rec_id(rec), rec);
+      rc = snap_push(t, buf, &n, cap, rec_id(rec), rec);
     }
   } else {
     for (size_t w = 0; !rc && w < t->live_words; w++) {
@@ -951,19 +959,14 @@ int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
         int64_t id = (int64_t)(w * 64 + (size_t)__builtin_ctzll(bits));
         bits &= bits - 1;
         if (embps_route_shard(id, t->n_shards) == k)
-          rc = snap_push(t, &buf, &n, &cap, id, array_rec(t, id));
+          rc = snap_push(t, buf, &n, cap, id, array_rec(t, id));
       }
     }
   }
   *lsn = sh->lsn;
   pthread_rwlock_unlock(&sh->lock);
-  if (rc) {
-    free(buf);
-    return rc;
-  }
-  *out = buf;
   *rows = n;
-  return 0;
+  return rc;
 }
 
 int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,

@@ -114,12 +114,14 @@ uint32_t embps_table_n_shards(const embps_table_t *t);
  * int64 id, weights, zeros to 4 bytes, float32 state, zeros to 16 bytes;
  * this is its size. */
 size_t embps_table_file_record_bytes(const embps_table_t *t);
-/* Copies the rows of shard k as file records into *out (malloc'd, *rows
- * records) under the shard's read lock, with the shard's log position in
- * *lsn. Pulls go on; a push to that shard waits for the copy. 0, -ENOMEM. */
+/* Copies the rows of shard k as file records into *buf (*cap records,
+ * grown with realloc as needed: reuse it for every shard, free() it at the
+ * end), *rows of them, under the shard's read lock, with the shard's log
+ * position in *lsn. Pulls go on; a push to that shard waits for the copy.
+ * 0, -ENOMEM. */
 int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
-                               unsigned char **out, size_t *rows,
-                               uint64_t *lsn);
+                               unsigned char **buf, size_t *cap,
+                               size_t *rows, uint64_t *lsn);
 /* Inserts (or overwrites) n file records, by id, into a table of any shard
  * count; ids is scratch for n ids. Applying thread only. 0, EMBPS_ERANGE
  * (an id outside a dense table), -ENOMEM. */
