@@ -20,7 +20,7 @@
 #include "embps/embps.h"
 #include "npy.h"
 
-#define CHUNK_BYTES (4u << 20) /* target bytes of rows per request */
+#define CHUNK_BYTES (1u << 20) /* target bytes of rows per request */
 #define MAX_SLOTS 2
 #define SPEC_JSON_MAX (64u << 10)
 #define EXPORT_FORMAT 1
