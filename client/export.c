@@ -426,17 +426,23 @@ typedef struct {
   size_t cap;
 } readers_t;
 
-static void readers_close(readers_t *rs) {
-  embps_npy_close(&rs->ids);
-  embps_npy_close(&rs->w);
-  for (uint32_t j = 0; j < MAX_SLOTS; j++)
-    embps_npy_close(&rs->slot[j]);
+/* Frees the chunk buffers. */
+static void chunk_free(readers_t *rs) {
   free(rs->cid);
   free(rs->cw);
   free(rs->cstate);
   free(rs->col);
   free(rs->order);
   free(rs->keep);
+  rs->cap = 0;
+}
+
+static void readers_close(readers_t *rs) {
+  embps_npy_close(&rs->ids);
+  embps_npy_close(&rs->w);
+  for (uint32_t j = 0; j < MAX_SLOTS; j++)
+    embps_npy_close(&rs->slot[j]);
+  chunk_free(rs);
 }
 
 /* Opens a [n, dim] float file and checks its shape. */
@@ -509,12 +515,7 @@ static int read_chunk(embps_client_t *c, readers_t *rs, uint64_t first,
                       size_t n) {
   char err[1400];
   if (n > rs->cap) {
-    free(rs->cid);
-    free(rs->cw);
-    free(rs->cstate);
-    free(rs->col);
-    free(rs->order);
-    free(rs->keep);
+    chunk_free(rs);
     rs->cid = malloc(n * sizeof *rs->cid);
     rs->cw = malloc(n * rs->dim * sizeof *rs->cw);
     rs->cstate = malloc(n * (rs->slots ? rs->slots : 1) * rs->dim *
