@@ -37,6 +37,7 @@
 
 #include "bufpool.h"
 #include "embps/embps.h"
+#include "internal.h"
 #include "merge.h"
 #include "util.h"
 #include "wire.h"
@@ -166,10 +167,16 @@ static int set_error(embps_client_t *c, int code, const char *fmt, ...) {
   return code;
 }
 
-/* For the library's other files (export.c): sets the last error. */
-int embps_client_set_error_(embps_client_t *c, int code, const char *msg);
 int embps_client_set_error_(embps_client_t *c, int code, const char *msg) {
   return set_error(c, code, "%s", msg);
+}
+
+uint64_t embps_client_max_frame_(const embps_client_t *c) {
+  uint64_t m = 0;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (c->conns[i].max_frame && (!m || c->conns[i].max_frame < m))
+      m = c->conns[i].max_frame;
+  return m;
 }
 
 const char *embps_client_last_error(const embps_client_t *c) {

@@ -18,9 +18,11 @@
 #include <unistd.h>
 
 #include "embps/embps.h"
+#include "internal.h"
 #include "npy.h"
 
 #define CHUNK_BYTES (1u << 20) /* target bytes of rows per request */
+#define FRAME_META_ROOM 512u /* frame bytes kept for header and meta */
 #define MAX_SLOTS 2
 #define SPEC_JSON_MAX (64u << 10)
 #define EXPORT_FORMAT 1
@@ -29,8 +31,6 @@
  * last error, set by a call that fails with that message. */
 static int fail(embps_client_t *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-int embps_client_set_error_(embps_client_t *c, int code, const char *msg);
 
 static int fail(embps_client_t *c, int code, const char *fmt, ...) {
   char msg[1536];
@@ -41,10 +41,14 @@ static int fail(embps_client_t *c, int code, const char *fmt, ...) {
   return embps_client_set_error_(c, code, msg);
 }
 
-/* Rows of a chunk for a table of dim with `slots` state slots. */
-static uint32_t chunk_rows(uint32_t dim, uint32_t slots) {
-  size_t row = 8 + 4 * (size_t)dim * (1 + slots);
-  size_t n = CHUNK_BYTES / row;
+/* Rows of a chunk for a table of dim with `slots` state slots: about
+ * CHUNK_BYTES, and a request or reply frame every server accepts. */
+static uint32_t chunk_rows(embps_client_t *c, uint32_t dim, uint32_t slots) {
+  size_t row = 8 + 4 * (size_t)dim * (1 + slots), bytes = CHUNK_BYTES;
+  uint64_t frame = embps_client_max_frame_(c);
+  if (frame && frame - FRAME_META_ROOM < bytes)
+    bytes = (size_t)(frame - FRAME_META_ROOM);
+  size_t n = bytes / row;
   return n ? (uint32_t)n : 1;
 }
 
@@ -308,7 +312,7 @@ static int append_chunk(writers_t *ws, const embps_scan_chunk_t *ch,
 static int scan_all(embps_client_t *c, const char *table, unsigned flags,
                     writers_t *ws, uint64_t *step) {
   char err[1400];
-  const uint32_t max = chunk_rows(ws->dim, ws->slots);
+  const uint32_t max = chunk_rows(c, ws->dim, ws->slots);
   for (uint32_t s = 0; s < embps_client_n_servers(c); s++) {
     uint64_t cursor = 0;
     for (int done = 0; !done;) {
@@ -667,7 +671,7 @@ int embps_import_table(embps_client_t *c, const char *table, const char *dir,
   free(text);
   if (!rc)
     rc = open_files(c, dir, flags, &rs);
-  const uint32_t max = chunk_rows(rs.dim ? rs.dim : 1, rs.slots);
+  const uint32_t max = chunk_rows(c, rs.dim ? rs.dim : 1, rs.slots);
   /* pass 1: check everything; pass 2: write */
   for (int pass = 0; pass < 2 && !rc; pass++) {
     for (uint64_t first = 0; first < rs.n && !rc; first += max) {
