@@ -36,6 +36,8 @@ static const char usage[] =
     "             --indices-file F --values-file F) [--step S]\n"
     "  stats [--json]\n"
     "  checkpoint           take a checkpoint on every server (--data-dir)\n"
+    "  export NAME --out DIR [--with-state]   rows to .npy files + spec.json\n"
+    "  import NAME --from DIR [--with-state] [--create]\n"
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
@@ -748,6 +750,43 @@ static int cmd_checkpoint(cmd_t *cmd) {
   return 0;
 }
 
+/* export and import: NAME, then DIR after `dir_flag`; --with-state (or
+ * DESIGN.md's --state) and, for import, --create. */
+static int export_import(cmd_t *cmd, int import) {
+  const char *what = import ? "import" : "export";
+  const char *dir_flag = import ? "--from" : "--out", *dir = NULL;
+  unsigned flags = 0;
+  if (cmd->argc < 1)
+    return usage_error("%s needs a table NAME", what);
+  for (int i = 1; i < cmd->argc; i++) {
+    const char *a = cmd->argv[i];
+    if (!strcmp(a, "--with-state") || !strcmp(a, "--state"))
+      flags |= import ? EMBPS_IMPORT_STATE : EMBPS_EXPORT_STATE;
+    else if (import && !strcmp(a, "--create"))
+      flags |= EMBPS_IMPORT_CREATE;
+    else if (!strcmp(a, dir_flag) && i + 1 < cmd->argc)
+      dir = cmd->argv[++i];
+    else
+      return usage_error("unknown option or missing value: %s", a);
+  }
+  if (!dir)
+    return die(2, "%s needs %s DIR (see embps --help)", what, dir_flag);
+  uint64_t rows = 0;
+  int rc = import ? embps_import_table(cmd->client, cmd->argv[0], dir, flags,
+                                       &rows)
+                  : embps_export_table(cmd->client, cmd->argv[0], dir, flags,
+                                       &rows);
+  if (rc)
+    return server_error(cmd->client, rc);
+  printf("%s %" PRIu64 " rows of table \"%s\" %s %s\n",
+         import ? "imported" : "exported", rows, cmd->argv[0],
+         import ? "from" : "to", dir);
+  return 0;
+}
+
+static int cmd_export(cmd_t *cmd) { return export_import(cmd, 0); }
+static int cmd_import(cmd_t *cmd) { return export_import(cmd, 1); }
+
 static int cmd_stats(cmd_t *cmd) {
   int json = has_flag(cmd, "--json");
   for (int i = 0; i < cmd->argc; i++)
@@ -849,6 +888,7 @@ static const command_t commands[] = {
     {"push", cmd_push},           {"stats", cmd_stats},
     {"checkpoint", cmd_checkpoint},
     {"alter", cmd_alter},
+    {"export", cmd_export},       {"import", cmd_import},
 };
 
 int main(int argc, char **argv) {

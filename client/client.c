@@ -37,6 +37,7 @@
 
 #include "bufpool.h"
 #include "embps/embps.h"
+#include "internal.h"
 #include "merge.h"
 #include "util.h"
 #include "wire.h"
@@ -104,6 +105,8 @@ struct part {
   size_t n;
   embps_msg_t reply; /* OP_SIMPLE/OP_HELLO: the decoded reply */
   int has_reply;
+  uint8_t *rbulk; /* OP_SIMPLE: the reply's bulk (malloc'd), or NULL */
+  size_t rbulk_len;
   part_t *next;
 };
 
@@ -164,6 +167,18 @@ static int set_error(embps_client_t *c, int code, const char *fmt, ...) {
   return code;
 }
 
+int embps_client_set_error_(embps_client_t *c, int code, const char *msg) {
+  return set_error(c, code, "%s", msg);
+}
+
+uint64_t embps_client_max_frame_(const embps_client_t *c) {
+  uint64_t m = 0;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (c->conns[i].max_frame && (!m || c->conns[i].max_frame < m))
+      m = c->conns[i].max_frame;
+  return m;
+}
+
 const char *embps_client_last_error(const embps_client_t *c) {
   return c ? c->last_error : "no client";
 }
@@ -220,6 +235,7 @@ static void ticket_free(embps_ticket_t *t) {
   for (uint32_t i = 0; i < t->n_parts; i++) {
     free(t->parts[i].pos);
     free(t->parts[i].frame);
+    free(t->parts[i].rbulk);
     if (t->parts[i].has_reply)
       embps_msg_free(&t->parts[i].reply);
   }
@@ -550,6 +566,12 @@ static int end_body(conn_t *k) {
       return -1;
     }
     unlink_part(k, p);
+    size_t off = embps_bulk_offset(k->h.meta_len);
+    if (p->t->op == OP_SIMPLE && k->h.body_len > off && !p->rbulk &&
+        (p->rbulk = malloc(k->h.body_len - off)) != NULL) {
+      memcpy(p->rbulk, k->body + off, k->h.body_len - off);
+      p->rbulk_len = k->h.body_len - off;
+    }
     deliver(k, p, &m);
     part_done(p);
   } else if (k->h.kind == EMBPS_KIND_ERROR && k->h.req_id == 0) {
@@ -1074,7 +1096,8 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
     return set_error(c, -ENOMEM, "out of memory");
   if (m->kind == EMBPS_KIND_DESCRIBE || m->kind == EMBPS_KIND_LIST ||
       m->kind == EMBPS_KIND_STATS ||
-      m->kind == EMBPS_KIND_ALTER) /* reads, or sets absolute values */
+      m->kind == EMBPS_KIND_ALTER ||
+      m->kind == EMBPS_KIND_SCAN) /* reads, or sets absolute values */
     ticket_allow_retry(c, t);
   int rc = 0;
   for (uint32_t i = 0; i < n && !rc; i++) {
@@ -1499,6 +1522,8 @@ static int send_parts(embps_client_t *c, embps_ticket_t *t, embps_msg_t *m,
     }
     if (m->kind == EMBPS_KIND_PULL)
       m->u.pull.n_ids = (uint32_t)p->n;
+    else if (m->kind == EMBPS_KIND_WRITE_ROWS)
+      m->u.write_rows.n = (uint32_t)p->n;
     else
       m->u.push.n = (uint32_t)p->n;
     size_t off = 0;
@@ -1813,4 +1838,133 @@ int embps_wait(embps_client_t *c, embps_ticket_t *t) {
     pull_give_buffers(c, t);
   ticket_free(t);
   return rc;
+}
+
+/* ------------------------------------------------------------ export/import */
+
+int embps_scan(embps_client_t *c, uint32_t server, const char *table,
+               uint64_t cursor, uint32_t max_rows, unsigned flags,
+               embps_scan_chunk_t *out) {
+  memset(out, 0, sizeof *out);
+  int rc = check_name(c, table);
+  if (rc)
+    return rc;
+  if (server >= c->n)
+    return set_error(c, EMBPS_EINVAL, "server %u of a cluster of %u", server,
+                     c->n);
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_SCAN;
+  strcpy(m.u.scan.table, table);
+  m.u.scan.cursor = cursor;
+  m.u.scan.max_rows = max_rows;
+  m.u.scan.with_state = (flags & EMBPS_SCAN_STATE) != 0;
+  embps_ticket_t *t;
+  rc = broadcast(c, &m, server, &t);
+  if (rc)
+    return rc;
+  part_t *p = &t->parts[0];
+  const embps_scan_reply_t *r = &p->reply.u.scan_reply;
+  const uint64_t per_row =
+      8 + 4 * (uint64_t)r->dim * (1 + (uint64_t)r->state_floats);
+  if (r->dim == 0 || r->dim > EMBPS_DIM_MAX || r->state_floats > 2 ||
+      (r->state_floats && !m.u.scan.with_state) ||
+      (max_rows && r->n_rows > max_rows) ||
+      p->rbulk_len != r->n_rows * per_row || (r->n_rows && !p->rbulk)) {
+    ticket_free(t);
+    return set_error(c, EMBPS_EPROTO, "server %u (%s): scan reply does not "
+                     "match its counts", server, c->conns[server].addr);
+  }
+  out->n = r->n_rows;
+  out->dim = r->dim;
+  out->state_slots = r->state_floats;
+  out->next_cursor = r->next_cursor;
+  out->done = r->done;
+  out->step = r->step;
+  out->ids = (int64_t *)p->rbulk;
+  out->weights = (float *)(p->rbulk + out->n * 8);
+  out->state = r->state_floats ? out->weights + out->n * out->dim : NULL;
+  out->priv = p->rbulk;
+  p->rbulk = NULL;
+  ticket_free(t);
+  return 0;
+}
+
+void embps_scan_chunk_free(embps_scan_chunk_t *chunk) {
+  if (!chunk)
+    return;
+  free(chunk->priv);
+  memset(chunk, 0, sizeof *chunk);
+}
+
+typedef struct {
+  const int64_t *ids;
+  const float *w, *state;
+  uint32_t dim, slots;
+} rows_src_t;
+
+/* The ticket's dim is the floats of a row on the wire: weights and state. */
+static int rows_borrow(const embps_ticket_t *t, const part_t *p,
+                       const void *ctx, struct iovec seg[2]) {
+  (void)t;
+  (void)p;
+  (void)ctx;
+  (void)seg;
+  return 0; /* three arrays: always gathered */
+}
+
+static void rows_fill(const embps_ticket_t *t, const part_t *p,
+                      const void *ctx, uint8_t *dst) {
+  const rows_src_t *src = ctx;
+  const size_t dim = src->dim, sf = (size_t)src->slots * dim;
+  int64_t *ids = (int64_t *)dst;
+  float *w = (float *)(dst + p->n * sizeof *ids);
+  float *state = w + p->n * dim;
+  (void)t;
+  for (size_t i = 0; i < p->n; i++) {
+    size_t j = p->pos ? p->pos[i] : i;
+    ids[i] = src->ids[j];
+    memcpy(w + i * dim, src->w + j * dim, dim * sizeof *w);
+    if (sf)
+      memcpy(state + i * sf, src->state + j * sf, sf * sizeof *state);
+  }
+}
+
+int embps_write_rows(embps_client_t *c, const char *table,
+                     const int64_t *ids, size_t n, const float *weights,
+                     uint32_t dim, const float *state, int set_step,
+                     uint64_t step) {
+  int rc = check_name(c, table);
+  if (rc)
+    return rc;
+  if (dim == 0 || dim > EMBPS_DIM_MAX || n > UINT32_MAX)
+    return set_error(c, EMBPS_EINVAL, "bad dim or count");
+  const embps_table_spec_t *spec = NULL;
+  rc = table_spec(c, table, &spec);
+  if (rc)
+    return rc;
+  uint32_t slots =
+      state ? embps_optimizer_state_slots(spec->optimizer, NULL) : 0;
+  if (c->n > 1 && (rc = check_push(c, spec, ids, n, weights, dim)) != 0)
+    return rc;
+  embps_ticket_t *t = ticket_new(OP_PUSH, c->n);
+  if (!t)
+    return set_error(c, -ENOMEM, "out of memory");
+  t->dim = dim * (1 + slots);
+  if (c->n > 1 ? split_by_server(c, t, ids, n) != 0 : (t->parts[0].n = n, 0)) {
+    ticket_free(t);
+    return set_error(c, -ENOMEM, "out of memory");
+  }
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_WRITE_ROWS;
+  strcpy(m.u.write_rows.table, table);
+  m.u.write_rows.dim = dim;
+  m.u.write_rows.state_floats = slots;
+  m.u.write_rows.has_step = set_step != 0;
+  m.u.write_rows.step = step;
+  rows_src_t src = {ids, weights, state, dim, slots};
+  static const bulk_ops_t rows_ops = {push_bulk_len, rows_borrow, rows_fill};
+  send_parts(c, t, &m, &rows_ops, &src, set_step);
+  return embps_wait(c, t);
 }

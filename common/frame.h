@@ -28,6 +28,8 @@ enum embps_kind {
   EMBPS_KIND_PUSH = 7,
   EMBPS_KIND_STATS = 8,
   EMBPS_KIND_CHECKPOINT = 9,
+  EMBPS_KIND_SCAN = 10,       /* export: a chunk of a table's rows */
+  EMBPS_KIND_WRITE_ROWS = 11, /* import: set rows (and state) */
   EMBPS_KIND_ALTER = 12,
   EMBPS_KIND_REPLY = 0x80, /* reply kind = request kind | EMBPS_KIND_REPLY */
   EMBPS_KIND_ERROR = 0xff,

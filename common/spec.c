@@ -27,6 +27,33 @@ int embps_optimizer_parse(const char *s, embps_optimizer_t *out) {
   return EMBPS_EINVAL;
 }
 
+uint32_t embps_optimizer_state_slots(embps_optimizer_t opt,
+                                     const char *const **names) {
+  static const char *const adagrad[] = {"accumulator"}, *const adam[] = {
+      "m", "v"}, *const ftrl[] = {"n", "z"};
+  const char *const *v = NULL;
+  uint32_t n = 0;
+  switch (opt) {
+  case EMBPS_OPT_ADAGRAD:
+    v = adagrad;
+    n = 1;
+    break;
+  case EMBPS_OPT_ADAM:
+    v = adam;
+    n = 2;
+    break;
+  case EMBPS_OPT_FTRL:
+    v = ftrl;
+    n = 2;
+    break;
+  default:
+    break;
+  }
+  if (names)
+    *names = v;
+  return n;
+}
+
 static const char *const dtype_names[] = {"f32", "f16", "bf16"};
 
 const char *embps_dtype_name(embps_dtype_t dtype) {

@@ -365,11 +365,49 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     r = RUN_(checkpoint_reply, p);
     break;
   }
+  case EMBPS_KIND_SCAN: {
+    Embps__Scan p = EMBPS__SCAN__INIT;
+    const embps_scan_t *q = &m->u.scan;
+    p.table = (char *)q->table;
+    p.has_cursor = p.has_max_rows = p.has_with_state = 1;
+    p.cursor = q->cursor;
+    p.max_rows = q->max_rows;
+    p.with_state = q->with_state != 0;
+    r = RUN_(scan, p);
+    break;
+  }
+  case EMBPS_KIND_SCAN | EMBPS_KIND_REPLY: {
+    Embps__ScanReply p = EMBPS__SCAN_REPLY__INIT;
+    const embps_scan_reply_t *q = &m->u.scan_reply;
+    p.n_rows = q->n_rows;
+    p.dim = q->dim;
+    p.has_state_floats = p.has_next_cursor = p.has_done = p.has_step = 1;
+    p.state_floats = q->state_floats;
+    p.next_cursor = q->next_cursor;
+    p.done = q->done != 0;
+    p.step = q->step;
+    r = RUN_(scan_reply, p);
+    break;
+  }
+  case EMBPS_KIND_WRITE_ROWS: {
+    Embps__WriteRows p = EMBPS__WRITE_ROWS__INIT;
+    const embps_write_rows_t *q = &m->u.write_rows;
+    p.table = (char *)q->table;
+    p.n = q->n;
+    p.dim = q->dim;
+    p.has_state_floats = p.has_set_step = p.has_step = 1;
+    p.state_floats = q->state_floats;
+    p.set_step = q->has_step != 0;
+    p.step = q->step;
+    r = RUN_(write_rows, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
-  case EMBPS_KIND_DROP | EMBPS_KIND_REPLY: {
+  case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY: {
     Embps__Ack p = EMBPS__ACK__INIT;
     r = RUN_(ack, p);
     break;
@@ -633,11 +671,46 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
     FREE_(checkpoint_reply, p);
     break;
   }
+  case EMBPS_KIND_SCAN: {
+    UNPACK_(scan, p);
+    rc = copy_name(m->u.scan.table, p->table);
+    m->u.scan.cursor = p->cursor;
+    m->u.scan.max_rows = p->max_rows;
+    m->u.scan.with_state = p->with_state;
+    FREE_(scan, p);
+    break;
+  }
+  case EMBPS_KIND_SCAN | EMBPS_KIND_REPLY: {
+    UNPACK_(scan_reply, p);
+    embps_scan_reply_t *q = &m->u.scan_reply;
+    q->n_rows = p->n_rows;
+    q->dim = p->dim;
+    q->state_floats = p->state_floats;
+    q->next_cursor = p->next_cursor;
+    q->done = p->done;
+    q->step = p->step;
+    rc = 0;
+    FREE_(scan_reply, p);
+    break;
+  }
+  case EMBPS_KIND_WRITE_ROWS: {
+    UNPACK_(write_rows, p);
+    embps_write_rows_t *q = &m->u.write_rows;
+    rc = copy_name(q->table, p->table);
+    q->n = p->n;
+    q->dim = p->dim;
+    q->state_floats = p->state_floats;
+    q->has_step = p->set_step;
+    q->step = p->step;
+    FREE_(write_rows, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
-  case EMBPS_KIND_DROP | EMBPS_KIND_REPLY: {
+  case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY: {
     UNPACK_(ack, p);
     rc = 0;
     FREE_(ack, p);

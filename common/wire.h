@@ -6,6 +6,8 @@
  *   PULL        n_ids x int64 ids
  *   PULL reply  n_rows x dim x float32
  *   PUSH        n x int64 indices, then n x dim x float32 values
+ *   SCAN reply  n x int64 ids, n x dim x float32, n x k x dim float32 state
+ *   WRITE_ROWS  the same as a SCAN reply
  */
 #ifndef EMBPS_WIRE_H
 #define EMBPS_WIRE_H
@@ -56,6 +58,26 @@ typedef struct {
 } embps_push_reply_t;
 
 typedef struct {
+  char table[EMBPS_TABLE_NAME_MAX];
+  uint64_t cursor;
+  uint32_t max_rows;
+  int with_state;
+} embps_scan_t;
+
+typedef struct {
+  uint32_t n_rows, dim, state_floats;
+  uint64_t next_cursor, step;
+  int done;
+} embps_scan_reply_t;
+
+typedef struct {
+  char table[EMBPS_TABLE_NAME_MAX];
+  uint32_t n, dim, state_floats;
+  int has_step;
+  uint64_t step;
+} embps_write_rows_t;
+
+typedef struct {
   uint16_t kind; /* enum embps_kind, with EMBPS_KIND_REPLY for replies */
   union {
     embps_hello_t hello;             /* HELLO */
@@ -78,6 +100,9 @@ typedef struct {
       char name[EMBPS_TABLE_NAME_MAX];
       embps_table_alter_t set;
     } alter;                         /* ALTER; its reply is info */
+    embps_scan_t scan;               /* SCAN */
+    embps_scan_reply_t scan_reply;   /* SCAN | REPLY */
+    embps_write_rows_t write_rows;   /* WRITE_ROWS; its reply: none */
   } u;                               /* CREATE|DROP|LIST|STATS replies: none */
 } embps_msg_t;
 

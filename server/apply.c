@@ -22,6 +22,7 @@
 
 #include "durable.h"
 #include "route.h"
+#include "rows.h"
 #include "server.h"
 #include "sync.h"
 
@@ -316,6 +317,15 @@ static void apply_marker(embps_apply_t *a) {
   embps_durable_on_marker(a->srv->dur, a->lsn, v, n);
 }
 
+/* WRITE_ROWS (import): one mutation, logged like a push. */
+static void apply_rows(embps_apply_t *a, embps_request_t *req) {
+  uint64_t lsn =
+      embps_rows_apply(a->srv, req, &a->scratch.table, a->lsn + 1);
+  if (lsn)
+    a->lsn = lsn;
+  complete_all(a, req, lsn);
+}
+
 void embps_apply_seen_note(embps_apply_t *a, uint64_t client, uint64_t seq) {
   if (!already_applied(a, client, seq))
     seen_record(a, client, seq);
@@ -365,6 +375,8 @@ static void *apply_main(void *arg) {
       apply_one(a, req);
     else if (req->hdr.kind == EMBPS_KIND_CHECKPOINT)
       apply_marker(a);
+    else if (req->hdr.kind == EMBPS_KIND_WRITE_ROWS)
+      apply_rows(a, req);
     else
       apply_ddl(a, req);
     pthread_mutex_lock(&a->mu);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "durable.h"
+#include "rows.h"
 #include "server.h"
 
 void embps_request_free(embps_request_t *req) {
@@ -403,9 +404,41 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     break;
   case EMBPS_KIND_PUSH:
     return do_push(srv, req, scratch);
+  case EMBPS_KIND_SCAN:
+    embps_rows_scan(srv, req);
+    break;
+  case EMBPS_KIND_WRITE_ROWS:
+    return embps_rows_write_check(srv, req);
   default:
     embps_request_fail(srv, req, EMBPS_EKIND, "kind %u is not a request",
                        req->hdr.kind);
   }
   return EMBPS_DISPATCH_REPLY;
+}
+
+/* ---- for handlers in other files (server.h) ---- */
+
+void *embps_request_reply(embps_server_t *srv, embps_request_t *req,
+                          uint16_t kind, const embps_msg_t *m,
+                          size_t bulk_len) {
+  return reply(srv, req, kind, m, bulk_len);
+}
+
+uint8_t *embps_request_bulk(const embps_request_t *req, size_t *len) {
+  return (uint8_t *)bulk(req, len);
+}
+
+embps_table_t *embps_request_table(embps_server_t *srv, embps_request_t *req,
+                                   const char *name) {
+  return get_table(srv, req, name);
+}
+
+int embps_request_check_dim(embps_server_t *srv, embps_request_t *req,
+                            const embps_table_t *t, uint32_t dim) {
+  return check_dim(srv, req, t, dim);
+}
+
+void embps_request_fail_id(embps_server_t *srv, embps_request_t *req,
+                           const embps_table_t *t, int rc, int64_t id) {
+  fail_id(srv, req, t, rc, id);
 }

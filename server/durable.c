@@ -3,7 +3,10 @@
  *          u32 dim, u32 0, pairs x {u64 client, u64 seq}, rows x int64 id,
  *          rows x dim x float32 (the merged gradient, sync: averaged)
  *   CREATE u64 incarnation, packed TableSpec
- *   DROP   u64 incarnation */
+ *   DROP   u64 incarnation
+ *   ROWS   u64 incarnation, u64 step, u32 flags (1: set the step), u32 rows,
+ *          u32 dim, u32 state slots k (0: initial state), rows x int64 id,
+ *          rows x dim x float32 weights, rows x k x dim x float32 state */
 #define _GNU_SOURCE
 #include "durable.h"
 
@@ -20,9 +23,12 @@
 #include <unistd.h>
 
 #include "le.h"
+#include "optim.h"
 #include "route.h"
 
 #define PUSH_HEAD 32
+#define ROWS_HEAD 32
+#define ROWS_SET_STEP 1u
 
 typedef struct {
   uint64_t unix_s, bytes, ms, lsn;
@@ -124,6 +130,32 @@ int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
   if (!rc)
     embps_failpoint("log-after-write");
   return rc;
+}
+
+int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
+                           embps_table_t *table, const int64_t *ids,
+                           const float *w, const float *state, size_t n,
+                           int set_step, uint64_t step, char *msg,
+                           size_t msg_len) {
+  const embps_table_spec_t *s = embps_table_spec(table);
+  uint8_t head[ROWS_HEAD] = {0};
+  uint64_t inc = embps_table_incarnation(table);
+  uint32_t flags = set_step ? ROWS_SET_STEP : 0, rows = (uint32_t)n;
+  uint32_t dim = s->dim;
+  uint32_t sf = state ? embps_optim_state_per_weight(s->optimizer) : 0;
+  memcpy(head, &inc, 8);
+  memcpy(head + 8, &step, 8);
+  memcpy(head + 16, &flags, 4);
+  memcpy(head + 20, &rows, 4);
+  memcpy(head + 24, &dim, 4);
+  memcpy(head + 28, &sf, 4);
+  struct iovec parts[4] = {
+      {head, sizeof head},
+      {(void *)ids, n * sizeof *ids},
+      {(void *)w, n * dim * sizeof *w},
+      {(void *)state, n * sf * dim * sizeof *w},
+  };
+  return log_record(d, EMBPS_WAL_ROWS, lsn, parts, 4, msg, msg_len);
 }
 
 /* A CREATE or ALTER record: the incarnation, then spec packed. */
@@ -365,7 +397,7 @@ typedef struct {
   embps_table_scratch_t scratch;
   int64_t *ids;
   float *g;
-  size_t rows_cap;
+  size_t rows_cap, floats_cap; /* of ids and g: rows x floats a row */
 } replay_t;
 
 static known_t *known_find(replay_t *r, uint64_t inc) {
@@ -386,6 +418,53 @@ static int known_add(replay_t *r, embps_table_t *t, uint64_t inc,
     r->cap = cap;
   }
   r->v[r->n++] = (known_t){t, inc, file_shards, shard_lsn};
+  return 0;
+}
+
+/* Copies the rows of a PUSH or ROWS record that are not in their old
+ * shard's snapshot yet (LSN > the shard's) into r: ids, then per row `a`
+ * floats of a (to r->g) and `b` floats of b (to r->g after rows x a
+ * floats), and checks the ids. *m = rows kept. 0, or -1 with err. */
+static int replay_keep(replay_t *r, const known_t *k, uint64_t lsn,
+                       const uint8_t *ids, size_t rows, const uint8_t *a,
+                       size_t a_floats, const uint8_t *b, size_t b_floats,
+                       size_t *m, char *err, size_t err_len) {
+  const size_t per_row = a_floats + b_floats;
+  if (rows > r->rows_cap || per_row > r->floats_cap) {
+    free(r->ids);
+    free(r->g);
+    r->ids = malloc((rows ? rows : 1) * sizeof *r->ids);
+    r->g = malloc((rows ? rows : 1) * (per_row ? per_row : 1) * sizeof *r->g);
+    r->rows_cap = rows;
+    r->floats_cap = per_row;
+    if (!r->ids || !r->g) {
+      r->rows_cap = r->floats_cap = 0;
+      snprintf(err, err_len, "out of memory");
+      return -1;
+    }
+  }
+  float *b_out = r->g + rows * a_floats;
+  size_t kept = 0;
+  for (size_t i = 0; i < rows; i++) {
+    int64_t id;
+    memcpy(&id, ids + i * 8, 8);
+    if (k->file_shards &&
+        lsn <= k->shard_lsn[embps_route_shard(id, k->file_shards)])
+      continue; /* already in that shard's snapshot */
+    r->ids[kept] = id;
+    memcpy(r->g + kept * a_floats, a + i * a_floats * 4, a_floats * 4);
+    if (b_floats)
+      memcpy(b_out + kept * b_floats, b + i * b_floats * 4, b_floats * 4);
+    kept++;
+  }
+  size_t bad;
+  if (embps_table_check_ids(k->table, r->ids, kept, r->srv->cfg.cluster_size,
+                            r->srv->cfg.cluster_index, &bad)) {
+    snprintf(err, err_len, "record holds id %lld this server cannot hold",
+             (long long)r->ids[bad]);
+    return -1;
+  }
+  *m = kept;
   return 0;
 }
 
@@ -418,36 +497,10 @@ static int replay_push(replay_t *r, const embps_wal_rec_t *rec, char *err,
   const uint8_t *pairs = p + PUSH_HEAD;
   const uint8_t *ids = pairs + n_pairs * 16;
   const uint8_t *vals = ids + rows * 8;
-  if (rows > r->rows_cap) {
-    free(r->ids);
-    free(r->g);
-    r->ids = malloc(rows * sizeof *r->ids);
-    r->g = malloc(rows * dim * sizeof *r->g);
-    r->rows_cap = rows;
-    if (!r->ids || !r->g) {
-      r->rows_cap = 0;
-      snprintf(err, err_len, "out of memory");
-      return -1;
-    }
-  }
-  size_t m = 0;
-  for (size_t i = 0; i < rows; i++) {
-    int64_t id;
-    memcpy(&id, ids + i * 8, 8);
-    if (k->file_shards &&
-        rec->lsn <= k->shard_lsn[embps_route_shard(id, k->file_shards)])
-      continue; /* already in that shard's snapshot */
-    r->ids[m] = id;
-    memcpy(r->g + m * dim, vals + i * dim * 4, dim * 4);
-    m++;
-  }
-  size_t bad;
-  if (embps_table_check_ids(t, r->ids, m, r->srv->cfg.cluster_size,
-                            r->srv->cfg.cluster_index, &bad)) {
-    snprintf(err, err_len, "push record holds id %lld this server cannot "
-             "hold", (long long)r->ids[bad]);
+  size_t m;
+  if (replay_keep(r, k, rec->lsn, ids, rows, vals, dim, NULL, 0, &m, err,
+                  err_len))
     return -1;
-  }
   embps_table_set_step(t, step - 1);
   if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
     snprintf(err, err_len, "out of memory replaying a push");
@@ -461,12 +514,58 @@ static int replay_push(replay_t *r, const embps_wal_rec_t *rec, char *err,
   return 0;
 }
 
+/* A ROWS record (import): rows not in their shard's snapshot are set
+ * again; the step, if the record sets it, is set whatever the shards. */
+static int replay_rows(replay_t *r, const embps_wal_rec_t *rec, char *err,
+                       size_t err_len) {
+  const uint8_t *p = rec->payload;
+  if (rec->len < ROWS_HEAD) {
+    snprintf(err, err_len, "short rows record");
+    return -1;
+  }
+  uint64_t inc = embps_get64(p), step = embps_get64(p + 8);
+  uint64_t flags = embps_get32(p + 16), rows = embps_get32(p + 20);
+  uint64_t dim = embps_get32(p + 24), sf = embps_get32(p + 28);
+  known_t *k = known_find(r, inc);
+  if (!k) {
+    snprintf(err, err_len, "rows of table incarnation %" PRIx64 " that "
+             "does not exist", inc);
+    return -1;
+  }
+  embps_table_t *t = k->table;
+  const embps_table_spec_t *s = embps_table_spec(t);
+  uint32_t slots = embps_optim_state_per_weight(s->optimizer);
+  if (dim != s->dim || (sf && sf != slots) ||
+      rec->len != ROWS_HEAD + rows * 8 + rows * dim * (1 + sf) * 4) {
+    snprintf(err, err_len, "rows record of %u bytes does not match its "
+             "%" PRIu64 " rows of dim %" PRIu64 " (%" PRIu64 " state slots) "
+             "or table \"%s\"", rec->len, rows, dim, sf, s->name);
+    return -1;
+  }
+  const uint8_t *ids = p + ROWS_HEAD, *w = ids + rows * 8;
+  size_t m;
+  if (replay_keep(r, k, rec->lsn, ids, rows, w, dim, w + rows * dim * 4,
+                  sf * dim, &m, err, err_len))
+    return -1;
+  if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
+    snprintf(err, err_len, "out of memory replaying rows");
+    return -1;
+  }
+  embps_table_write_rows(t, &r->scratch, r->ids, r->g,
+                         sf ? r->g + rows * dim : NULL, rec->lsn);
+  if (flags & ROWS_SET_STEP)
+    embps_table_set_step(t, step);
+  return 0;
+}
+
 static int replay_visit(void *ctx, const embps_wal_rec_t *rec, char *err,
                         size_t err_len) {
   replay_t *r = ctx;
   embps_server_t *srv = r->srv;
   if (rec->type == EMBPS_WAL_PUSH)
     return replay_push(r, rec, err, err_len);
+  if (rec->type == EMBPS_WAL_ROWS)
+    return replay_rows(r, rec, err, err_len);
   if (rec->len < 8) {
     snprintf(err, err_len, "short record of type %u", rec->type);
     return -1;

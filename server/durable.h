@@ -49,6 +49,13 @@ int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
                            const embps_request_t *reqs, const int64_t *idx,
                            const float *vals, size_t n, char *msg,
                            size_t msg_len);
+/* Logs an import (WRITE_ROWS) of n rows: weights w, state (NULL: reset
+ * to the initial state), the table's step if set_step. 0 or EMBPS_EIO. */
+int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
+                           embps_table_t *table, const int64_t *ids,
+                           const float *w, const float *state, size_t n,
+                           int set_step, uint64_t step, char *msg,
+                           size_t msg_len);
 int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
                              embps_table_t *table, char *msg, size_t msg_len);
 /* An ALTER: table's spec becomes spec (its alterable fields). */

@@ -145,6 +145,21 @@ void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
                         const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void embps_request_free(embps_request_t *req);
+/* For handlers outside dispatch.c (rows.c): the reply frame of kind|REPLY
+ * for m (NULL: empty) with bulk_len bulk bytes, returning where the bulk
+ * goes (NULL: req failed, out of memory); the request's bulk; the table
+ * named (NULL: req failed, unknown); a dim check (non-zero: req failed);
+ * the failure for ids[bad] after embps_table_check_ids returned rc. */
+void *embps_request_reply(embps_server_t *srv, embps_request_t *req,
+                          uint16_t kind, const embps_msg_t *m,
+                          size_t bulk_len);
+uint8_t *embps_request_bulk(const embps_request_t *req, size_t *len);
+embps_table_t *embps_request_table(embps_server_t *srv, embps_request_t *req,
+                                   const char *name);
+int embps_request_check_dim(embps_server_t *srv, embps_request_t *req,
+                            const embps_table_t *t, uint32_t dim);
+void embps_request_fail_id(embps_server_t *srv, embps_request_t *req,
+                           const embps_table_t *t, int rc, int64_t id);
 
 /* ---- apply.c: the apply thread ---- */
 typedef struct embps_apply embps_apply_t;

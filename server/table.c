@@ -922,14 +922,71 @@ static int snap_reserve(const embps_table_t *t, unsigned char **buf,
   return 0;
 }
 
-/* Appends one file record to a growing buffer. 0 or -ENOMEM. */
-static int snap_push(const embps_table_t *t, unsigned char **buf, size_t *n,
-                     size_t *cap, int64_t id, const unsigned char *rec) {
+/* Called for each row a shard walk visits; non-zero stops the walk. */
+typedef int (*visit_fn)(void *ctx, const embps_table_t *t, int64_t id,
+                        const unsigned char *rec);
+
+/* Visits the rows of shard k in storage order from position *pos (hashed:
+ * slot; array: id), at most max_rows rows and, for array storage, at most
+ * max_words words of the row bitmap. The shard's read lock is held.
+ * *pos = the position to go on from. Returns 1 when the shard has no row
+ * left, 0 when a bound was reached, or visit's non-zero result. */
+static int visit_shard_locked(const embps_table_t *t, uint32_t k,
+                              uint64_t *pos, size_t max_rows,
+                              size_t max_words, visit_fn visit, void *ctx) {
+  size_t seen = 0;
+  if (t->hashed) {
+    const shard_t *sh = &t->shards[k];
+    for (; *pos < sh->n_rows; (*pos)++) {
+      if (seen++ == max_rows)
+        return 0;
+      const unsigned char *rec = slot_rec(t, sh, (uint32_t)*pos);
+      int rc = visit(ctx, t, rec_id(rec), rec);
+      if (rc)
+        return rc;
+    }
+    return 1;
+  }
+  for (uint64_t w = *pos >> 6; w < t->live_words; w++) {
+    if (max_words-- == 0) {
+      *pos = w << 6;
+      return 0;
+    }
+    uint64_t bits = atomic_load_explicit(&t->live[w], memory_order_relaxed);
+    if (w == *pos >> 6)
+      bits &= ~0ULL << (*pos & 63);
+    while (bits) {
+      int64_t id = (int64_t)(w * 64 + (uint64_t)__builtin_ctzll(bits));
+      bits &= bits - 1;
+      if (embps_route_shard(id, t->n_shards) != k)
+        continue;
+      if (seen++ == max_rows) {
+        *pos = (uint64_t)id;
+        return 0;
+      }
+      int rc = visit(ctx, t, id, array_rec(t, id));
+      if (rc)
+        return rc;
+    }
+  }
+  *pos = (uint64_t)t->live_words << 6;
+  return 1;
+}
+
+typedef struct {
+  unsigned char *buf;
+  size_t n, cap;
+} snap_t;
+
+/* visit_fn: appends one file record to a growing buffer (-ENOMEM). */
+static int snap_push(void *ctx, const embps_table_t *t, int64_t id,
+                     const unsigned char *rec) {
+  snap_t *b = ctx;
   const size_t fr = embps_table_file_record_bytes(t);
-  if (*n == *cap && snap_reserve(t, buf, cap, 2 * *cap + 1024))
+  if (b->n == b->cap && snap_reserve(t, &b->buf, &b->cap, 2 * b->cap + 1024))
     return -ENOMEM;
-  to_file_record(t, id, rec, *buf + *n * fr);
-  (*n)++;
+  to_file_record(t, id, rec, b->buf + b->n * fr);
+  b->n++;
   return 0;
 }
 
@@ -937,68 +994,182 @@ int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
                                unsigned char **buf, size_t *cap,
                                size_t *rows, uint64_t *lsn) {
   shard_t *sh = &t->shards[k];
-  size_t n = 0;
-  int rc = 0;
   /* sized before the lock from the row count (dense: the shard's share,
    * plus slack), so the copy under the lock rarely grows the buffer */
   size_t want = t->hashed ? 0 : atomic_load(&t->rows_allocated) / t->n_shards;
   want += want / 8 + 1024;
   if (want > *cap && snap_reserve(t, buf, cap, want))
     return -ENOMEM;
+  snap_t b = {*buf, 0, *cap};
+  uint64_t pos = 0;
   pthread_rwlock_rdlock(&sh->lock);
-  if (t->hashed) {
-    rc = sh->n_rows > *cap ? snap_reserve(t, buf, cap, sh->n_rows) : 0;
-    for (uint32_t slot = 0; !rc && slot < sh->n_rows; slot++) {
-      const unsigned char *rec = slot_rec(t, sh, slot);
-      rc = snap_push(t, buf, &n, cap, rec_id(rec), rec);
-    }
-  } else {
-    for (size_t w = 0; !rc && w < t->live_words; w++) {
-      uint64_t bits = atomic_load_explicit(&t->live[w], memory_order_relaxed);
-      while (bits && !rc) {
-        int64_t id = (int64_t)(w * 64 + (size_t)__builtin_ctzll(bits));
-        bits &= bits - 1;
-        if (embps_route_shard(id, t->n_shards) == k)
-          rc = snap_push(t, buf, &n, cap, id, array_rec(t, id));
-      }
-    }
-  }
+  int rc = t->hashed && sh->n_rows > b.cap
+               ? snap_reserve(t, &b.buf, &b.cap, sh->n_rows)
+               : 0;
+  if (!rc)
+    rc = visit_shard_locked(t, k, &pos, SIZE_MAX, SIZE_MAX, snap_push, &b);
   *lsn = sh->lsn;
   pthread_rwlock_unlock(&sh->lock);
-  *rows = n;
-  return rc;
+  *buf = b.buf;
+  *cap = b.cap;
+  *rows = b.n;
+  return rc < 0 ? rc : 0;
 }
 
-int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
-                        const unsigned char *recs, size_t n, int64_t *ids) {
-  const size_t fr = embps_table_file_record_bytes(t), body = body_bytes(t);
-  for (size_t i = 0; i < n; i++)
-    memcpy(&ids[i], recs + i * fr, sizeof *ids);
-  size_t bad;
-  if (embps_table_check_ids(t, ids, n, 1, 0, &bad))
-    return EMBPS_ERANGE;
-  int rc = embps_table_prepare(t, s, ids, n, 0);
-  if (rc)
-    return rc;
+/* ------------------------------------------------------------ export */
+
+#define CURSOR_SHARD_SHIFT 48
+#define SCAN_MAX_WORDS (1u << 16) /* bitmap words one scan may examine */
+
+typedef struct {
+  int64_t *ids;
+  float *w, *state; /* state NULL: not wanted */
+  size_t n;
+} scan_out_t;
+
+/* visit_fn: the row widened into the scan's arrays. */
+static int scan_put(void *ctx, const embps_table_t *t, int64_t id,
+                    const unsigned char *rec) {
+  scan_out_t *o = ctx;
+  const size_t dim = t->dim;
+  const size_t sf = embps_optim_state_per_weight(t->spec.optimizer) * dim;
+  o->ids[o->n] = id;
+  read_weights(t, rec, o->w + o->n * dim);
+  if (o->state && sf)
+    memcpy(o->state + o->n * sf, rec + t->state_off, sf * sizeof(float));
+  o->n++;
+  return 0;
+}
+
+int embps_table_scan(embps_table_t *t, uint64_t *cursor, size_t max_rows,
+                     int64_t *ids, float *w, float *state, size_t *n,
+                     int *done) {
+  uint64_t k = *cursor >> CURSOR_SHARD_SHIFT;
+  uint64_t pos = *cursor & ((1ULL << CURSOR_SHARD_SHIFT) - 1);
+  scan_out_t o = {ids, w, state, 0};
+  size_t words = SCAN_MAX_WORDS;
+  if (k > t->n_shards)
+    return EMBPS_EINVAL;
+  while (k < t->n_shards && o.n < max_rows && words) {
+    shard_t *sh = &t->shards[k];
+    uint64_t from = pos;
+    pthread_rwlock_rdlock(&sh->lock);
+    int end = visit_shard_locked(t, (uint32_t)k, &pos, max_rows - o.n, words,
+                                 scan_put, &o);
+    pthread_rwlock_unlock(&sh->lock);
+    if (!t->hashed) { /* charge the bitmap words examined */
+      uint64_t used = (pos >> 6) - (from >> 6);
+      words = used >= words ? 0 : words - (size_t)used;
+    }
+    if (!end)
+      break;
+    k++;
+    pos = 0;
+  }
+  *cursor = k << CURSOR_SHARD_SHIFT | pos;
+  *n = o.n;
+  *done = k >= t->n_shards;
+  return 0;
+}
+
+/* ------------------------------------------------------------ import */
+
+/* Writes row i of a batch into rec (a row of the table, maybe new). */
+typedef void (*fill_fn)(const void *ctx, const embps_table_t *t,
+                        unsigned char *rec, size_t i, float *wide);
+
+/* Writes n distinct, checked, prepared rows (embps_table_prepare with s,
+ * ids and n) with fill, shard by shard under the write lock, materialising
+ * the new ones without an initial value. Padding ids are skipped. lsn != 0
+ * becomes the log position of every shard written. */
+static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
+                       const int64_t *ids, uint64_t lsn, fill_fn fill,
+                       const void *ctx) {
   uint64_t created = 0;
+  float *wide = thread_wide(t, s);
   for (uint32_t k = 0; k < t->n_shards; k++) {
+    if (s->start[k] == s->start[k + 1])
+      continue;
     shard_t *sh = &t->shards[k];
     pthread_rwlock_wrlock(&sh->lock);
     for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
       const uint32_t i = s->order[p];
       unsigned char *rec;
+      if (is_padding(t, ids[i]))
+        continue;
       if (!t->hashed)
         rec = array_materialise(t, ids[i], RAW_ROW, &created);
       else if (!(rec = s->rec[p])) {
         rec = hashed_insert(t, sh, ids[i], RAW_ROW);
         created++;
       }
-      memcpy(rec + t->w_off, recs + i * fr + ID_BYTES, body);
+      fill(ctx, t, rec, i, wide);
     }
+    if (lsn)
+      sh->lsn = lsn;
     pthread_rwlock_unlock(&sh->lock);
   }
   atomic_fetch_add(&t->rows_allocated, created);
   if (!t->hashed)
     add_bytes(t, (int64_t)(created * t->row_bytes));
+}
+
+typedef struct {
+  const float *w, *state;
+} rows_src_t;
+
+/* fill_fn: weights rounded to the storage type, state given or initial. */
+static void fill_rows(const void *ctx, const embps_table_t *t,
+                      unsigned char *rec, size_t i, float *wide) {
+  const rows_src_t *src = ctx;
+  const size_t dim = t->dim;
+  const size_t sf = embps_optim_state_per_weight(t->spec.optimizer) * dim;
+  const float *w = src->w + i * dim;
+  if (t->dtype == EMBPS_DTYPE_F32) {
+    memcpy(rec + t->w_off, w, dim * sizeof *w);
+  } else {
+    memcpy(wide, w, dim * sizeof *w);
+    embps_dtype_from_f32(t->dtype, wide, rec + t->w_off, t->dim);
+  }
+  float *state = (float *)(rec + t->state_off);
+  if (src->state)
+    memcpy(state, src->state + i * sf, sf * sizeof *state);
+  else
+    embps_optim_init_state(&t->optim, state, t->dim);
+}
+
+void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
+                            const int64_t *ids, const float *w,
+                            const float *state, uint64_t lsn) {
+  rows_src_t src = {w, state};
+  place_rows(t, s, ids, lsn, fill_rows, &src);
+}
+
+typedef struct {
+  const unsigned char *recs;
+  size_t fr, body;
+} recs_src_t;
+
+/* fill_fn: the body of a file record, as it is. */
+static void fill_record(const void *ctx, const embps_table_t *t,
+                        unsigned char *rec, size_t i, float *wide) {
+  const recs_src_t *src = ctx;
+  (void)wide;
+  memcpy(rec + t->w_off, src->recs + i * src->fr + ID_BYTES, src->body);
+}
+
+int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
+                        const unsigned char *recs, size_t n, int64_t *ids) {
+  const recs_src_t src = {recs, embps_table_file_record_bytes(t),
+                          body_bytes(t)};
+  for (size_t i = 0; i < n; i++)
+    memcpy(&ids[i], recs + i * src.fr, sizeof *ids);
+  size_t bad;
+  if (embps_table_check_ids(t, ids, n, 1, 0, &bad))
+    return EMBPS_ERANGE;
+  int rc = embps_table_prepare(t, s, ids, n, 0);
+  if (rc)
+    return rc;
+  place_rows(t, s, ids, 0, fill_record, &src);
   return 0;
 }

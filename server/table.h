@@ -128,6 +128,27 @@ int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
 int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
                         const unsigned char *recs, size_t n, int64_t *ids);
 
+/* Export: copies up to max_rows rows from *cursor on (0: the start; the
+ * cursor names a shard and a position in it) into ids[i], w[i*dim..]
+ * (float32, widened) and, unless state is NULL, state[i*k*dim..] (the k
+ * optimizer slots of the row in turn), holding one shard's read lock at a
+ * time. *cursor = where the next call goes on; *done = 1 when no row is
+ * left. A table being pushed to is read shard by shard: each row is one a
+ * push left whole. Rows are visited in storage order, so rows a push
+ * creates in a shard already passed are not seen. 0, or EMBPS_EINVAL for
+ * a cursor this table never gave. */
+int embps_table_scan(embps_table_t *t, uint64_t *cursor, size_t max_rows,
+                     int64_t *ids, float *w, float *state, size_t *n,
+                     int *done);
+/* Import: after embps_table_prepare with the same scratch, ids and n, sets
+ * those distinct, checked rows to weights w (n x dim float32, rounded to
+ * the storage type) and optimizer state (n x k x dim float32; NULL: the
+ * initial state). Cannot fail; padding ids are skipped. lsn as in
+ * embps_table_commit. The step counter is not changed. */
+void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
+                            const int64_t *ids, const float *w,
+                            const float *state, uint64_t lsn);
+
 /* Bytes used by all tables of the process (for --max-memory). */
 uint64_t embps_tables_total_bytes(void);
 /* Bytes a table of this spec takes as soon as it is created (what counts

@@ -21,6 +21,7 @@ typedef enum {
 } embps_fsync_t;
 
 enum { EMBPS_WAL_PUSH = 1, EMBPS_WAL_CREATE = 2, EMBPS_WAL_DROP = 3 };
+enum { EMBPS_WAL_ROWS = 4 }; /* an import (WRITE_ROWS) */
 /* ALTER {incarnation, packed TableSpec: the table's spec after the alter} */
 enum { EMBPS_WAL_ALTER = 5 };
 

@@ -5,7 +5,8 @@
  * The input is a program. Its first byte configures the server (cluster of
  * 1 or 2, shards, a memory cap, a token); then each op byte names a
  * connection (4 of them) and a request: hello, create, drop, describe,
- * list, stats, pull, push (asynchronous or to a synchronous table), a raw
+ * list, stats, pull, push (asynchronous or to a synchronous table), scan
+ * and write rows (export and import), a raw
  * frame of any kind, or closing the connection. Fields come from the
  * following bytes, mostly near valid values so that requests get deep.
  *
@@ -215,6 +216,24 @@ static void check_reply(core_t *k, const embps_request_t *req) {
                r.u.push_reply.n_unique > 0);
     FUZZ_CHECK(bulk_len == 0);
     break;
+  case EMBPS_KIND_SCAN: {
+    const embps_scan_reply_t *sr = &r.u.scan_reply;
+    ti = model_index(q->u.scan.table);
+    FUZZ_CHECK(ti < 0 || (k->exists[ti] && sr->dim == k->dims[ti]));
+    FUZZ_CHECK(!q->u.scan.max_rows || sr->n_rows <= q->u.scan.max_rows);
+    FUZZ_CHECK(sr->state_floats <= 2 &&
+               (q->u.scan.with_state || !sr->state_floats));
+    FUZZ_CHECK(bulk_len == (size_t)sr->n_rows *
+                               (8 + 4 * (size_t)sr->dim *
+                                        (1 + sr->state_floats)));
+    break;
+  }
+  case EMBPS_KIND_WRITE_ROWS:
+    FUZZ_CHECK(bulk_len == 0);
+    ti = model_index(q->u.write_rows.table);
+    FUZZ_CHECK(ti < 0 || (k->exists[ti] &&
+                          q->u.write_rows.dim == k->dims[ti]));
+    break;
   case EMBPS_KIND_HELLO:
     FUZZ_CHECK(r.u.hello_reply.version == EMBPS_PROTOCOL_VERSION);
     FUZZ_CHECK(r.u.hello_reply.max_frame_bytes ==
@@ -259,7 +278,8 @@ static void run(core_t *k, int ci, embps_request_t *req) {
     FUZZ_CHECK(was_authed && (req->hdr.kind == EMBPS_KIND_PUSH ||
                               req->hdr.kind == EMBPS_KIND_CREATE ||
                               req->hdr.kind == EMBPS_KIND_DROP ||
-                              req->hdr.kind == EMBPS_KIND_ALTER));
+                              req->hdr.kind == EMBPS_KIND_ALTER ||
+                              req->hdr.kind == EMBPS_KIND_WRITE_ROWS));
     k->deferred++; /* req belongs to the apply thread now */
     if (req->hdr.kind == EMBPS_KIND_PUSH)
       return;
@@ -448,6 +468,55 @@ static void op_push(core_t *k, int ci, fuzz_in_t *in) {
   free(bulk);
 }
 
+/* Export: a chunk of rows from a cursor (usually the start). */
+static void op_scan(core_t *k, int ci, fuzz_in_t *in) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_SCAN;
+  take_name(in, m.u.scan.table, sizeof m.u.scan.table);
+  if (!m.u.scan.table[0])
+    m.u.scan.table[0] = 'x';
+  uint8_t f = fuzz_u8(in);
+  m.u.scan.with_state = f & 1;
+  m.u.scan.max_rows = (f >> 1) & 7;
+  if (f & 0x10)
+    m.u.scan.cursor = fuzz_u64(in);
+  else if (f & 0x20)
+    m.u.scan.cursor = (uint64_t)fuzz_u8(in) << 48 | fuzz_u8(in);
+  run(k, ci, request_build(k, &m, NULL, 0));
+}
+
+/* Import: rows and maybe state, mostly well-formed. */
+static void op_write_rows(core_t *k, int ci, fuzz_in_t *in) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_WRITE_ROWS;
+  embps_write_rows_t *w = &m.u.write_rows;
+  take_name(in, w->table, sizeof w->table);
+  if (!w->table[0])
+    w->table[0] = 'x';
+  w->dim = take_dim(k, in, w->table);
+  uint8_t f = fuzz_u8(in), g = fuzz_u8(in);
+  w->n = f % (IDS_MAX + 1);
+  w->state_floats = g & 3;
+  w->has_step = (g >> 2) & 1;
+  w->step = (g >> 3) & 7;
+  size_t per_row = (size_t)(w->dim ? w->dim : 1) * (1 + w->state_floats);
+  size_t len = w->n * (sizeof(int64_t) + per_row * sizeof(float));
+  uint8_t *bulk = calloc(1, len + 8);
+  FUZZ_CHECK(bulk);
+  int64_t *idx = (int64_t *)bulk;
+  float *vals = (float *)(bulk + w->n * sizeof *idx);
+  for (uint32_t i = 0; i < w->n; i++)
+    idx[i] = take_id(in);
+  for (size_t i = 0; i < w->n * w->dim * (1 + w->state_floats); i++)
+    vals[i] = i < 16 ? take_value(in) : (float)(i % 5) / 4.0f;
+  len = w->n * (sizeof(int64_t) +
+                (size_t)w->dim * (1 + w->state_floats) * sizeof(float));
+  run(k, ci, request_build(k, &m, bulk, skewed(len, f >> 6)));
+  free(bulk);
+}
+
 /* A frame of any kind with raw meta and bulk bytes. */
 static void op_raw(core_t *k, int ci, fuzz_in_t *in) {
   uint16_t kind = fuzz_u16(in);
@@ -544,6 +613,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       break;
     case 12:
       k->conns[ci].open = 0; /* the peer hangs up; a new one takes the slot */
+      break;
+    case 13:
+      op_scan(k, ci, &in);
+      break;
+    case 14:
+      op_write_rows(k, ci, &in);
       break;
     default:
       op_hello(k, ci, &in);

@@ -200,7 +200,7 @@ static void gen_msg_and_frames(void) {
  * connection. */
 #define C(n) ((uint8_t)((n) << 6))
 enum { HELLO = 0, CREATE, DROP, DESCRIBE, LIST, STATS, PULL, PUSH = 8,
-       RAW = 11, HANGUP = 12 };
+       RAW = 11, HANGUP = 12, SCAN = 13, WRITE_ROWS = 14 };
 
 static const uint8_t prog_basic[] = {
     0x00,                             /* config: 1 server, 1 shard */
@@ -290,6 +290,24 @@ static const uint8_t prog_names[] = {
     LIST, DROP, 0xf0, 3, 'a', '.', 'b', LIST,
 };
 
+static const uint8_t prog_export[] = {
+    0x02, HELLO, 0x00,                    /* 2 shards */
+    CREATE, 0x0a, 1, 0, 0x00,             /* t0: adam, dynamic, dim 2 */
+    PUSH, 0, 0, 3, 0x00, 1, 2, 5, 16, 32, 48, 64, 8, 8,
+    SCAN, 0, 0x03,                        /* with state, 1 row a chunk */
+    SCAN, 0, 0x01,                        /* as many as a frame holds */
+    SCAN, 0, 0x21, 1, 0,                  /* cursor: shard 1 */
+    SCAN, 0, 0x20, 9, 0,                  /* shard 9: refused */
+    WRITE_ROWS, 0, 0, 2, 0x0e, 1, 7,      /* 2 rows with state, step 1 */
+    16, 16, 8, 8, 4, 4, 4, 4, 2, 2, 2, 2,
+    WRITE_ROWS, 0, 0, 1, 0x02, 1, 8, 8, 8, 8, 0xf0, 0xf0, /* v < 0 */
+    WRITE_ROWS, 0, 0, 2, 0x00, 1, 1, 8, 8, 8, 8, /* id twice */
+    WRITE_ROWS, 0, 0, 1, 0x01, 1, 8, 8, 8, 8,    /* 1 slot, adam has 2 */
+    WRITE_ROWS, 0, 0, 1, 0x40, 1, 8, 8,   /* bulk 8 bytes too long */
+    WRITE_ROWS, 0, 0, 1, 0x00, 2, 0xfc, 8, /* NaN */
+    SCAN, 0, 0x03, DROP, 0, SCAN, 0, 0x01,
+};
+
 void gen_dispatch(void);
 void gen_dispatch(void) {
   write_file("dispatch", "basic", prog_basic, sizeof prog_basic);
@@ -299,6 +317,7 @@ void gen_dispatch(void) {
   write_file("dispatch", "cluster", prog_cluster, sizeof prog_cluster);
   write_file("dispatch", "raw", prog_raw, sizeof prog_raw);
   write_file("dispatch", "names", prog_names, sizeof prog_names);
+  write_file("dispatch", "export", prog_export, sizeof prog_export);
 }
 
 int main(int argc, char **argv) {

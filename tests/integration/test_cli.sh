@@ -418,6 +418,23 @@ json_check "stats --json has the dtype" \
 expect_fail "create-table: unknown dtype" '--dtype "f64" is not f32|f16|bf16' \
   create-table h64 --dim 2 --rows 4 --dtype f64
 
+# export and import (issue 10): the f16 table above, to .npy files and back
+# into a new table created from spec.json
+expect_out "export writes the rows" \
+  "exported 1 rows of table \"hf\" to $TMP/hf-out\n" \
+  export hf --out "$TMP/hf-out" --with-state
+expect_out "import --create makes the table and its rows" \
+  "imported 1 rows of table \"hf2\" from $TMP/hf-out\n" \
+  import hf2 --from "$TMP/hf-out" --create
+expect_out "imported rows read back exactly (f16 widened, rounded back)" \
+  '7\t0.049987793 1.09960938\n3\t0.0999755859 0.0999755859\n' \
+  pull hf2 --ids 7,3
+expect_fail "export needs --out" "export needs --out DIR" export hf
+expect_fail "import of a missing table without --create" 'unknown table' \
+  import nosuch --from "$TMP/hf-out"
+expect_fail "import from a directory without weights.npy" 'weights.npy' \
+  import hf2 --from "$TMP"
+
 stop_server MAIN
 
 # ------------------------------------------------- durability under tables

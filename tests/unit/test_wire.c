@@ -182,6 +182,10 @@ static const uint16_t known_kinds[] = {
     EMBPS_KIND_PUSH | EMBPS_KIND_REPLY,
     EMBPS_KIND_STATS,
     EMBPS_KIND_STATS | EMBPS_KIND_REPLY,
+    EMBPS_KIND_SCAN,
+    EMBPS_KIND_SCAN | EMBPS_KIND_REPLY,
+    EMBPS_KIND_WRITE_ROWS,
+    EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY,
 };
 #define N_KNOWN (sizeof known_kinds / sizeof *known_kinds)
 
@@ -389,6 +393,61 @@ static void test_pull_push(void **state) {
       embps_msg_free(o);
     }
   }
+  free(m);
+  free(o);
+}
+
+static void test_scan_write_rows(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_SCAN), *o = new_msg(0);
+  snprintf(m->u.scan.table, sizeof m->u.scan.table, "emb");
+  m->u.scan.cursor = (5ULL << 48) | 12345;
+  m->u.scan.max_rows = 4096;
+  m->u.scan.with_state = 1;
+  round_trip(m, o);
+  assert_string_equal(o->u.scan.table, "emb");
+  assert_int_equal(o->u.scan.cursor, (5ULL << 48) | 12345);
+  assert_int_equal(o->u.scan.max_rows, 4096);
+  assert_true(o->u.scan.with_state);
+  embps_msg_free(o);
+
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_SCAN | EMBPS_KIND_REPLY;
+  m->u.scan_reply = (embps_scan_reply_t){.n_rows = 99, .dim = 64,
+                                         .state_floats = 2,
+                                         .next_cursor = UINT64_MAX - 1,
+                                         .step = 1ULL << 40, .done = 1};
+  round_trip(m, o);
+  assert_int_equal(o->u.scan_reply.n_rows, 99);
+  assert_int_equal(o->u.scan_reply.dim, 64);
+  assert_int_equal(o->u.scan_reply.state_floats, 2);
+  assert_int_equal(o->u.scan_reply.next_cursor, UINT64_MAX - 1);
+  assert_int_equal(o->u.scan_reply.step, 1ULL << 40);
+  assert_true(o->u.scan_reply.done);
+  embps_msg_free(o);
+
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_WRITE_ROWS;
+  snprintf(m->u.write_rows.table, sizeof m->u.write_rows.table, "emb");
+  m->u.write_rows.n = 1000;
+  m->u.write_rows.dim = 8;
+  m->u.write_rows.state_floats = 1;
+  for (int set = 0; set <= 1; set++) {
+    m->u.write_rows.has_step = set;
+    m->u.write_rows.step = 77;
+    round_trip(m, o);
+    assert_string_equal(o->u.write_rows.table, "emb");
+    assert_int_equal(o->u.write_rows.n, 1000);
+    assert_int_equal(o->u.write_rows.dim, 8);
+    assert_int_equal(o->u.write_rows.state_floats, 1);
+    assert_int_equal(!!o->u.write_rows.has_step, set);
+    assert_int_equal(o->u.write_rows.step, 77);
+    embps_msg_free(o);
+  }
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY;
+  round_trip(m, o);
+  embps_msg_free(o);
   free(m);
   free(o);
 }
@@ -604,7 +663,7 @@ static void test_garbage(void **state) {
 
 static void test_unknown_kind(void **state) {
   (void)state;
-  const uint16_t kinds[] = {0,      10,     0x10,   0x7f,  0x80,  0x8a,
+  const uint16_t kinds[] = {0,      0x30,   0x10,   0x7f,  0x80,  0xb0,
                             0xfe,   0x100,  0x101,  0x1ff, 0x8000, 0xffff,
                             EMBPS_KIND_ERROR | 0x100};
   /* a valid Pull meta, so only the kind is wrong */
@@ -960,6 +1019,7 @@ int main(void) {
       cmocka_unit_test(test_create_drop_describe),
       cmocka_unit_test(test_list_reply),
       cmocka_unit_test(test_pull_push),
+      cmocka_unit_test(test_scan_write_rows),
       cmocka_unit_test(test_stats_reply),
       cmocka_unit_test(test_ack_kinds),
       cmocka_unit_test(test_frame_build),

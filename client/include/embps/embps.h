@@ -64,7 +64,8 @@ extern "C" {
   X(ESTEP, -30020, "synchronous step error")                                   \
   X(EINTERNAL, -30021, "internal error")                                      \
   X(EIO, -30022, "data dir I/O error")                                         \
-  X(ENODATADIR, -30023, "server has no --data-dir")
+  X(ENODATADIR, -30023, "server has no --data-dir")                           \
+  X(EBADFILE, -30024, "bad export/import file")
 
 enum embps_errno {
 #define EMBPS_ERRNO_ENUM_(name, code, msg) EMBPS_##name = (code),
@@ -343,6 +344,95 @@ EMBPS_EXTERN int embps_push_step_async(embps_client_t *c, const char *table,
 /* Waits for the ticket's replies from every server and frees the ticket.
  * Returns the call's result. */
 EMBPS_EXTERN int embps_wait(embps_client_t *c, embps_ticket_t *ticket);
+
+/* ------------------------------------------------------- export/import */
+
+/* Optimizer state slots per weight (sgd 0, adagrad 1, adam 2, ftrl 2) and,
+ * if names is not NULL, their names in record order: adagrad
+ * "accumulator"; adam "m", "v"; ftrl "n", "z". Adam's step t is the
+ * table's step counter (embps_table_info_t.step), not per row. */
+EMBPS_EXTERN uint32_t embps_optimizer_state_slots(embps_optimizer_t opt,
+                                                  const char *const **names);
+
+/* One chunk of one server's rows (embps_scan). ids, weights and state
+ * point into one buffer owned by the chunk: release it with
+ * embps_scan_chunk_free(). */
+typedef struct {
+  size_t n;             /* rows in this chunk */
+  uint32_t dim;
+  uint32_t state_slots; /* 0 without EMBPS_SCAN_STATE (or for sgd) */
+  int64_t *ids;         /* n */
+  float *weights;       /* n x dim, float32 (f16/bf16 tables: widened) */
+  float *state;         /* n x state_slots x dim (each row's slots in
+                         * turn), or NULL */
+  uint64_t next_cursor; /* pass to the next call */
+  int done;             /* no row left on that server */
+  uint64_t step;        /* the table's step counter on that server */
+  void *priv;
+} embps_scan_chunk_t;
+
+#define EMBPS_SCAN_STATE 1u /* with each row's optimizer state */
+
+/* Reads one chunk of at most max_rows rows (0: as many as a reply frame
+ * holds) of `table` on server `server` (cluster index), from `cursor` (0:
+ * the start; then the chunk's next_cursor) until a chunk says done. The
+ * server copies a chunk under one shard's read lock at a time, so pushes
+ * go on; rows a push changes while a scan runs are seen either before or
+ * after that push, each row whole. On success release *out with
+ * embps_scan_chunk_free(). */
+EMBPS_EXTERN int embps_scan(embps_client_t *c, uint32_t server,
+                            const char *table, uint64_t cursor,
+                            uint32_t max_rows, unsigned flags,
+                            embps_scan_chunk_t *out);
+EMBPS_EXTERN void embps_scan_chunk_free(embps_scan_chunk_t *chunk);
+
+/* Sets n distinct rows of a table to weights[n*dim] (float32; rounded to
+ * the table's dtype) and, if state is not NULL, their optimizer state
+ * (n x slots x dim as embps_scan gives it); without state the rows' state
+ * is reset to its initial value. Each row goes to its owning server; each
+ * server applies its rows as one mutation in order with pushes (logged in
+ * its --data-dir like a push) after checking all of them (dim, ranges,
+ * distinct ids, finite values, non-negative accumulators). With set_step,
+ * every server sets the table's step counter to `step` (Adam's t). */
+EMBPS_EXTERN int embps_write_rows(embps_client_t *c, const char *table,
+                                  const int64_t *ids, size_t n,
+                                  const float *weights, uint32_t dim,
+                                  const float *state, int set_step,
+                                  uint64_t step);
+
+/* Export/import flags. */
+#define EMBPS_EXPORT_STATE 1u  /* also the optimizer state (and step) */
+#define EMBPS_IMPORT_STATE 1u  /* set the state from the files too */
+#define EMBPS_IMPORT_CREATE 2u /* create the table from spec.json if missing */
+
+/* Writes every row every server of the cluster holds of `table` (rows
+ * never pushed are not stored: they read as their initial value) into
+ * directory dir (created if missing), as numpy .npy files: ids.npy (<i8,
+ * [n]), weights.npy (<f4, [n, dim]), spec.json (the table's spec, and its
+ * step counter), and with EMBPS_EXPORT_STATE one <f4 [n, dim] file per
+ * optimizer slot named <optimizer>_<slot>.npy (adagrad_accumulator.npy,
+ * adam_m.npy, adam_v.npy, ftrl_n.npy, ftrl_z.npy). Rows are streamed in
+ * chunks (memory bounded by a chunk, not the table); files are written
+ * under temporary names and renamed once complete. With pushes going on,
+ * the export is consistent per chunk, not a snapshot of one instant.
+ * *rows_out (may be NULL) gets the rows written. */
+EMBPS_EXTERN int embps_export_table(embps_client_t *c, const char *table,
+                                    const char *dir, unsigned flags,
+                                    uint64_t *rows_out);
+/* Reads what embps_export_table wrote (or .npy files written by numpy:
+ * weights.npy as <f4 or <f8 [n, dim], ids.npy as <i8 or <i4 [n]; without
+ * ids.npy a dense table gets rows 0..n-1) and writes the rows into
+ * `table`, chunk by chunk, after reading every file through once to check
+ * it (dtype, shape, fortran_order, finite values, ids in range): a bad
+ * file changes nothing, and its error names the file. With
+ * EMBPS_IMPORT_STATE the state files and the step must be there and are
+ * set too; otherwise the imported rows get their initial state. With
+ * EMBPS_IMPORT_CREATE a missing table is created from spec.json (renamed
+ * to `table`). An id given twice: the later row wins. *rows_out (may be
+ * NULL) gets the rows written. */
+EMBPS_EXTERN int embps_import_table(embps_client_t *c, const char *table,
+                                    const char *dir, unsigned flags,
+                                    uint64_t *rows_out);
 
 /* ------------------------------------------------------- routing (shared) */
 

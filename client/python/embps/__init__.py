@@ -37,6 +37,9 @@ OPTIMIZERS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}  # storage type of the weights
 _INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
 PUSH_MERGE = 1
+EXPORT_STATE = 1  # embps.h: EMBPS_EXPORT_STATE
+IMPORT_STATE = 1  # EMBPS_IMPORT_STATE
+IMPORT_CREATE = 2  # EMBPS_IMPORT_CREATE
 
 
 class _Spec(ctypes.Structure):
@@ -242,6 +245,12 @@ def _declare(lib):
                                             ctypes.c_uint32, ctypes.c_uint,
                                             ctypes.POINTER(P)]),
         "embps_wait": (ctypes.c_int, [P, P]),
+        "embps_export_table": (ctypes.c_int, [P, ctypes.c_char_p,
+                                              ctypes.c_char_p, ctypes.c_uint,
+                                              ctypes.POINTER(ctypes.c_uint64)]),
+        "embps_import_table": (ctypes.c_int, [P, ctypes.c_char_p,
+                                              ctypes.c_char_p, ctypes.c_uint,
+                                              ctypes.POINTER(ctypes.c_uint64)]),
         "embps_route": (ctypes.c_uint32, [ctypes.c_int64, ctypes.c_uint32]),
         "embps_slices_init": (None, [ctypes.POINTER(_Slices), ctypes.c_uint32]),
         "embps_slices_free": (None, [ctypes.POINTER(_Slices)]),
@@ -671,3 +680,32 @@ class Client:
         step, the push for that step of a synchronous table (it returns once
         the step, with every worker's push, is applied)."""
         return self.push_async(name, indices, values, merge, step).wait()
+
+    # ---- export / import ----
+    def export(self, table, dir, with_state=False):
+        """Writes every row the cluster holds of table into directory dir as
+        numpy .npy files (ids.npy, weights.npy, with_state: one file per
+        optimizer slot, e.g. adam_m.npy, adam_v.npy) and spec.json; returns
+        the number of rows. Read them with numpy.load."""
+        n = ctypes.c_uint64()
+        with self._lock:
+            self._check(_lib().embps_export_table(
+                self._h(), table.encode(), os.fsencode(dir),
+                EXPORT_STATE if with_state else 0, ctypes.byref(n)))
+        return n.value
+
+    def import_(self, table, dir, with_state=False, create=False):
+        """Writes the rows of directory dir (as export() wrote it, or
+        weights.npy [n, dim] and optional ids.npy [n] saved by numpy) into
+        table; with_state sets the optimizer state and step too (otherwise
+        the rows get their initial state); create makes the table from
+        dir/spec.json if it is missing. Returns the number of rows."""
+        flags = (IMPORT_STATE if with_state else 0) | \
+            (IMPORT_CREATE if create else 0)
+        n = ctypes.c_uint64()
+        with self._lock:
+            self._check(_lib().embps_import_table(
+                self._h(), table.encode(), os.fsencode(dir), flags,
+                ctypes.byref(n)))
+        self._dims.pop(table, None)
+        return n.value
