@@ -61,6 +61,32 @@ for d in docs:
         assert terms and terms[0]["topologyKey"] == "kubernetes.io/hostname", aa
 PY
 
+# the StatefulSet's start script, run as pod embps-1 with embps-server
+# replaced by a stub that prints its arguments
+check "k8s: pod embps-1 gets --cluster-servers of every pod, slot 1" $PY - "$D/k8s/statefulset.yaml" "$TMP" <<'PY'
+import os, subprocess, sys, yaml
+sts = next(d for d in yaml.safe_load_all(open(sys.argv[1]))
+           if d and d["kind"] == "StatefulSet")
+c = sts["spec"]["template"]["spec"]["containers"][0]
+stub = os.path.join(sys.argv[2], "embps-server")
+with open(stub, "w") as f:
+    f.write('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+os.chmod(stub, 0o755)
+env = {e["name"]: e["value"] for e in c["env"]}
+env.update(HOSTNAME=sts["metadata"]["name"] + "-1",
+           PATH=sys.argv[2] + ":/usr/bin:/bin")
+args = subprocess.run(c["command"] + c["args"], env=env, check=True,
+                      capture_output=True, text=True).stdout.split("\n")
+n = int(env["EMBPS_CLUSTER_SIZE"])
+assert n == sts["spec"]["replicas"], (n, sts["spec"]["replicas"])
+svc = sts["spec"]["serviceName"]
+want = ",".join("%s-%d.%s:7070" % (sts["metadata"]["name"], i, svc)
+                for i in range(n))
+assert args[args.index("--cluster-servers") + 1] == want, args
+assert args[args.index("--cluster-index") + 1] == "1", args
+assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+PY
+
 if command -v promtool >/dev/null; then
   check "promtool check config docker/monitoring/prometheus.yml" \
     promtool check config "$D/monitoring/prometheus.yml"
