@@ -5,7 +5,8 @@
 # Prometheus config passes promtool and every Grafana panel's query parses;
 # the systemd unit passes systemd-analyze verify (ExecStart pointed at
 # SERVER when given) with the settings it must have; README.md and
-# docker/README.md give the same bytes-per-row formula.
+# docker/README.md give the same bytes-per-row formula and /readyz
+# paragraph; the StatefulSet's start script builds --cluster-servers.
 set -u
 ROOT=$1
 SERVER=${2:-}
@@ -96,6 +97,9 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
 assert len(exprs) >= 8, exprs
+for m in ("embps_checkpoint_time_seconds", "embps_log_bytes",
+          "embps_durability_failed", "embps_cluster_missing_tables"):
+    assert any(m in e for e in exprs), ("no panel shows", m)
 print("groups:\n  - name: dashboard\n    rules:")
 for i, e in enumerate(exprs):
     e = e.replace("$__rate_interval", "5m").replace("$job", ".*").replace("$instance", ".*")
@@ -133,5 +137,21 @@ if [ -s "$TMP/f1" ] && cmp -s "$TMP/f1" "$TMP/f2"; then
 else
   bad "README.md and docker/README.md: the same bytes-per-row formula" \
     "$(diff "$TMP/f1" "$TMP/f2")"
+fi
+# what /readyz checks: the same paragraph in both READMEs
+readyz_para() {
+  $PY -c '
+import re, sys
+t = " ".join(open(sys.argv[1]).read().split())
+m = re.search(r"`/readyz` answers 200 when .*?same spec\)\.", t)
+print(m.group(0) if m else "")' "$1"
+}
+readyz_para "$ROOT/README.md" >"$TMP/r1"
+readyz_para "$D/README.md" >"$TMP/r2"
+if [ -n "$(cat "$TMP/r1")" ] && cmp -s "$TMP/r1" "$TMP/r2"; then
+  ok "README.md and docker/README.md: the same /readyz paragraph"
+else
+  bad "README.md and docker/README.md: the same /readyz paragraph" \
+    "$(cat "$TMP/r1")" "$(cat "$TMP/r2")"
 fi
 finish
