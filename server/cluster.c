@@ -168,16 +168,17 @@ static void ask(uint32_t i) {
 /* 1 when this server holds a table named `name`. */
 static int held_here(const char *name) {
   embps_table_t *t = embps_registry_get(&cl.srv->registry, name);
-  if (t)
-    embps_table_unref(t);
-  return t != NULL;
+  if (!t)
+    return 0;
+  embps_table_unref(t);
+  return 1;
 }
 
 /* 1 when a peer before i that answered holds `name` (so that a table
  * missing here is counted once). */
 static int held_before_locked(uint32_t i, const embps_table_info_t *t) {
   for (uint32_t j = 0; j < i; j++)
-    if (cl.peer[j].answered &&
+    if (cl.peer[j].answered && cl.peer[j].n_tables &&
         bsearch(t, cl.peer[j].tables, cl.peer[j].n_tables, sizeof *t,
                 by_name))
       return 1;
@@ -323,10 +324,14 @@ int embps_cluster_start(embps_server_t *srv) {
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   pthread_cond_init(&cl.wake, &attr);
   pthread_condattr_destroy(&attr);
+  pthread_mutex_lock(&cl.mu); /* the HTTP thread reads it */
   cl.stop = 0;
   cl.started = 1;
+  pthread_mutex_unlock(&cl.mu);
   if (pthread_create(&cl.tid, NULL, run, NULL)) {
+    pthread_mutex_lock(&cl.mu);
     cl.started = 0;
+    pthread_mutex_unlock(&cl.mu);
     LOG_ERROR("--cluster-servers: cannot start the cluster thread");
     return -1;
   }
