@@ -317,7 +317,9 @@ static void put_server(text_t *t, embps_server_t *srv) {
   head(t, "embps_build_info", "gauge", "Version of this embps-server.");
   put(t, "embps_build_info{version=\"%s\",protocol=\"%d\"} 1\n",
       EMBPS_VERSION_STRING, EMBPS_PROTOCOL_VERSION);
-  head(t, "embps_ready", "gauge", "1 once the server serves (see /readyz).");
+  head(t, "embps_ready", "gauge",
+       "1 once the server serves (restored, listening); /readyz also needs "
+       "embps_cluster_missing_tables 0.");
   put(t, "embps_ready %d\n", atomic_load(&m.ready));
   head(t, "embps_start_time_seconds", "gauge",
        "Unix time the server started.");
