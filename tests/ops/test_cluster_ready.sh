@@ -25,8 +25,7 @@ printf 'cluster-secret\n' >"$TMP/token"
 c() { timeout 30 "$CLI" --servers "$L" --token-file "$TMP/token" "$@"; }
 
 # member NAME I DIR [ARGS...]: server I of the cluster, data in DIR
-# (--fsync never: no log thread dup()ing its fd every second, which
-# ThreadSanitizer mistakes for a race with libuv's closed sockets)
+# (--fsync never: this test is about tables, not about syncing them)
 member() {
   local name=$1 i=$2 dir=$3 port
   shift 3
