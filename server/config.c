@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "server.h"
 #include "util.h"
 #include "wal.h"
@@ -25,6 +26,11 @@ static const char usage[] =
     "  --omp-threads N           threads applying a push (default: cores/2)\n"
     "  --cluster-size K          servers in the cluster (default 1)\n"
     "  --cluster-index I         this server's slot, 0..K-1 (default 0)\n"
+  "  --cluster-servers H:P,... every server in cluster order (the clients'\n"
+  "                            list): /readyz waits until this server holds\n"
+  "                            every table the others hold\n"
+  "  --complete-tables         with --cluster-servers: create such missing\n"
+  "                            tables here from a peer's spec (fresh rows)\n"
     "  --auth-token-file FILE    require this token in every client's hello\n"
     "                            (FILE must not be readable by group/others)\n"
     "  --insecure                allow a non-loopback --listen without a token\n"
@@ -133,7 +139,6 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   cfg->listen_port = 7070;
   cfg->io_threads = 2;
   cfg->shards = 16;
-  cfg->cluster_size = 1;
   cfg->max_frame_bytes = EMBPS_DEFAULT_MAX_FRAME;
   cfg->max_connections = 1024;
   cfg->max_tables = 1024;
@@ -156,6 +161,10 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       return fail(err, err_len, "unexpected argument \"%s\"", a);
     if (!strcmp(a, "--insecure")) {
       cfg->insecure = 1;
+      continue;
+    }
+    if (!strcmp(a, "--complete-tables")) {
+      cfg->complete_tables = 1;
       continue;
     }
     if (i + 1 >= argc)
@@ -230,6 +239,8 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       cfg->token_len = len;
       cfg->has_token = 1;
       free(data);
+    } else if (!strcmp(a, "--cluster-servers")) {
+      cfg->cluster_servers = v;
     } else if (!strcmp(a, "--metrics-listen")) {
       if (embps_parse_hostport(v, cfg->metrics_host, sizeof cfg->metrics_host,
                                &cfg->metrics_port))
@@ -249,6 +260,8 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       return fail(err, err_len, "unknown option %s (see --help)", a);
     }
   }
+  if (embps_cluster_config_check(cfg, err, err_len))
+    return -1;
   if (cfg->cluster_index >= cfg->cluster_size)
     return fail(err, err_len, "--cluster-index %u must be below "
                 "--cluster-size %u", cfg->cluster_index, cfg->cluster_size);

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "cluster.h"
 #include "durable.h"
 #include "server.h"
 
@@ -316,7 +317,9 @@ static void put_server(text_t *t, embps_server_t *srv) {
   head(t, "embps_build_info", "gauge", "Version of this embps-server.");
   put(t, "embps_build_info{version=\"%s\",protocol=\"%d\"} 1\n",
       EMBPS_VERSION_STRING, EMBPS_PROTOCOL_VERSION);
-  head(t, "embps_ready", "gauge", "1 once the server serves (see /readyz).");
+  head(t, "embps_ready", "gauge",
+       "1 once the server serves (restored, listening); /readyz also needs "
+       "embps_cluster_missing_tables 0.");
   put(t, "embps_ready %d\n", atomic_load(&m.ready));
   head(t, "embps_start_time_seconds", "gauge",
        "Unix time the server started.");
@@ -325,6 +328,16 @@ static void put_server(text_t *t, embps_server_t *srv) {
   put(t, "embps_cluster_size %u\n", srv->cfg.cluster_size);
   head(t, "embps_cluster_index", "gauge", "This server's --cluster-index.");
   put(t, "embps_cluster_index %u\n", srv->cfg.cluster_index);
+  size_t missing, unreachable, peers;
+  if (embps_cluster_counts(&missing, &unreachable, &peers)) {
+    head(t, "embps_cluster_missing_tables", "gauge",
+         "Tables another server holds and this one lacks (--cluster-servers;"
+         " /readyz is 503 while above 0).");
+    put(t, "embps_cluster_missing_tables %zu\n", missing);
+    head(t, "embps_cluster_peers_unreachable", "gauge",
+         "Other servers that did not answer the last table check.");
+    put(t, "embps_cluster_peers_unreachable %zu\n", unreachable);
+  }
   head(t, "embps_connections", "gauge", "Open client connections.");
   put(t, "embps_connections %llu\n",
       (unsigned long long)atomic_load(&c->connections));
@@ -385,6 +398,8 @@ static void put_durability(text_t *t, embps_server_t *srv) {
 
 /* ------------------------------------------------------------ HTTP */
 
+/* owned: 0 body is static text, 1 the malloc'd exposition, 2 malloc'd
+ * text. */
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status,
                                char *body, size_t len, int owned) {
   struct MHD_Response *r = MHD_create_response_from_buffer(
@@ -395,7 +410,7 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status,
     return MHD_NO;
   }
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
-                          status == MHD_HTTP_OK && owned
+                          status == MHD_HTTP_OK && owned == 1
                               ? "text/plain; version=0.0.4; charset=utf-8"
                               : "text/plain; charset=utf-8");
   enum MHD_Result rc = MHD_queue_response(conn, status, r);
@@ -417,10 +432,17 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
     *upload_len = 0;
   if (!strcmp(url, "/healthz"))
     return STATIC_(conn, MHD_HTTP_OK, "ok\n");
-  if (!strcmp(url, "/readyz"))
-    return atomic_load(&m.ready)
-               ? STATIC_(conn, MHD_HTTP_OK, "ready\n")
-               : STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+  if (!strcmp(url, "/readyz")) {
+    if (!atomic_load(&m.ready))
+      return STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+    char *body;
+    size_t len;
+    int ready = embps_cluster_ready(&body, &len);
+    if (!body)
+      return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    return respond(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+                   body, len, 2);
+  }
   if (strcmp(url, "/metrics"))
     return STATIC_(conn, MHD_HTTP_NOT_FOUND,
                    "not found: try /metrics, /healthz, /readyz\n");

@@ -55,6 +55,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "cluster.h"
 #include "durable.h"
 #include "server.h"
 
@@ -1103,8 +1104,11 @@ int embps_server_run(const embps_server_config_t *cfg) {
                   port, cfg->io_threads, cfg->shards, cfg->cluster_index,
                   cfg->cluster_size);
   embps_metrics_set_ready(1);
+  if (embps_cluster_start(srv)) /* /readyz: the tables the others hold */
+    return 1;
 
   uv_run(&net->loop, UV_RUN_DEFAULT);
+  embps_cluster_stop();
   for (uint32_t i = 0; i < cfg->io_threads; i++)
     pthread_join(net->io[i].tid, NULL);
   int status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */

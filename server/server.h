@@ -55,6 +55,8 @@ typedef struct {
   int metrics_port;
   char metrics_port_file[1024];
   int log_json; /* --log-format json */
+  const char *cluster_servers; /* --cluster-servers (in argv), or NULL */
+  int complete_tables;         /* --complete-tables */
 } embps_server_config_t;
 
 /* Largest frame accepted from a connection before its hello succeeds. */

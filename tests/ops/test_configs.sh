@@ -5,7 +5,8 @@
 # Prometheus config passes promtool and every Grafana panel's query parses;
 # the systemd unit passes systemd-analyze verify (ExecStart pointed at
 # SERVER when given) with the settings it must have; README.md and
-# docker/README.md give the same bytes-per-row formula.
+# docker/README.md give the same bytes-per-row formula and /readyz
+# paragraph; the StatefulSet's start script builds --cluster-servers.
 set -u
 ROOT=$1
 SERVER=${2:-}
@@ -61,6 +62,32 @@ for d in docs:
         assert terms and terms[0]["topologyKey"] == "kubernetes.io/hostname", aa
 PY
 
+# the StatefulSet's start script, run as pod embps-1 with embps-server
+# replaced by a stub that prints its arguments
+check "k8s: pod embps-1 gets --cluster-servers of every pod, slot 1" $PY - "$D/k8s/statefulset.yaml" "$TMP" <<'PY'
+import os, subprocess, sys, yaml
+sts = next(d for d in yaml.safe_load_all(open(sys.argv[1]))
+           if d and d["kind"] == "StatefulSet")
+c = sts["spec"]["template"]["spec"]["containers"][0]
+stub = os.path.join(sys.argv[2], "embps-server")
+with open(stub, "w") as f:
+    f.write('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+os.chmod(stub, 0o755)
+env = {e["name"]: e["value"] for e in c["env"]}
+env.update(HOSTNAME=sts["metadata"]["name"] + "-1",
+           PATH=sys.argv[2] + ":/usr/bin:/bin")
+args = subprocess.run(c["command"] + c["args"], env=env, check=True,
+                      capture_output=True, text=True).stdout.split("\n")
+n = int(env["EMBPS_CLUSTER_SIZE"])
+assert n == sts["spec"]["replicas"], (n, sts["spec"]["replicas"])
+svc = sts["spec"]["serviceName"]
+want = ",".join("%s-%d.%s:7070" % (sts["metadata"]["name"], i, svc)
+                for i in range(n))
+assert args[args.index("--cluster-servers") + 1] == want, args
+assert args[args.index("--cluster-index") + 1] == "1", args
+assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+PY
+
 if command -v promtool >/dev/null; then
   check "promtool check config docker/monitoring/prometheus.yml" \
     promtool check config "$D/monitoring/prometheus.yml"
@@ -70,6 +97,9 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
 assert len(exprs) >= 8, exprs
+for m in ("embps_checkpoint_time_seconds", "embps_log_bytes",
+          "embps_durability_failed", "embps_cluster_missing_tables"):
+    assert any(m in e for e in exprs), ("no panel shows", m)
 print("groups:\n  - name: dashboard\n    rules:")
 for i, e in enumerate(exprs):
     e = e.replace("$__rate_interval", "5m").replace("$job", ".*").replace("$instance", ".*")
@@ -107,5 +137,21 @@ if [ -s "$TMP/f1" ] && cmp -s "$TMP/f1" "$TMP/f2"; then
 else
   bad "README.md and docker/README.md: the same bytes-per-row formula" \
     "$(diff "$TMP/f1" "$TMP/f2")"
+fi
+# what /readyz checks: the same paragraph in both READMEs
+readyz_para() {
+  $PY -c '
+import re, sys
+t = " ".join(open(sys.argv[1]).read().split())
+m = re.search(r"`/readyz` answers 200 when .*?same spec\)\.", t)
+print(m.group(0) if m else "")' "$1"
+}
+readyz_para "$ROOT/README.md" >"$TMP/r1"
+readyz_para "$D/README.md" >"$TMP/r2"
+if [ -n "$(cat "$TMP/r1")" ] && cmp -s "$TMP/r1" "$TMP/r2"; then
+  ok "README.md and docker/README.md: the same /readyz paragraph"
+else
+  bad "README.md and docker/README.md: the same /readyz paragraph" \
+    "$(cat "$TMP/r1")" "$(cat "$TMP/r2")"
 fi
 finish
