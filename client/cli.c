@@ -27,6 +27,9 @@ static const char usage[] =
     "               [--init zeros|constant:V|uniform:A|normal:STD]\n"
     "               [--seed S] [--padding-id ID] [--sync-workers N]\n"
     "               [--dtype f32|f16|bf16] [--exist-ok]\n"
+    "               [--admit-after N] [--admit-probability P]\n"
+    "               [--admit-sketch-bytes B] [--ttl-steps S] [--max-rows N]\n"
+    "               [--evict lru|lfu] [--evict-l2-below X]  (--dynamic only)\n"
     "  drop-table NAME\n"
     "  alter NAME [--lr X] [--eps X] [--beta1 X] [--beta2 X] [--l1 X]\n"
     "             [--l2 X] [--lr-power X] [--weight-decay X]\n"
@@ -249,6 +252,7 @@ static int cmd_create(cmd_t *cmd) {
     uint64_t u;
     int64_t s;
     double *d = NULL;
+    int dyn;
     if (!strcmp(a, "--dim")) {
       if (parse_u64(v, &u) || u > UINT32_MAX)
         return usage_error("--dim \"%s\" is not a dimension", v);
@@ -277,6 +281,9 @@ static int cmd_create(cmd_t *cmd) {
     } else if (!strcmp(a, "--dtype")) {
       if (embps_dtype_parse(v, &spec.dtype))
         return usage_error("--dtype \"%s\" is not f32|f16|bf16", v);
+    } else if ((dyn = embps_cli_dyn_option(a, v, &spec)) != 0) {
+      if (dyn < 0)
+        return usage_error("bad value for %s", a);
     } else if (!strcmp(a, "--init")) {
       if (parse_init(v, &spec))
         return usage_error("--init \"%s\" is not zeros|constant:V|uniform:A|"
@@ -525,6 +532,7 @@ static int cmd_tables(cmd_t *cmd) {
       printf(", \"rows_allocated\": %" PRIu64 ", \"bytes_used\": %" PRIu64
              ", \"pushes\": %" PRIu64 ", \"pulls\": %" PRIu64,
              v[i].rows_allocated, v[i].bytes_used, v[i].pushes, v[i].pulls);
+      embps_cli_dyn_print(&v[i], 1);
       print_missing(cmd->client, held + i * K, 1);
       print_table_servers_json(st, K, held + i * K);
       printf("}");
@@ -544,6 +552,7 @@ static int cmd_tables(cmd_t *cmd) {
              embps_optimizer_name(v[i].spec.optimizer),
              embps_dtype_name(v[i].spec.dtype), v[i].rows_allocated,
              v[i].bytes_used);
+      embps_cli_dyn_print(&v[i], 0);
       print_missing(cmd->client, held + i * K, 0);
     }
     print_tables_durability(cmd);

@@ -7,4 +7,11 @@
  * process exit status. */
 int embps_cli_bench(const embps_client_options_t *copts, int argc,
                     char **argv);
+/* create-table's admission and eviction options (cli_dyn.c): 1 if `a`
+ * with value v was one (spec set), 0 if not one of them, -1 bad value. */
+int embps_cli_dyn_option(const char *a, const char *v,
+                         embps_table_spec_t *spec);
+/* `tables`: the table's admission and eviction settings and counters, as
+ * JSON members (json) or indented lines (none when the table has none). */
+void embps_cli_dyn_print(const embps_table_info_t *x, int json);
 #endif

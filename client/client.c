@@ -1140,10 +1140,12 @@ static int spec_diff(const embps_table_spec_t *have,
                      const embps_table_spec_t *want, char *buf, size_t len) {
 #define INT_FIELDS_(X)                                                         \
   X(dim) X(rows) X(dynamic) X(init) X(seed) X(has_padding) X(padding_id)       \
-  X(sync_workers)
+  X(sync_workers) X(admit_after) X(admit_sketch_bytes) X(ttl_steps)           \
+  X(max_rows) X(evict)
 #define REAL_FIELDS_(X)                                                        \
   X(lr) X(eps) X(beta1) X(beta2) X(initial_accumulator) X(l1) X(l2)            \
-  X(lr_power) X(weight_decay) X(init_value)
+  X(lr_power) X(weight_decay) X(init_value) X(admit_probability)               \
+  X(evict_l2_below)
 #define INT_DIFF_(f)                                                           \
   if (have->f != want->f)                                                      \
     return snprintf(buf, len, #f " %lld, not %lld", (long long)have->f,        \
@@ -1262,6 +1264,14 @@ static void add_counters(embps_table_info_t *sum, const embps_table_info_t *x) {
   sum->pulls += x->pulls;
   if (x->step > sum->step)
     sum->step = x->step;
+  sum->rows_admitted += x->rows_admitted;
+  sum->rows_pending += x->rows_pending;
+  sum->evicted_ttl += x->evicted_ttl;
+  sum->evicted_capacity += x->evicted_capacity;
+  sum->evicted_l2 += x->evicted_l2;
+  sum->capacity += x->capacity;
+  if (x->evict_stall_max_us > sum->evict_stall_max_us)
+    sum->evict_stall_max_us = x->evict_stall_max_us;
 }
 
 /* The table infos of a broadcast's replies, counters summed. */

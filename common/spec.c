@@ -122,6 +122,31 @@ static int name_ok(const char *name) {
   return 1;
 }
 
+/* Admission and eviction (issue 12): dynamic tables only. */
+static int spec_check_dynamic(const embps_table_spec_t *s, char *why,
+                              size_t why_len) {
+  int any = s->admit_after || s->admit_probability != 0 ||
+            s->admit_sketch_bytes || s->ttl_steps || s->max_rows ||
+            s->evict || s->evict_l2_below != 0;
+  if (!any)
+    return 0;
+  if (!s->dynamic)
+    return refuse(why, why_len, "admission and eviction need --dynamic");
+  if (s->admit_after > 65535)
+    return refuse(why, why_len, "admit-after %u too large (max 65535)",
+                  s->admit_after);
+  if (!(s->admit_probability >= 0 && s->admit_probability <= 1))
+    return refuse(why, why_len, "admit-probability must be in [0, 1] "
+                  "(0: off)");
+  if (s->admit_sketch_bytes > (1ULL << 34))
+    return refuse(why, why_len, "admit-sketch-bytes too large (max 2^34)");
+  if ((unsigned)s->evict > EMBPS_EVICT_LFU)
+    return refuse(why, why_len, "unknown evict policy %u", (unsigned)s->evict);
+  if (!(s->evict_l2_below >= 0) || !isfinite(s->evict_l2_below))
+    return refuse(why, why_len, "evict-l2-below must be finite and >= 0");
+  return 0;
+}
+
 int embps_table_spec_check(const embps_table_spec_t *s, char *why,
                            size_t why_len) {
   if (!name_ok(s->name))
@@ -180,7 +205,7 @@ int embps_table_spec_check(const embps_table_spec_t *s, char *why,
       (s->padding_id < 0 || (uint64_t)s->padding_id >= s->rows))
     return refuse(why, why_len, "padding id %lld outside [0, %llu)",
                   (long long)s->padding_id, (unsigned long long)s->rows);
-  return 0;
+  return spec_check_dynamic(s, why, why_len);
 }
 
 int embps_table_spec_alter(embps_table_spec_t *spec,

@@ -40,6 +40,13 @@ static void spec_to_pb(const embps_table_spec_t *s, Embps__TableSpec *p) {
   SET_(padding_id, s->padding_id);
   SET_(dtype, (uint32_t)s->dtype);
   SET_(sync_workers, s->sync_workers);
+  SET_(admit_after, s->admit_after);
+  SET_(admit_probability, s->admit_probability);
+  SET_(admit_sketch_bytes, s->admit_sketch_bytes);
+  SET_(ttl_steps, s->ttl_steps);
+  SET_(max_rows, s->max_rows);
+  SET_(evict, s->evict);
+  SET_(evict_l2_below, s->evict_l2_below);
 #undef SET_
 }
 
@@ -79,6 +86,13 @@ static int spec_from_pb(const Embps__TableSpec *p, embps_table_spec_t *s) {
   GET_(has_padding);
   GET_(padding_id);
   GET_(sync_workers);
+  GET_(admit_after);
+  GET_(admit_probability);
+  GET_(admit_sketch_bytes);
+  GET_(ttl_steps);
+  GET_(max_rows);
+  GET_(evict);
+  GET_(evict_l2_below);
 #undef GET_
   if (p->has_init)
     s->init = (embps_init_t)p->init;
@@ -99,6 +113,12 @@ static void info_to_pb(const embps_table_info_t *i, Embps__TableInfo *p,
   p->pushes = i->pushes;
   p->pulls = i->pulls;
   p->step = i->step;
+#define DYN_COUNTERS_(X)                                                       \
+  X(rows_admitted) X(rows_pending) X(evicted_ttl) X(evicted_capacity)          \
+  X(evicted_l2) X(capacity) X(evict_stall_max_us)
+#define DYN_TO_PB_(f) p->has_##f = 1, p->f = i->f;
+  DYN_COUNTERS_(DYN_TO_PB_)
+#undef DYN_TO_PB_
 }
 
 static int info_from_pb(const Embps__TableInfo *p, embps_table_info_t *i) {
@@ -110,6 +130,9 @@ static int info_from_pb(const Embps__TableInfo *p, embps_table_info_t *i) {
   i->pushes = p->pushes;
   i->pulls = p->pulls;
   i->step = p->step;
+#define DYN_FROM_PB_(f) i->f = p->f;
+  DYN_COUNTERS_(DYN_FROM_PB_)
+#undef DYN_FROM_PB_
   return 0;
 }
 

@@ -31,7 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
+#include "admit.h"
 #include "dtype.h"
 #include "init.h"
 #include "optim.h"
@@ -47,9 +49,26 @@
 #define MAP_SEED 0x2545f4914f6cdd1dULL /* map hash != shard and server hash */
 #define PREFETCH_AHEAD 16          /* rows */
 #define PREFETCH_MAX 512u          /* bytes of a record prefetched */
+#define SKETCH_DEFAULT_BYTES (1u << 20) /* --admit-sketch-bytes 0 */
+
+/* Bookkeeping of one slot of a table with eviction (issue 12). */
+typedef struct {
+  int64_t id;
+  uint64_t last_step;  /* table step of the row's last push */
+  uint32_t freq;       /* pushes since it was made; 0: the slot is free */
+  uint32_t prev, next; /* recency list, slot + 1 (0: none); free list: next */
+  uint32_t heap;       /* LFU: position in the shard's heap */
+} row_meta_t;
 
 typedef struct {
   pthread_rwlock_t lock;
+  /* admission and eviction (issue 12), hashed storage only */
+  embps_sketch_t sketch; /* admit_after > 1 */
+  row_meta_t *meta;      /* meta_cap slots; NULL without eviction */
+  uint32_t meta_cap;
+  uint32_t lru_head, lru_tail; /* slot + 1, least recently pushed first */
+  uint32_t free_head, n_free;  /* evicted slots, reused first */
+  uint32_t *heap, heap_n, heap_cap; /* LFU min-heap of slots */
   /* hashed storage only */
   uint32_t *map;       /* map_cap entries: 0, or tag | (slot + 1) */
   uint32_t map_cap, tag_mask;
@@ -79,6 +98,13 @@ struct embps_table {
   shard_t *shards;
   atomic_uint_fast64_t rows_allocated, bytes, pushes, pulls, step;
   uint64_t incarnation;     /* the LSN that created it (durable.c) */
+  /* admission and eviction (issue 12) */
+  int policy;               /* any of them: the slow paths below */
+  int has_meta;             /* per-slot row_meta_t (ttl, max_rows or l2) */
+  int admit_count;          /* admit_after > 1: the sketch */
+  uint64_t cap_server, cap_shard; /* max_rows shares (0: no capacity) */
+  atomic_uint_fast64_t visible_step; /* step pulls judge ttl by */
+  atomic_uint_fast64_t admitted, pending, ev_ttl, ev_cap, ev_l2, stall_ns;
   atomic_int refs;
 };
 
@@ -104,6 +130,8 @@ void embps_table_scratch_close(embps_table_scratch_t *s) {
   free(s->start);
   free(s->fresh);
   free(s->wide);
+  free(s->what);
+  free(s->slot);
   embps_table_scratch_init(s);
 }
 
@@ -123,6 +151,10 @@ static int scratch_reserve(embps_table_scratch_t *s, size_t n, uint32_t S) {
     s->cap = n;
     free(s->rec); /* sized with cap, on demand (apply only) */
     s->rec = NULL;
+    free(s->what);
+    free(s->slot);
+    s->what = NULL;
+    s->slot = NULL;
   }
   if (S + 1 > s->shard_cap) {
     uint32_t *st = malloc((S + 1) * sizeof *st);
@@ -179,6 +211,17 @@ static int scratch_reserve_apply(const embps_table_t *t,
     s->rec = malloc((s->cap ? s->cap : 1) * sizeof *s->rec);
     if (!s->rec)
       return -ENOMEM;
+  }
+  if (t->policy && !s->what) {
+    s->what = malloc(s->cap ? s->cap : 1);
+    s->slot = malloc((s->cap ? s->cap : 1) * sizeof *s->slot);
+    if (!s->what || !s->slot) {
+      free(s->what);
+      free(s->slot);
+      s->what = NULL;
+      s->slot = NULL;
+      return -ENOMEM;
+    }
   }
   size_t wide = t->dtype == EMBPS_DTYPE_F32
                     ? 0
@@ -414,26 +457,71 @@ static inline void map_put(uint32_t *m, uint32_t cap, uint32_t tag_mask,
   m[i] = ((uint32_t)h & tag_mask) | (slot + 1);
 }
 
-/* The record of id in shard sh, or NULL. */
-static inline unsigned char *map_find(const embps_table_t *t,
-                                      const shard_t *sh, int64_t id) {
+#define NO_SLOT UINT32_MAX
+
+/* The map position of id in shard sh, or NO_SLOT. */
+static inline uint32_t map_find_pos(const embps_table_t *t, const shard_t *sh,
+                                    int64_t id) {
   const uint32_t cap = sh->map_cap, tag_mask = sh->tag_mask;
   if (!cap)
-    return NULL;
+    return NO_SLOT;
   const uint64_t h = map_hash(id);
   const uint32_t tag = (uint32_t)h & tag_mask;
   for (uint32_t i = map_home(h, cap);;) {
     uint32_t e = sh->map[i];
     if (!e)
-      return NULL;
-    if ((e & tag_mask) == tag) {
-      unsigned char *rec = slot_rec(t, sh, (e & ~tag_mask) - 1);
-      if (rec_id(rec) == id)
-        return rec;
-    }
+      return NO_SLOT;
+    if ((e & tag_mask) == tag &&
+        rec_id(slot_rec(t, sh, (e & ~tag_mask) - 1)) == id)
+      return i;
     if (++i == cap)
       i = 0;
   }
+}
+
+/* The slot of id in shard sh, or NO_SLOT. */
+static inline uint32_t map_find_slot(const embps_table_t *t,
+                                     const shard_t *sh, int64_t id) {
+  uint32_t i = map_find_pos(t, sh, id);
+  return i == NO_SLOT ? NO_SLOT : (sh->map[i] & ~sh->tag_mask) - 1;
+}
+
+/* The record of id in shard sh, or NULL. */
+static inline unsigned char *map_find(const embps_table_t *t,
+                                      const shard_t *sh, int64_t id) {
+  uint32_t slot = map_find_slot(t, sh, id);
+  return slot == NO_SLOT ? NULL : slot_rec(t, sh, slot);
+}
+
+/* Removes the entry of id (present) from sh's map by backward shifting:
+ * every later entry of the probe run that may move into the hole does, so
+ * lookups never need tombstones. Write lock held. */
+static void map_remove(const embps_table_t *t, shard_t *sh, int64_t id) {
+  const uint32_t cap = sh->map_cap, tag_mask = sh->tag_mask;
+  uint32_t hole = map_find_pos(t, sh, id);
+  for (uint32_t j = hole;;) {
+    if (++j == cap)
+      j = 0;
+    const uint32_t e = sh->map[j];
+    if (!e)
+      break;
+    const uint32_t home =
+        map_home(map_hash(rec_id(slot_rec(t, sh, (e & ~tag_mask) - 1))), cap);
+    /* e stays if its home lies cyclically in (hole, j] */
+    int stays = hole <= j ? (home > hole && home <= j)
+                          : (home > hole || home <= j);
+    if (!stays) {
+      sh->map[hole] = e;
+      hole = j;
+    }
+  }
+  sh->map[hole] = 0;
+}
+
+/* Whether slot of sh holds a row (evicted slots wait on the free list). */
+static inline int slot_live(const embps_table_t *t, const shard_t *sh,
+                            uint32_t slot) {
+  return !t->has_meta || sh->meta[slot].freq != 0;
 }
 
 /* Replaces sh's map with one of cap entries holding every row. Built
@@ -445,7 +533,9 @@ static int grow_map(embps_table_t *t, shard_t *sh, uint32_t cap) {
     return -ENOMEM;
   const uint32_t tag_mask = map_tag_mask(cap), old_cap = sh->map_cap;
   for (uint32_t slot = 0; slot < sh->n_rows; slot++)
-    map_put(m, cap, tag_mask, map_hash(rec_id(slot_rec(t, sh, slot))), slot);
+    if (slot_live(t, sh, slot))
+      map_put(m, cap, tag_mask, map_hash(rec_id(slot_rec(t, sh, slot))),
+              slot);
   pthread_rwlock_wrlock(&sh->lock);
   sh->map = m;
   sh->map_cap = cap;
@@ -456,10 +546,29 @@ static int grow_map(embps_table_t *t, shard_t *sh, uint32_t cap) {
   return 0;
 }
 
+/* Slot bookkeeping capacity for `rows` slots (doubling). */
+static uint32_t meta_cap_for(uint32_t cap, uint32_t rows) {
+  uint64_t c = cap ? cap : 64;
+  while (c < rows)
+    c *= 2;
+  return c > MAX_SHARD_ROWS ? MAX_SHARD_ROWS : (uint32_t)c;
+}
+
+/* Bytes of bookkeeping a slot costs: meta, and the LFU heap entry. */
+static size_t meta_slot_bytes(const embps_table_t *t) {
+  return sizeof(row_meta_t) +
+         (t->spec.max_rows && t->spec.evict == EMBPS_EVICT_LFU
+              ? sizeof(uint32_t)
+              : 0);
+}
+
 /* Bytes that room for `rows` rows in sh would add (chunks and map). */
 static uint64_t growth_bytes(const embps_table_t *t, const shard_t *sh,
                              uint32_t rows) {
   uint64_t bytes = 0;
+  if (t->has_meta && rows > sh->meta_cap)
+    bytes += (uint64_t)(meta_cap_for(sh->meta_cap, rows) - sh->meta_cap) *
+             meta_slot_bytes(t);
   const uint32_t want = chunks_for(t, rows);
   for (uint32_t c = sh->n_chunks; c < want; c++)
     bytes += chunk_bytes(t, c);
@@ -469,18 +578,426 @@ static uint64_t growth_bytes(const embps_table_t *t, const shard_t *sh,
   return bytes;
 }
 
-/* The record of a new id in sh: next slot, id, initial row, map entry.
- * Write lock held; room reserved. */
+/* Grows sh's slot bookkeeping (and LFU heap) to hold `rows` slots; the
+ * meta array is swapped under the write lock (pulls read it). 0, -ENOMEM. */
+static int grow_meta(embps_table_t *t, shard_t *sh, uint32_t rows) {
+  if (!t->has_meta || rows <= sh->meta_cap)
+    return 0;
+  const uint32_t cap = meta_cap_for(sh->meta_cap, rows);
+  row_meta_t *m = malloc((size_t)cap * sizeof *m);
+  if (!m)
+    return -ENOMEM;
+  if (meta_slot_bytes(t) > sizeof *m) {
+    uint32_t *h = realloc(sh->heap, (size_t)cap * sizeof *h);
+    if (!h) {
+      free(m);
+      return -ENOMEM;
+    }
+    sh->heap = h;
+    sh->heap_cap = cap;
+  }
+  if (sh->meta_cap)
+    memcpy(m, sh->meta, (size_t)sh->meta_cap * sizeof *m);
+  row_meta_t *old = sh->meta;
+  pthread_rwlock_wrlock(&sh->lock);
+  sh->meta = m;
+  pthread_rwlock_unlock(&sh->lock);
+  free(old);
+  add_bytes(t, (int64_t)((cap - sh->meta_cap) * meta_slot_bytes(t)));
+  sh->meta_cap = cap;
+  return 0;
+}
+
+static void meta_on_insert(const embps_table_t *t, shard_t *sh, uint32_t slot,
+                           int64_t id, uint64_t step);
+
+/* The record of a new id in sh: a free slot or the next one, id, initial
+ * row, map entry, and for tables with eviction its bookkeeping (pushed at
+ * `step`, once). Write lock held; room reserved. */
 static unsigned char *hashed_insert(const embps_table_t *t, shard_t *sh,
-                                    int64_t id, float *wide) {
-  uint32_t slot = sh->n_rows;
+                                    int64_t id, float *wide, uint64_t step) {
+  uint32_t slot;
+  if (sh->free_head) {
+    slot = sh->free_head - 1;
+    sh->free_head = sh->meta[slot].next;
+    sh->n_free--;
+  } else {
+    slot = sh->n_rows++;
+  }
   unsigned char *rec = slot_rec(t, sh, slot);
   memcpy(rec, &id, sizeof id);
   if (wide != RAW_ROW)
     init_record(t, id, rec, wide);
   map_put(sh->map, sh->map_cap, sh->tag_mask, map_hash(id), slot);
-  sh->n_rows = slot + 1;
+  if (t->has_meta)
+    meta_on_insert(t, sh, slot, id, step);
   return rec;
+}
+
+/* ------------------------------------------------ admission and eviction
+ *
+ * Per shard, under its write lock, for dynamic tables (issue 12):
+ *  - admission: a count-min sketch (admit.c) counts pushes of ids without a
+ *    row; the push that brings an id's count to admit_after makes the row
+ *    (initial value) and applies that push's gradient only. Earlier
+ *    gradients are counted, never applied (DeepRec's counter filter does
+ *    the same). --admit-probability admits by a hash of (seed, id).
+ *  - recency: a doubly linked list of slots, least recently pushed first,
+ *    in push order (rows of one push in the order the push lists them);
+ *    TTL expiry and LRU eviction take its head. LFU keeps a min-heap keyed
+ *    (pushes, last step, id).
+ *  - ttl: a row whose last push is ttl_steps or more steps old reads as
+ *    its initial value at once (pulls and pushes check its step); its
+ *    memory is reclaimed from the list head by later pushes to the shard
+ *    (a bounded number per push), or all at once by embps_table_evict.
+ *  - capacity: each shard holds at most cap_shard = ceil(max_rows /
+ *    servers / shards) rows; a push that passes it evicts after applying,
+ *    never a row of the push itself.
+ * Evicted slots go on the shard's free list; the next new rows reuse them,
+ * so memory stays at the capacity plus one push. Every decision depends
+ * only on the table's state and the order of pushes, so replaying the log
+ * from a checkpoint decides the same way. */
+
+#define LIST_NONE 0u
+#define SWEEP_MIN 8u /* expired rows reclaimed per push and shard, at least */
+
+enum {
+  W_SKIP,    /* padding */
+  W_LIVE,    /* a row: apply */
+  W_NEW,     /* admitted now: make the row, apply */
+  W_RESET,   /* an expired row admitted again: reinitialise, apply */
+  W_PENDING, /* not admitted yet: count it */
+  W_DROP,    /* an expired row not admitted again: evict, count it */
+  W_REFUSED, /* refused by --admit-probability */
+};
+
+enum { WHY_TTL, WHY_CAP, WHY_L2 };
+
+static inline row_meta_t *meta_of(const shard_t *sh, uint32_t slot) {
+  return &sh->meta[slot];
+}
+
+static void list_unlink(shard_t *sh, uint32_t slot) {
+  row_meta_t *m = meta_of(sh, slot);
+  if (m->prev)
+    sh->meta[m->prev - 1].next = m->next;
+  else
+    sh->lru_head = m->next;
+  if (m->next)
+    sh->meta[m->next - 1].prev = m->prev;
+  else
+    sh->lru_tail = m->prev;
+  m->prev = m->next = LIST_NONE;
+}
+
+static void list_append(shard_t *sh, uint32_t slot) {
+  row_meta_t *m = meta_of(sh, slot);
+  m->prev = sh->lru_tail;
+  m->next = LIST_NONE;
+  if (sh->lru_tail)
+    sh->meta[sh->lru_tail - 1].next = slot + 1;
+  else
+    sh->lru_head = slot + 1;
+  sh->lru_tail = slot + 1;
+}
+
+static inline int uses_heap(const embps_table_t *t) {
+  return t->spec.max_rows && t->spec.evict == EMBPS_EVICT_LFU;
+}
+
+/* LFU order: fewer pushes, then older, then smaller id. */
+static inline int lfu_less(const shard_t *sh, uint32_t a, uint32_t b) {
+  const row_meta_t *x = meta_of(sh, a), *y = meta_of(sh, b);
+  if (x->freq != y->freq)
+    return x->freq < y->freq;
+  if (x->last_step != y->last_step)
+    return x->last_step < y->last_step;
+  return x->id < y->id;
+}
+
+static inline void heap_set(shard_t *sh, uint32_t pos, uint32_t slot) {
+  sh->heap[pos] = slot;
+  sh->meta[slot].heap = pos;
+}
+
+static void heap_up(shard_t *sh, uint32_t pos) {
+  uint32_t slot = sh->heap[pos];
+  while (pos) {
+    uint32_t parent = (pos - 1) / 2;
+    if (!lfu_less(sh, slot, sh->heap[parent]))
+      break;
+    heap_set(sh, pos, sh->heap[parent]);
+    pos = parent;
+  }
+  heap_set(sh, pos, slot);
+}
+
+static void heap_down(shard_t *sh, uint32_t pos) {
+  uint32_t slot = sh->heap[pos];
+  for (;;) {
+    uint32_t c = 2 * pos + 1;
+    if (c >= sh->heap_n)
+      break;
+    if (c + 1 < sh->heap_n && lfu_less(sh, sh->heap[c + 1], sh->heap[c]))
+      c++;
+    if (!lfu_less(sh, sh->heap[c], slot))
+      break;
+    heap_set(sh, pos, sh->heap[c]);
+    pos = c;
+  }
+  heap_set(sh, pos, slot);
+}
+
+static void heap_remove(shard_t *sh, uint32_t slot) {
+  uint32_t pos = sh->meta[slot].heap, last = sh->heap[--sh->heap_n];
+  if (pos == sh->heap_n)
+    return;
+  heap_set(sh, pos, last);
+  heap_up(sh, pos);
+  heap_down(sh, sh->meta[last].heap);
+}
+
+static void meta_on_insert(const embps_table_t *t, shard_t *sh, uint32_t slot,
+                           int64_t id, uint64_t step) {
+  row_meta_t *m = meta_of(sh, slot);
+  m->id = id;
+  m->last_step = step;
+  m->freq = 1;
+  list_append(sh, slot);
+  if (uses_heap(t)) {
+    heap_set(sh, sh->heap_n++, slot);
+    heap_up(sh, sh->heap_n - 1);
+  }
+}
+
+/* A push at `step` of the row in slot (freq 0: start again, as new). */
+static void meta_on_push(const embps_table_t *t, shard_t *sh, uint32_t slot,
+                         uint64_t step, int restart) {
+  row_meta_t *m = meta_of(sh, slot);
+  m->last_step = step;
+  m->freq = restart ? 1 : m->freq + (m->freq < UINT32_MAX);
+  list_unlink(sh, slot);
+  list_append(sh, slot);
+  if (uses_heap(t)) {
+    heap_up(sh, m->heap);
+    heap_down(sh, m->heap);
+  }
+}
+
+/* Whether a row last pushed at last_step has expired at table step `now`
+ * (a row pushed after `now`, by a push under way, has not). */
+static inline int expired_at(const embps_table_t *t, uint64_t last_step,
+                             uint64_t now) {
+  return t->spec.ttl_steps && last_step <= now &&
+         now - last_step >= t->spec.ttl_steps;
+}
+
+/* Evicts the row in slot: out of the map, the list, the heap; onto the free
+ * list. Write lock held. */
+static void evict_slot(const embps_table_t *t, shard_t *sh, uint32_t slot) {
+  row_meta_t *m = meta_of(sh, slot);
+  map_remove(t, sh, m->id);
+  list_unlink(sh, slot);
+  if (uses_heap(t))
+    heap_remove(sh, slot);
+  m->freq = 0;
+  m->next = sh->free_head;
+  sh->free_head = slot + 1;
+  sh->n_free++;
+}
+
+/* Whether a push admits id, which has no row (or an expired one). */
+static int admits(const embps_table_t *t, const shard_t *sh, int64_t id) {
+  const embps_table_spec_t *sp = &t->spec;
+  if (sp->admit_probability != 0 &&
+      !embps_admit_by_hash(sp->seed, id, sp->admit_probability))
+    return 0;
+  return !t->admit_count ||
+         embps_sketch_estimate(&sh->sketch, id) + 1 >= sp->admit_after;
+}
+
+/* find_all for a table with a policy: the fate of every position of shard
+ * k (s->what, s->slot), judged at table step `now` (before the push). */
+static uint32_t find_shard_policy(const embps_table_t *t,
+                                  embps_table_scratch_t *s, uint32_t k,
+                                  const int64_t *ids, uint64_t now) {
+  const shard_t *sh = &t->shards[k];
+  uint32_t fresh = 0;
+  for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
+    const int64_t id = ids[s->order[p]];
+    s->rec[p] = NULL;
+    s->slot[p] = NO_SLOT;
+    if (is_padding(t, id)) {
+      s->what[p] = W_SKIP;
+      continue;
+    }
+    uint32_t slot = map_find_slot(t, sh, id);
+    if (slot != NO_SLOT) {
+      s->rec[p] = slot_rec(t, sh, slot);
+      s->slot[p] = slot;
+      if (s->raw || !t->has_meta ||
+          !expired_at(t, sh->meta[slot].last_step, now))
+        s->what[p] = W_LIVE;
+      else
+        s->what[p] = admits(t, sh, id) ? W_RESET : W_DROP;
+    } else if (s->raw || admits(t, sh, id)) {
+      s->what[p] = W_NEW;
+      fresh++;
+    } else {
+      s->what[p] = t->admit_count ? W_PENDING : W_REFUSED;
+    }
+  }
+  return fresh;
+}
+
+/* Counters of one shard's part of a push, added to the table's after. */
+typedef struct {
+  uint64_t created, admitted, evicted[3];
+  int64_t pending;
+} dyn_count_t;
+
+static void count_pending(const embps_table_t *t, shard_t *sh, int64_t id,
+                          dyn_count_t *c) {
+  const uint64_t adds = sh->sketch.adds;
+  if (embps_sketch_add(&sh->sketch, id) == 0)
+    c->pending++;
+  if (sh->sketch.adds < adds) /* aged: every count halved */
+    c->pending -= (int64_t)(atomic_load(&t->pending) + (uint64_t)c->pending) / 2;
+}
+
+/* After a push at step `now` to shard sh: reclaims up to `budget` expired
+ * rows from the list head, then evicts down to the capacity (never a row
+ * pushed at `now`). Write lock held. */
+static void shard_evict_after_push(embps_table_t *t, shard_t *sh,
+                                   uint64_t now, uint32_t budget,
+                                   dyn_count_t *c) {
+  while (t->spec.ttl_steps && sh->lru_head && budget--) {
+    uint32_t slot = sh->lru_head - 1;
+    if (!expired_at(t, sh->meta[slot].last_step, now))
+      break;
+    evict_slot(t, sh, slot);
+    c->evicted[WHY_TTL]++;
+  }
+  if (!t->cap_shard)
+    return;
+  uint32_t aside = 0; /* LFU: rows of this push popped, put back after */
+  while ((uint64_t)(sh->n_rows - sh->n_free) > t->cap_shard) {
+    uint32_t slot;
+    if (uses_heap(t)) {
+      if (!sh->heap_n)
+        break;
+      slot = sh->heap[0];
+      if (sh->meta[slot].last_step == now) {
+        heap_remove(sh, slot);
+        sh->heap[sh->heap_cap - 1 - aside++] = slot;
+        continue;
+      }
+    } else {
+      if (!sh->lru_head)
+        break;
+      slot = sh->lru_head - 1;
+      if (sh->meta[slot].last_step == now)
+        break;
+    }
+    evict_slot(t, sh, slot);
+    c->evicted[WHY_CAP]++;
+  }
+  while (aside) {
+    uint32_t slot = sh->heap[sh->heap_cap - aside--];
+    heap_set(sh, sh->heap_n++, slot);
+    heap_up(sh, sh->heap_n - 1);
+  }
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void note_stall(embps_table_t *t, uint64_t ns) {
+  uint64_t old = atomic_load(&t->stall_ns);
+  while (ns > old && !atomic_compare_exchange_weak(&t->stall_ns, &old, ns))
+    ;
+}
+
+static void add_counts(embps_table_t *t, const dyn_count_t *c) {
+  uint64_t evicted = c->evicted[0] + c->evicted[1] + c->evicted[2];
+  atomic_fetch_add(&t->admitted, c->admitted);
+  atomic_fetch_add(&t->pending, (uint64_t)c->pending);
+  atomic_fetch_add(&t->ev_ttl, c->evicted[WHY_TTL]);
+  atomic_fetch_add(&t->ev_cap, c->evicted[WHY_CAP]);
+  atomic_fetch_add(&t->ev_l2, c->evicted[WHY_L2]);
+  atomic_fetch_sub(&t->rows_allocated, evicted);
+  if ((int64_t)atomic_load(&t->pending) < 0)
+    atomic_store(&t->pending, 0);
+}
+
+/* Squared L2 norm of the stored weights of rec. */
+static double rec_norm2(const embps_table_t *t, const unsigned char *rec,
+                        float *wide) {
+  const float *w = (const float *)(rec + t->w_off);
+  if (t->dtype != EMBPS_DTYPE_F32) {
+    embps_dtype_to_f32(t->dtype, rec + t->w_off, wide, t->dim);
+    w = wide;
+  }
+  double sum = 0;
+  for (uint32_t j = 0; j < t->dim; j++)
+    sum += (double)w[j] * w[j];
+  return sum;
+}
+
+#define EVICT_BATCH 4096u /* rows examined per write-lock hold */
+
+int embps_table_evict(embps_table_t *t, double l2_below, uint64_t *evicted) {
+  *evicted = 0;
+  if (!t->has_meta)
+    return 0;
+  float *wide = malloc(((size_t)t->dim + 1) * sizeof *wide);
+  if (!wide)
+    return -ENOMEM;
+  const uint64_t now = atomic_load(&t->step);
+  const double below2 = l2_below * l2_below;
+  dyn_count_t c = {0};
+  for (uint32_t k = 0; k < t->n_shards; k++) {
+    shard_t *sh = &t->shards[k];
+    uint32_t next = sh->lru_head;
+    while (next) {
+      uint64_t t0 = now_ns();
+      pthread_rwlock_wrlock(&sh->lock);
+      for (uint32_t n = 0; next && n < EVICT_BATCH; n++) {
+        uint32_t slot = next - 1;
+        next = sh->meta[slot].next;
+        if (expired_at(t, sh->meta[slot].last_step, now)) {
+          evict_slot(t, sh, slot);
+          c.evicted[WHY_TTL]++;
+        } else if (l2_below > 0 &&
+                   rec_norm2(t, slot_rec(t, sh, slot), wide) < below2) {
+          evict_slot(t, sh, slot);
+          c.evicted[WHY_L2]++;
+        }
+      }
+      pthread_rwlock_unlock(&sh->lock);
+      note_stall(t, now_ns() - t0);
+    }
+  }
+  free(wide);
+  add_counts(t, &c);
+  *evicted = c.evicted[WHY_TTL] + c.evicted[WHY_L2];
+  return 0;
+}
+
+int embps_table_row_live(embps_table_t *t, int64_t id) {
+  if (!t->hashed)
+    return array_live(t, id);
+  shard_t *sh = &t->shards[embps_route_shard(id, t->n_shards)];
+  pthread_rwlock_rdlock(&sh->lock);
+  uint32_t slot = map_find_slot(t, sh, id);
+  int live = slot != NO_SLOT &&
+             !(t->has_meta && expired_at(t, sh->meta[slot].last_step,
+                                         atomic_load(&t->visible_step)));
+  pthread_rwlock_unlock(&sh->lock);
+  return live;
 }
 
 /* ------------------------------------------------------------ create */
@@ -497,6 +1014,9 @@ static void record_layout(embps_table_t *t) {
 
 uint64_t embps_table_fixed_bytes(const embps_table_spec_t *spec,
                                  uint32_t cluster_size) {
+  if (spec->dynamic && spec->admit_after > 1) /* the admission sketch */
+    return spec->admit_sketch_bytes ? spec->admit_sketch_bytes
+                                    : SKETCH_DEFAULT_BYTES;
   if (spec->dynamic || cluster_size > 1) /* hashed: rows come with use */
     return 0;
   return (spec->rows + 63) / 64 * sizeof(uint64_t); /* the live bitmap */
@@ -516,6 +1036,41 @@ static int create_array(embps_table_t *t) {
   if (!t->live)
     return -ENOMEM;
   add_bytes(t, (int64_t)(t->live_words * sizeof *t->live));
+  return 0;
+}
+
+/* Sketch bytes of a table per shard: --admit-sketch-bytes (default 1 MiB)
+ * split over the shards. */
+static size_t sketch_shard_bytes(const embps_table_spec_t *spec,
+                                 uint32_t n_shards) {
+  uint64_t b = spec->admit_sketch_bytes ? spec->admit_sketch_bytes
+                                        : SKETCH_DEFAULT_BYTES;
+  return (size_t)(b / n_shards);
+}
+
+/* Admission and eviction state of a new table (see "admission and
+ * eviction" above). 0 or -ENOMEM. */
+static int setup_policy(embps_table_t *t, uint32_t cluster_size) {
+  const embps_table_spec_t *sp = &t->spec;
+  const uint64_t servers = cluster_size > 1 ? cluster_size : 1;
+  t->admit_count = sp->admit_after > 1;
+  t->has_meta = sp->ttl_steps || sp->max_rows || sp->evict_l2_below > 0;
+  t->policy = t->hashed && (t->admit_count || t->has_meta ||
+                            sp->admit_probability != 0);
+  if (!t->policy) {
+    t->admit_count = t->has_meta = 0;
+    return 0;
+  }
+  if (sp->max_rows) {
+    t->cap_server = (sp->max_rows + servers - 1) / servers;
+    t->cap_shard = (t->cap_server + t->n_shards - 1) / t->n_shards;
+  }
+  for (uint32_t k = 0; t->admit_count && k < t->n_shards; k++) {
+    if (embps_sketch_init(&t->shards[k].sketch,
+                          sketch_shard_bytes(sp, t->n_shards), sp->seed))
+      return -ENOMEM;
+    add_bytes(t, (int64_t)embps_sketch_bytes(&t->shards[k].sketch));
+  }
   return 0;
 }
 
@@ -547,6 +1102,8 @@ int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
     chunk_geometry(t);
   else if (create_array(t))
     goto fail;
+  if (setup_policy(t, cluster_size))
+    goto fail;
   *out = t;
   return 0;
 fail:
@@ -564,6 +1121,9 @@ void embps_table_destroy(embps_table_t *t) {
         free(sh->chunks[c]);
       free(sh->chunks);
       free(sh->map);
+      free(sh->meta);
+      free(sh->heap);
+      embps_sketch_free(&sh->sketch);
       pthread_rwlock_destroy(&sh->lock);
     }
     free(t->shards);
@@ -613,6 +1173,13 @@ void embps_table_info(embps_table_t *t, embps_table_info_t *out) {
   out->pushes = atomic_load(&t->pushes);
   out->pulls = atomic_load(&t->pulls);
   out->step = atomic_load(&t->step);
+  out->rows_admitted = atomic_load(&t->admitted);
+  out->rows_pending = atomic_load(&t->pending);
+  out->evicted_ttl = atomic_load(&t->ev_ttl);
+  out->evicted_capacity = atomic_load(&t->ev_cap);
+  out->evicted_l2 = atomic_load(&t->ev_l2);
+  out->capacity = t->cap_server;
+  out->evict_stall_max_us = (atomic_load(&t->stall_ns) + 999) / 1000;
 }
 
 /* ------------------------------------------------------------ lookups */
@@ -641,12 +1208,19 @@ int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
   return 0;
 }
 
-/* The stored record of id in shard sh, or NULL if never pushed. */
+/* The stored record of id in shard sh, or NULL if never pushed (or
+ * expired at step `now`). */
 static inline unsigned char *find_rec(const embps_table_t *t,
-                                      const shard_t *sh, int64_t id) {
+                                      const shard_t *sh, int64_t id,
+                                      uint64_t now) {
   if (!t->hashed)
     return array_live(t, id) ? array_rec(t, id) : NULL;
-  return map_find(t, sh, id);
+  if (!t->spec.ttl_steps)
+    return map_find(t, sh, id);
+  uint32_t slot = map_find_slot(t, sh, id);
+  if (slot == NO_SLOT || expired_at(t, sh->meta[slot].last_step, now))
+    return NULL;
+  return slot_rec(t, sh, slot);
 }
 
 /* The prefetch helpers must be inlined early: gcc 12 otherwise finds them
@@ -708,6 +1282,7 @@ void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
   const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
   for (uint32_t k = 0; k < t->n_shards; k++)
     pthread_rwlock_rdlock(&t->shards[k].lock);
+  const uint64_t now = atomic_load(&t->visible_step);
   for (size_t i = 0; i < n; i++) {
     if (i + PREFETCH_AHEAD < n)
       prefetch_ids(t, ids[i + PREFETCH_AHEAD],
@@ -720,7 +1295,7 @@ void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
     if (is_padding(t, id))
       memset(dst, 0, dim * sizeof *dst);
     else if ((rec = find_rec(t, &t->shards[embps_route_shard(id, t->n_shards)],
-                             id)))
+                             id, now)))
       read_weights(t, rec, dst);
     else
       initial_weights(t, id, dst);
@@ -752,9 +1327,14 @@ static int reserve_array(const embps_table_t *t, const int64_t *ids,
 static void find_all(const embps_table_t *t, embps_table_scratch_t *s,
                      const int64_t *ids, size_t n) {
   const uint32_t S = t->n_shards;
+  const uint64_t now = atomic_load(&t->step);
 #pragma omp parallel for schedule(dynamic, 1) \
     if (n >= PARALLEL_MIN_ROWS && S > 1)
   for (uint32_t k = 0; k < S; k++) {
+    if (t->policy) {
+      s->fresh[k] = find_shard_policy(t, s, k, ids, now);
+      continue;
+    }
     const shard_t *sh = &t->shards[k];
     uint32_t fresh = 0;
     for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
@@ -767,6 +1347,11 @@ static void find_all(const embps_table_t *t, embps_table_scratch_t *s,
   }
 }
 
+/* Slots that `fresh` new rows of sh take beyond its free list. */
+static inline uint32_t new_slots(const shard_t *sh, uint32_t fresh) {
+  return fresh > sh->n_free ? fresh - sh->n_free : 0;
+}
+
 /* Hashed storage: finds every id's record, then makes room for exactly
  * the new rows in every shard, after checking that all of it fits under
  * max_bytes (0: no limit). Returns 0, EMBPS_ELIMIT or -ENOMEM; the rows are
@@ -777,7 +1362,7 @@ static int reserve_hashed(embps_table_t *t, embps_table_scratch_t *s,
   uint64_t extra = 0;
   for (uint32_t k = 0; k < t->n_shards; k++) {
     const shard_t *sh = &t->shards[k];
-    uint64_t rows = (uint64_t)sh->n_rows + s->fresh[k];
+    uint64_t rows = (uint64_t)sh->n_rows + new_slots(sh, s->fresh[k]);
     if (rows > MAX_SHARD_ROWS)
       return EMBPS_ELIMIT;
     if (s->fresh[k])
@@ -787,10 +1372,12 @@ static int reserve_hashed(embps_table_t *t, embps_table_scratch_t *s,
     return EMBPS_ELIMIT;
   for (uint32_t k = 0; k < t->n_shards; k++) {
     shard_t *sh = &t->shards[k];
-    uint32_t rows = sh->n_rows + s->fresh[k];
+    uint32_t rows = sh->n_rows + new_slots(sh, s->fresh[k]);
     if (!s->fresh[k])
       continue;
     int rc = add_chunks(t, sh, chunks_for(t, rows));
+    if (!rc)
+      rc = grow_meta(t, sh, rows);
     if (!rc && rows > map_max_rows(sh->map_cap))
       rc = grow_map(t, sh, map_cap_for(sh->map_cap, rows));
     if (rc)
@@ -818,12 +1405,70 @@ static uint64_t apply_shard(embps_table_t *t, const embps_table_scratch_t *s,
     if (!t->hashed)
       rec = array_materialise(t, id, wide, &created);
     else if (!(rec = s->rec[p])) {
-      rec = hashed_insert(t, sh, id, wide);
+      rec = hashed_insert(t, sh, id, wide, 0);
       created++;
     }
     apply_record(t, rec, g + (size_t)i * t->dim, wide);
   }
   return created;
+}
+
+/* apply_shard for a table with a policy, the push being table step `now`:
+ * each position's fate (find_shard_policy), then the reclaiming and
+ * eviction it calls for, timed as the shard's eviction stall. */
+static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
+                               uint32_t k, const int64_t *ids, const float *g,
+                               uint64_t now, dyn_count_t *c) {
+  shard_t *sh = &t->shards[k];
+  float *wide = thread_wide(t, s);
+  const uint32_t b = s->start[k + 1];
+  for (uint32_t p = s->start[k]; p < b; p++) {
+    const uint32_t i = s->order[p];
+    const int64_t id = ids[i];
+    unsigned char *rec = s->rec[p];
+    switch (s->what[p]) {
+    case W_LIVE:
+      if (t->has_meta)
+        meta_on_push(t, sh, s->slot[p], now, 0);
+      break;
+    case W_NEW:
+      rec = hashed_insert(t, sh, id, wide, now);
+      c->created++;
+      c->admitted++;
+      c->pending -= t->admit_count;
+      break;
+    case W_RESET:
+      init_record(t, id, rec, wide);
+      meta_on_push(t, sh, s->slot[p], now, 1);
+      c->evicted[WHY_TTL]++;
+      c->created++;
+      c->admitted++;
+      break;
+    case W_DROP:
+      evict_slot(t, sh, s->slot[p]);
+      c->evicted[WHY_TTL]++;
+      rec = NULL;
+      if (t->admit_count)
+        count_pending(t, sh, id, c);
+      break;
+    case W_PENDING:
+      count_pending(t, sh, id, c);
+      rec = NULL;
+      break;
+    default:
+      rec = NULL;
+      break;
+    }
+    if (rec)
+      apply_record(t, rec, g + (size_t)i * t->dim, wide);
+  }
+  if (t->has_meta) {
+    const uint64_t t0 = now_ns();
+    const uint64_t evicted = c->evicted[WHY_TTL] + c->evicted[WHY_CAP];
+    shard_evict_after_push(t, sh, now, SWEEP_MIN + 2 * (b - s->start[k]), c);
+    if (c->evicted[WHY_TTL] + c->evicted[WHY_CAP] != evicted)
+      note_stall(t, now_ns() - t0);
+  }
 }
 
 int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
@@ -837,6 +1482,31 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
   return rc;
 }
 
+/* embps_table_commit for a table with a policy, the push being step
+ * t_step: shards in parallel as usual, each with its own counters. */
+static void commit_policy(embps_table_t *t, embps_table_scratch_t *s,
+                          const int64_t *ids, const float *g, size_t n,
+                          uint64_t lsn, uint64_t t_step) {
+  const uint32_t S = t->n_shards;
+#pragma omp parallel for schedule(dynamic, 1) \
+    if (n >= PARALLEL_MIN_ROWS && S > 1)
+  for (uint32_t k = 0; k < S; k++) {
+    if (s->start[k] == s->start[k + 1])
+      continue;
+    shard_t *sh = &t->shards[k];
+    dyn_count_t c = {0};
+    pthread_rwlock_wrlock(&sh->lock);
+    apply_shard_policy(t, s, k, ids, g, t_step, &c);
+    if (lsn)
+      sh->lsn = lsn;
+    pthread_rwlock_unlock(&sh->lock);
+    atomic_fetch_add(&t->rows_allocated, c.created);
+    add_counts(t, &c);
+  }
+  atomic_store(&t->visible_step, t_step);
+  atomic_fetch_add(&t->pushes, 1);
+}
+
 void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, const float *g, size_t n,
                         uint64_t lsn) {
@@ -844,6 +1514,10 @@ void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
   uint64_t t_step = atomic_fetch_add(&t->step, 1) + 1;
   embps_optim_begin_step(&t->optim, t_step);
   uint64_t created_total = 0;
+  if (t->policy) {
+    commit_policy(t, s, ids, g, n, lsn, t_step);
+    return;
+  }
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created_total) \
     if (n >= PARALLEL_MIN_ROWS && S > 1)
   for (uint32_t k = 0; k < S; k++) {
@@ -873,6 +1547,7 @@ int embps_table_apply(embps_table_t *t, embps_table_scratch_t *s,
 
 void embps_table_set_step(embps_table_t *t, uint64_t step) {
   atomic_store(&t->step, step);
+  atomic_store(&t->visible_step, step);
 }
 
 uint64_t embps_table_incarnation(const embps_table_t *t) {
@@ -937,7 +1612,11 @@ static int visit_shard_locked(const embps_table_t *t, uint32_t k,
   size_t seen = 0;
   if (t->hashed) {
     const shard_t *sh = &t->shards[k];
+    const uint64_t now = atomic_load(&t->visible_step);
     for (; *pos < sh->n_rows; (*pos)++) {
+      if (!slot_live(t, sh, (uint32_t)*pos) ||
+          (t->has_meta && expired_at(t, sh->meta[*pos].last_step, now)))
+        continue; /* evicted or expired (issue 12) */
       if (seen++ == max_rows)
         return 0;
       const unsigned char *rec = slot_rec(t, sh, (uint32_t)*pos);
@@ -1006,7 +1685,11 @@ int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
   int rc = t->hashed && sh->n_rows > b.cap
                ? snap_reserve(t, &b.buf, &b.cap, sh->n_rows)
                : 0;
-  if (!rc)
+  if (!rc && t->has_meta) /* live rows, least recently pushed first */
+    for (uint32_t next = sh->lru_head; !rc && next;
+         next = sh->meta[next - 1].next)
+      rc = snap_push(&b, t, sh->meta[next - 1].id, slot_rec(t, sh, next - 1));
+  else if (!rc)
     rc = visit_shard_locked(t, k, &pos, SIZE_MAX, SIZE_MAX, snap_push, &b);
   *lsn = sh->lsn;
   pthread_rwlock_unlock(&sh->lock);
@@ -1087,6 +1770,7 @@ static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
                        const void *ctx) {
   uint64_t created = 0;
   float *wide = thread_wide(t, s);
+  const uint64_t now = atomic_load(&t->step);
   for (uint32_t k = 0; k < t->n_shards; k++) {
     if (s->start[k] == s->start[k + 1])
       continue;
@@ -1100,7 +1784,7 @@ static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
       if (!t->hashed)
         rec = array_materialise(t, ids[i], RAW_ROW, &created);
       else if (!(rec = s->rec[p])) {
-        rec = hashed_insert(t, sh, ids[i], RAW_ROW);
+        rec = hashed_insert(t, sh, ids[i], RAW_ROW, now);
         created++;
       }
       fill(ctx, t, rec, i, wide);
@@ -1167,7 +1851,9 @@ int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
   size_t bad;
   if (embps_table_check_ids(t, ids, n, 1, 0, &bad))
     return EMBPS_ERANGE;
+  s->raw = 1; /* rows as they were: no admission, no expiry */
   int rc = embps_table_prepare(t, s, ids, n, 0);
+  s->raw = 0;
   if (rc)
     return rc;
   place_rows(t, s, ids, 0, fill_record, &src);

@@ -41,6 +41,9 @@ typedef struct {
   uint32_t *start;      /* n_shards + 1 bucket starts */
   uint32_t *fresh;      /* apply: new rows per shard */
   float *wide;          /* apply: a float32 row per OpenMP thread */
+  unsigned char *what;  /* apply, tables with a policy: fate of each position */
+  uint32_t *slot;       /* ... and its slot */
+  int raw;              /* restore: no admission, no expiry */
   size_t cap, shard_cap, wide_floats;
 } embps_table_scratch_t;
 
@@ -148,6 +151,14 @@ int embps_table_scan(embps_table_t *t, uint64_t *cursor, size_t max_rows,
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
                             const int64_t *ids, const float *w,
                             const float *state, uint64_t lsn);
+/* Admission and eviction (issue 12; table.c "admission and eviction").
+ * Whether id has a row now (pushed, admitted, not evicted or expired): the
+ * one test of row liveness, for readers outside table.c. */
+int embps_table_row_live(embps_table_t *t, int64_t id);
+/* Evicts every expired row and, if l2_below > 0, every row whose weights'
+ * L2 norm is below it, a batch of rows per write-lock hold. Applying thread
+ * only. *evicted = rows evicted. 0 or -ENOMEM (nothing evicted). */
+int embps_table_evict(embps_table_t *t, double l2_below, uint64_t *evicted);
 
 /* Bytes used by all tables of the process (for --max-memory). */
 uint64_t embps_tables_total_bytes(void);

@@ -121,7 +121,20 @@ typedef struct {
   int64_t padding_id;
   embps_dtype_t dtype;
   uint32_t sync_workers; /* 0: asynchronous */
+  /* Dynamic tables only (README "Admission and eviction"); 0: off. */
+  uint32_t admit_after;        /* a row is made on the Nth push of its id */
+  double admit_probability;    /* (0, 1]: admitted iff hash(seed, id) < P */
+  uint64_t admit_sketch_bytes; /* count-min sketch per server; 0: 1 MiB */
+  uint64_t ttl_steps;          /* rows not pushed in the last S steps go */
+  uint64_t max_rows;           /* cluster-wide; each server N / servers */
+  uint32_t evict;              /* embps_evict_t: at max_rows, LRU or LFU */
+  double evict_l2_below;       /* rows of L2 norm < X go at checkpoint */
 } embps_table_spec_t;
+
+typedef enum {
+  EMBPS_EVICT_LRU = 0, /* least recently pushed first */
+  EMBPS_EVICT_LFU = 1, /* least often pushed first, then LRU */
+} embps_evict_t;
 
 /* Fills spec with the defaults of DESIGN.md for `optimizer` (lr 0.01 for
  * every optimizer; adagrad eps 1e-10; adam b1 0.9 b2 0.999 eps 1e-8; ftrl
@@ -173,6 +186,12 @@ typedef struct {
   uint64_t bytes_used;
   uint64_t pushes, pulls;
   uint64_t step;
+  /* admission and eviction (dynamic tables) */
+  uint64_t rows_admitted;     /* rows materialised by admission so far */
+  uint64_t rows_pending;      /* ids counted but not admitted (estimate) */
+  uint64_t evicted_ttl, evicted_capacity, evicted_l2;
+  uint64_t capacity;          /* max_rows share held here (0: none) */
+  uint64_t evict_stall_max_us; /* longest eviction work under a lock */
 } embps_table_info_t;
 
 typedef struct {

@@ -65,7 +65,24 @@ class _Spec(ctypes.Structure):
         ("padding_id", ctypes.c_int64),
         ("dtype", ctypes.c_int),
         ("sync_workers", ctypes.c_uint32),
+        # admission and eviction (issue 12)
+        ("admit_after", ctypes.c_uint32),
+        ("admit_probability", ctypes.c_double),
+        ("admit_sketch_bytes", ctypes.c_uint64),
+        ("ttl_steps", ctypes.c_uint64),
+        ("max_rows", ctypes.c_uint64),
+        ("evict", ctypes.c_uint32),
+        ("evict_l2_below", ctypes.c_double),
     ]
+
+
+EVICT = {"lru": 0, "lfu": 1}  # embps_evict_t
+# create_table keyword arguments of admission and eviction
+_DYN_KEYS = ("admit_after", "admit_probability", "admit_sketch_bytes",
+             "ttl_steps", "max_rows", "evict", "evict_l2_below")
+_DYN_COUNTERS = ("rows_admitted", "rows_pending", "evicted_ttl",
+                 "evicted_capacity", "evicted_l2", "capacity",
+                 "evict_stall_max_us")
 
 
 class _Info(ctypes.Structure):
@@ -76,7 +93,7 @@ class _Info(ctypes.Structure):
         ("pushes", ctypes.c_uint64),
         ("pulls", ctypes.c_uint64),
         ("step", ctypes.c_uint64),
-    ]
+    ] + [(f, ctypes.c_uint64) for f in _DYN_COUNTERS]
 
 
 class _Stats(ctypes.Structure):
@@ -287,12 +304,14 @@ def _spec_dict(s):
     d["dtype"] = {v: k for k, v in DTYPES.items()}.get(s.dtype, "unknown")
     d["dynamic"] = bool(s.dynamic)
     d["init"] = {v: k for k, v in _INITS.items()}.get(s.init, "unknown")
+    d["evict"] = {v: k for k, v in EVICT.items()}.get(s.evict, "unknown")
     return d
 
 
 def _info_dict(i):
     d = _spec_dict(i.spec)
-    for f in ("rows_allocated", "bytes_used", "pushes", "pulls", "step"):
+    for f in ("rows_allocated", "bytes_used", "pushes", "pulls",
+              "step") + _DYN_COUNTERS:
         d[f] = getattr(i, f)
     return d
 
@@ -396,7 +415,7 @@ def parse_init(init, init_value=None):
 _SPEC_KEYS = ("dim", "rows", "dynamic", "optimizer", "lr", "eps", "beta1",
               "beta2", "initial_accumulator", "l1", "l2", "lr_power",
               "weight_decay", "init", "init_value", "seed", "has_padding",
-              "padding_id", "dtype", "sync_workers")
+              "padding_id", "dtype", "sync_workers") + _DYN_KEYS
 
 
 def spec_differences(want, have):
@@ -518,7 +537,10 @@ class Client:
         how the server stores the weights (pulls and pushes stay float32;
         optimizer state is float32). exist_ok: an existing table with the
         same spec is fine; one with a different spec raises EmbpsError
-        (EMBPS_EEXIST) naming every difference."""
+        (EMBPS_EEXIST) naming every difference. Dynamic tables also take
+        admit_after, admit_probability, admit_sketch_bytes, ttl_steps,
+        max_rows, evict ("lru"|"lfu") and evict_l2_below (README,
+        "Admission and eviction")."""
         spec = _Spec()
         if optimizer not in OPTIMIZERS:
             raise ValueError("optimizer must be one of %s, not %r"
@@ -537,6 +559,14 @@ class Client:
             raise ValueError("dtype must be one of %s, not %r"
                              % ("|".join(DTYPES), dtype))
         spec.dtype = DTYPES[dtype]
+        for k in _DYN_KEYS:
+            if k in params:
+                v = params.pop(k)
+                if k == "evict":
+                    if v not in EVICT:
+                        raise ValueError("evict must be lru|lfu, not %r" % v)
+                    v = EVICT[v]
+                setattr(spec, k, v)
         for k, v in params.items():
             if k not in ("lr", "eps", "beta1", "beta2", "initial_accumulator",
                          "l1", "l2", "lr_power", "weight_decay"):

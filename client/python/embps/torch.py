@@ -50,7 +50,8 @@ __all__ = ["RemoteEmbedding", "RemoteEmbeddingBag", "RemoteOptimizer",
            "attach", "remote_modules", "sparse_grad_to_slices",
            "push_sparse_grad"]
 
-_COUNTERS = ("rows_allocated", "bytes_used", "pushes", "pulls", "step")
+_COUNTERS = ("rows_allocated", "bytes_used", "pushes", "pulls",
+             "step") + embps._DYN_COUNTERS
 
 
 def sparse_grad_to_slices(grad):

@@ -1,0 +1,276 @@
+"""Admission and eviction (issue 12) on small tables, exact semantics.
+
+Servers run with --shards 1: capacity is per shard (ceil(max_rows /
+servers / shards)), so one shard makes LRU and LFU exact over the table.
+Every table uses SGD with lr 1 and a constant initial value, so a row's
+value says exactly which gradients reached it.
+"""
+import unittest
+
+import numpy as np
+
+from harness import Server
+import embps
+
+INIT = 0.5
+M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """common/route.h's embps_mix64."""
+    x &= M64
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & M64
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & M64
+    x ^= x >> 31
+    return x
+
+
+def admitted_by_hash(seed, id_, p):
+    """server/admit.c's embps_admit_by_hash, written again from its text."""
+    h = mix64((id_ & M64) ^ mix64(seed ^ 0xd6e8feb86659fd93))
+    return (h >> 11) * 2.0 ** -53 < p
+
+
+class Dynamic(unittest.TestCase):
+
+    def setUp(self):
+        self.server = Server("--shards", "1").start()
+        self.c = embps.Client(self.server.address)
+
+    def tearDown(self):
+        self.c.close()
+        self.assertEqual(self.server.stop(), 0)
+
+    def table(self, name="t", dim=2, optimizer="sgd", **kw):
+        self.c.create_table(name, dim, dynamic=True, optimizer=optimizer,
+                            lr=1.0, init="constant:%g" % INIT, **kw)
+        return name
+
+    def push(self, ids, g=1.0, name="t", dim=2):
+        ids = np.asarray(ids, np.int64)
+        self.c.push(name, ids, np.full((ids.size, dim), g, np.float32))
+
+    def row(self, id_, name="t"):
+        return float(self.c.pull(name, np.array([id_], np.int64))[0, 0])
+
+    def test_admission_after_n(self):
+        self.table(admit_after=3)
+        self.push([7], 1.0)
+        self.push([7], 2.0)
+        self.assertEqual(self.row(7), INIT)  # N-1 pushes: no row
+        d = self.c.describe("t")
+        self.assertEqual((d["rows_allocated"], d["rows_pending"],
+                          d["rows_admitted"]), (0, 1, 0))
+        self.push([7], 4.0)  # the Nth push makes the row, applies only it
+        self.assertEqual(self.row(7), INIT - 4.0)
+        d = self.c.describe("t")
+        self.assertEqual((d["rows_allocated"], d["rows_pending"],
+                          d["rows_admitted"]), (1, 0, 1))
+        self.assertEqual(d["admit_after"], 3)
+        self.push([7], 1.0)
+        self.assertEqual(self.row(7), INIT - 5.0)
+
+    def test_admission_probability_is_the_hash(self):
+        seed, p = 11, 0.3
+        self.table(admit_probability=p, seed=seed)
+        ids = np.arange(-500, 1500, dtype=np.int64)
+        self.push(ids)
+        self.push(ids)  # a refused id stays refused
+        got = self.c.pull("t", ids)[:, 0]
+        want = np.array([INIT - 2.0 if admitted_by_hash(seed, int(i), p)
+                         else INIT for i in ids], np.float32)
+        self.assertTrue(np.array_equal(got, want))
+        share = np.mean(got != INIT)
+        self.assertTrue(0.25 < share < 0.35, share)
+
+    def test_ttl(self):
+        self.table(ttl_steps=2)
+        self.push([1], 1.0)  # step 1
+        self.push([2], 1.0)  # step 2
+        self.assertEqual(self.row(1), INIT - 1.0)  # pushed 1 step ago
+        self.push([3], 1.0)  # step 3: row 1 is 2 steps old
+        self.assertEqual(self.row(1), INIT)
+        self.assertEqual(self.row(2), INIT - 1.0)
+        self.push([1], 4.0)  # back from its initial value
+        self.assertEqual(self.row(1), INIT - 4.0)
+        self.assertEqual(self.row(2), INIT)
+        self.assertEqual(self.row(3), INIT - 1.0)
+        d = self.c.describe("t")
+        self.assertEqual(d["evicted_ttl"], 2)  # 1 (re-admitted) and 2
+        self.assertEqual(d["rows_allocated"], 2)
+
+    def test_lru(self):
+        self.table(max_rows=3)
+        for i in (1, 2, 3):
+            self.push([i])
+        self.push([1])     # 2 is now the least recently pushed
+        self.push([4])     # over capacity: 2 goes
+        self.assertEqual(self.row(2), INIT)
+        self.assertEqual([self.row(i) for i in (1, 3, 4)],
+                         [INIT - 2.0, INIT - 1.0, INIT - 1.0])
+        self.push([5, 2])  # two new rows: 3 and 1 go (3 is older)
+        self.assertEqual([self.row(i) for i in (1, 2, 3, 4, 5)],
+                         [INIT, INIT - 1.0, INIT, INIT - 1.0, INIT - 1.0])
+        d = self.c.describe("t")
+        self.assertEqual((d["evicted_capacity"], d["rows_allocated"],
+                          d["capacity"]), (3, 3, 3))
+
+    def test_lfu(self):
+        self.table(max_rows=3, evict="lfu")
+        for ids in ([1], [1], [1], [2], [2], [3], [4]):
+            self.push(ids)
+        # 3 (one push) goes for 4, not 2 (two) nor 1 (three)
+        self.assertEqual([self.row(i) for i in (1, 2, 3, 4)],
+                         [INIT - 3.0, INIT - 2.0, INIT, INIT - 1.0])
+        self.push([5])     # 4 and 5 have one push each: the older, 4, goes
+        self.assertEqual([self.row(i) for i in (1, 2, 4, 5)],
+                         [INIT - 3.0, INIT - 2.0, INIT, INIT - 1.0])
+        self.assertEqual(self.c.describe("t")["evicted_capacity"], 2)
+
+    def test_evicted_row_readmitted_from_initial_state(self):
+        # adagrad: the optimizer state must start again too
+        self.table(optimizer="adagrad", max_rows=1, dim=1)
+        self.push([1], 1.0, dim=1)
+        self.push([1], 1.0, dim=1)
+        self.push([2], 1.0, dim=1)  # evicts 1
+        self.assertEqual(self.row(1), INIT)
+        self.push([1], 3.0, dim=1)  # evicts 2; 1 starts from scratch
+        self.table("ref", optimizer="adagrad", dim=1)
+        self.push([1], 3.0, name="ref", dim=1)
+        self.assertEqual(self.row(1), self.row(1, "ref"))
+
+    def test_memory_reused(self):
+        self.table(max_rows=1000, dim=8)
+        rng = np.random.default_rng(3)
+        used = []
+        for b in range(60):
+            ids = rng.integers(-2**62, 2**62, size=200)
+            self.push(ids, dim=8)
+            used.append(self.c.describe("t")["bytes_used"])
+        d = self.c.describe("t")
+        self.assertEqual(d["rows_allocated"], 1000)
+        self.assertEqual(d["evicted_capacity"], 60 * 200 - 1000)
+        self.assertEqual(used[20], used[-1])  # free slots are reused
+
+    def test_admission_counts_in_sketch_bytes(self):
+        self.table(admit_after=2, admit_sketch_bytes=1 << 20)
+        before = self.c.describe("t")["bytes_used"]
+        rng = np.random.default_rng(5)
+        for _ in range(20):
+            self.push(rng.integers(0, 2**62, size=500))
+        d = self.c.describe("t")
+        self.assertEqual(d["bytes_used"], before)  # one-off ids cost nothing
+        self.assertEqual(d["rows_allocated"], d["rows_admitted"])
+        self.assertLess(d["rows_admitted"], 10000 * 0.01)  # false admissions
+
+    def test_refused_on_dense_table(self):
+        with self.assertRaises(embps.EmbpsError) as e:
+            self.c.create_table("d", 2, rows=10, max_rows=5)
+        self.assertEqual(e.exception.name, "EMBPS_EPARAM")
+
+
+class Model:
+    """The semantics of table.c's admission and eviction, one shard, written
+    again from the README: exact counts (a sketch this small in load does
+    not collide), SGD with lr 1."""
+
+    def __init__(self, admit_after=0, ttl=0, cap=0, lfu=False):
+        self.n, self.ttl, self.cap, self.lfu = admit_after, ttl, cap, lfu
+        self.rows = {}    # id -> [value, last_step, freq], recency order
+        self.count = {}
+        self.step = 0
+
+    def expired(self, last, now):
+        return self.ttl and now - last >= self.ttl
+
+    def admits(self, id_):
+        return self.n <= 1 or self.count.get(id_, 0) + 1 >= self.n
+
+    def push(self, ids, grads):
+        self.step += 1
+        now = self.step
+        for id_, g in zip(ids, grads):
+            r = self.rows.get(id_)
+            if r is not None and self.expired(r[1], now - 1):
+                del self.rows[id_]
+                if not self.admits(id_):
+                    self.count[id_] = self.count.get(id_, 0) + 1
+                    continue
+                r = None
+            if r is None:
+                if not self.admits(id_):
+                    self.count[id_] = self.count.get(id_, 0) + 1
+                    continue
+                r = [INIT, now, 0]
+            else:
+                del self.rows[id_]
+            r[0] -= g
+            r[1] = now
+            r[2] += 1
+            self.rows[id_] = r  # to the recent end
+        budget = 8 + 2 * len(ids)
+        while self.ttl and self.rows and budget:
+            head = next(iter(self.rows))
+            if not self.expired(self.rows[head][1], now):
+                break
+            del self.rows[head]
+            budget -= 1
+        while self.cap and len(self.rows) > self.cap:
+            old = [(v[2], v[1], k) for k, v in self.rows.items()
+                   if v[1] != now]
+            if not old:
+                break
+            victim = min(old)[2] if self.lfu else next(iter(self.rows))
+            if self.rows[victim][1] == now:
+                break
+            del self.rows[victim]
+
+    def value(self, id_):
+        r = self.rows.get(id_)
+        if r is None or self.expired(r[1], self.step):
+            return INIT
+        return r[0]
+
+
+class DynamicModel(unittest.TestCase):
+    """Random pushes against the model: every row after every push."""
+
+    def run_model(self, seed, **kw):
+        lfu = kw.pop("evict", "lru") == "lfu"
+        m = Model(kw.get("admit_after", 0), kw.get("ttl_steps", 0),
+                  kw.get("max_rows", 0), lfu)
+        rng = np.random.default_rng(seed)
+        space = np.arange(-20, 20, dtype=np.int64)
+        with Server("--shards", "1") as srv, embps.Client(srv.address) as c:
+            c.create_table("t", 1, dynamic=True, lr=1.0,
+                           init="constant:%g" % INIT,
+                           evict="lfu" if lfu else "lru", **kw)
+            for _ in range(250):
+                ids = rng.choice(space, size=rng.integers(1, 7),
+                                 replace=False)
+                g = rng.integers(-3, 4, size=ids.size).astype(np.float32)
+                c.push("t", ids, g.reshape(-1, 1))
+                m.push([int(i) for i in ids], [float(x) for x in g])
+                got = c.pull("t", space)[:, 0]
+                want = np.array([m.value(int(i)) for i in space], np.float32)
+                self.assertTrue(np.array_equal(got, want),
+                                "step %d: %s != %s" % (m.step, got, want))
+            self.assertEqual(c.describe("t")["rows_allocated"], len(m.rows))
+
+    def test_lru_ttl_admission(self):
+        self.run_model(1, admit_after=2, ttl_steps=6, max_rows=8)
+
+    def test_lfu(self):
+        self.run_model(2, max_rows=8, evict="lfu")
+
+    def test_lfu_ttl_admission(self):
+        self.run_model(3, admit_after=3, ttl_steps=9, max_rows=6, evict="lfu")
+
+    def test_ttl_only(self):
+        self.run_model(4, ttl_steps=3)
+
+
+if __name__ == "__main__":
+    unittest.main()
