@@ -4,8 +4,13 @@
  *   header  64 B: "EMBPSTBL", u32 version, u32 dtype, u64 incarnation,
  *                 u32 dim, u32 state floats per weight, u32 record bytes,
  *                 u32 shards, u32 optimizer, zeros, u32 crc of bytes 0..59
+ *                 (version 2: u32 flags at byte 44, 1: shard state)
  *   per shard: section 32 B: u32 'SHRD', u32 shard, u64 shard LSN,
  *                 u64 rows, u32 0, u32 crc of bytes 0..27
+ *              version 2 with flag 1: state 24 B {u32 'DYNS', u32 0,
+ *                 u64 bytes, u32 crc of the state, u32 crc of bytes
+ *                 0..19} + the admission and eviction state (table.h,
+ *                 embps_table_snapshot_shard_state)
  *              blocks: 16 B {u32 'BLCK', u32 records, u32 crc of the
  *                 records, u32 crc of bytes 0..11} + records (table.h)
  *   trailer 16 B: u32 'TEND', u32 shards, u32 0, u32 crc of bytes 0..11
@@ -41,7 +46,11 @@
 #include "wal.h"
 #include "wire.h"
 
-#define VERSION 1u
+#define VERSION 2u     /* 2: admission and eviction state (issue 12) */
+#define VERSION_OLD 1u /* still read: no shard state */
+#define TBL_HAS_STATE 1u
+#define DYNS 0x534e5944u
+#define DYN_HDR 24
 #define TBL_MAGIC "EMBPSTBL"
 #define MAN_MAGIC "EMBPSMAN"
 #define SHRD 0x44524853u
@@ -157,11 +166,14 @@ static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
   return 0;
 }
 
-static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k, char *err,
-                       size_t err_len) {
-  size_t rows;
+static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k,
+                       int with_state, char *err, size_t err_len) {
+  unsigned char *state = NULL;
+  size_t rows, state_bytes = 0;
   uint64_t lsn;
-  if (embps_table_snapshot_shard(t, k, &f->recs, &f->recs_cap, &rows, &lsn)) {
+  if (embps_table_snapshot_shard_state(t, k, &f->recs, &f->recs_cap, &rows,
+                                       &lsn, with_state ? &state : NULL,
+                                       &state_bytes)) {
     snprintf(err, err_len, "checkpoint %s: out of memory copying shard %u",
              f->path, k);
     return -1;
@@ -173,6 +185,15 @@ static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k, char *err,
   embps_put64(h + 16, rows);
   embps_put32(h + 28, embps_crc32c(0, h, 28));
   int rc = wf_write(f, h, sizeof h, NULL, 0, err, err_len);
+  if (!rc && state) {
+    uint8_t d[DYN_HDR] = {0};
+    embps_put32(d, DYNS);
+    embps_put64(d + 8, state_bytes);
+    embps_put32(d + 16, embps_crc32c(0, state, state_bytes));
+    embps_put32(d + 20, embps_crc32c(0, d, 20));
+    rc = wf_write(f, d, sizeof d, state, state_bytes, err, err_len);
+  }
+  free(state);
   const size_t fr = embps_table_file_record_bytes(t);
   size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
   for (size_t i = 0; !rc && i < rows; i += per) {
@@ -185,6 +206,13 @@ static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k, char *err,
     rc = wf_write(f, b, sizeof b, f->recs + i * fr, n * fr, err, err_len);
   }
   return rc;
+}
+
+/* Whether a table's file carries shard state: a policy of issue 12. */
+static int table_has_state(const embps_table_spec_t *spec) {
+  return spec->dynamic &&
+         (spec->admit_after > 1 || spec->admit_probability != 0 ||
+          spec->ttl_steps || spec->max_rows || spec->evict_l2_below > 0);
 }
 
 static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
@@ -212,10 +240,11 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
   embps_put32(h + 32, (uint32_t)embps_table_file_record_bytes(t));
   embps_put32(h + 36, shards);
   embps_put32(h + 40, (uint32_t)spec->optimizer);
+  embps_put32(h + 44, table_has_state(spec) ? TBL_HAS_STATE : 0);
   embps_put32(h + 60, embps_crc32c(0, h, 60));
   int rc = wf_write(&f, h, sizeof h, NULL, 0, err, err_len);
   for (uint32_t k = 0; !rc && k < shards; k++) {
-    rc = write_shard(&f, t, k, err, err_len);
+    rc = write_shard(&f, t, k, table_has_state(spec), err, err_len);
     if (first && k == (shards - 1) / 2)
       embps_failpoint("ckpt-mid-write");
   }
@@ -449,6 +478,36 @@ static int bad(rfile_t *f, uint64_t off, const char *what, char *err,
   return -1;
 }
 
+/* Reads the state block of shard section k (version 2) into *state and
+ * restores the shard's admission sketch from it. 0, or -1 with err. */
+static int read_state(rfile_t *f, embps_table_t *t, uint32_t k,
+                      uint32_t file_shards, unsigned char **state,
+                      size_t *bytes, char *err, size_t err_len) {
+  uint8_t d[DYN_HDR];
+  const uint64_t at = f->off;
+  if (rf_read(f, d, sizeof d, "shard state header", err, err_len))
+    return -1;
+  const uint64_t n = embps_get64(d + 8);
+  if (embps_get32(d) != DYNS || embps_get32(d + 20) != embps_crc32c(0, d, 20) ||
+      n > f->size - f->off - sizeof d) {
+    return bad(f, at, "shard state header", err, err_len);
+  }
+  f->chain = embps_crc32c(f->chain, d, sizeof d);
+  f->off += sizeof d;
+  if (!(*state = malloc(n ? n : 1))) {
+    snprintf(err, err_len, "checkpoint %s: out of memory", f->path);
+    return -1;
+  }
+  *bytes = n;
+  if (rf_read(f, *state, n, "shard state", err, err_len))
+    return -1;
+  if (embps_crc32c(0, *state, n) != embps_get32(d + 16) ||
+      embps_table_restore_sketch(t, k, file_shards, *state, n))
+    return bad(f, f->off, "shard state", err, err_len);
+  f->off += n;
+  return 0;
+}
+
 static int load_table(const char *cdir, embps_ckpt_table_t *ct,
                       uint64_t want_size, uint32_t want_crc, char *err,
                       size_t err_len) {
@@ -465,7 +524,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   fstat(f.fd, &st);
   f.size = (uint64_t)st.st_size;
   int rc = -1;
-  unsigned char *recs = NULL;
+  unsigned char *recs = NULL, *state = NULL;
+  size_t state_bytes = 0;
   int64_t *ids = NULL;
   embps_table_scratch_t s;
   embps_table_scratch_init(&s);
@@ -481,7 +541,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   if (rf_read(&f, h, sizeof h, "header", err, err_len))
     goto out;
   if (memcmp(h, TBL_MAGIC, 8) || embps_get32(h + 60) != embps_crc32c(0, h, 60) ||
-      embps_get32(h + 8) != VERSION || embps_get32(h + 12) != (uint32_t)spec->dtype ||
+      (embps_get32(h + 8) != VERSION && embps_get32(h + 8) != VERSION_OLD) ||
+      embps_get32(h + 12) != (uint32_t)spec->dtype ||
       embps_get64(h + 16) != ct->incarnation || embps_get32(h + 24) != spec->dim ||
       embps_get32(h + 32) != fr || embps_get32(h + 36) == 0 || embps_get32(h + 36) > 65536) {
     bad(&f, 0, "header", err, err_len);
@@ -489,6 +550,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   }
   f.chain = embps_crc32c(0, h, sizeof h);
   f.off = sizeof h;
+  const int has_state = embps_get32(h + 8) == VERSION &&
+                        (embps_get32(h + 44) & TBL_HAS_STATE);
   ct->file_shards = embps_get32(h + 36);
   ct->shard_lsn = calloc(ct->file_shards, sizeof *ct->shard_lsn);
   size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
@@ -511,7 +574,13 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
     f.chain = embps_crc32c(f.chain, sh, sizeof sh);
     f.off += sizeof sh;
     ct->shard_lsn[k] = embps_get64(sh + 8);
-    uint64_t rows = embps_get64(sh + 16);
+    uint64_t rows = embps_get64(sh + 16), first = 0;
+    free(state);
+    state = NULL;
+    state_bytes = 0;
+    if (has_state && read_state(&f, t, k, ct->file_shards, &state,
+                                &state_bytes, err, err_len))
+      goto out;
     while (rows) {
       uint8_t b[BLK_HDR];
       at = f.off;
@@ -532,6 +601,9 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
         goto out;
       }
       int r = embps_table_restore(t, &s, recs, n, ids);
+      if (!r && state)
+        r = embps_table_restore_meta(t, state, state_bytes, ids, first, n);
+      first += n;
       if (r) {
         snprintf(err, err_len, "checkpoint %s: block at offset %" PRIu64
                  ": cannot restore its rows: %s", path, f.off,
@@ -560,6 +632,7 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   rc = 0;
 out:
   embps_table_scratch_close(&s);
+  free(state);
   free(recs);
   free(ids);
   close(f.fd);

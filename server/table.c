@@ -1669,9 +1669,55 @@ static int snap_push(void *ctx, const embps_table_t *t, int64_t id,
   return 0;
 }
 
+/* Shard state of a checkpoint (table.h): header {u32 rows with meta,
+ * u32 sketch width (0: none), u64 sketch adds}, rows x {u64 last step,
+ * u32 pushes, u32 0} in the order of the records, depth x width u16
+ * counters. Read lock held; *out malloc'd (NULL, 0 for tables without a
+ * policy). 0 or -ENOMEM. */
+#define STATE_HEAD 16u
+#define STATE_ROW 16u
+
+static int snap_state(const embps_table_t *t, const shard_t *sh,
+                      unsigned char **out, size_t *bytes) {
+  *out = NULL;
+  *bytes = 0;
+  if (!t->policy)
+    return 0;
+  const uint32_t rows = t->has_meta ? sh->n_rows - sh->n_free : 0;
+  const uint32_t width = t->admit_count ? sh->sketch.width : 0;
+  const size_t counters = (size_t)width * EMBPS_SKETCH_DEPTH;
+  const size_t len = STATE_HEAD + (size_t)rows * STATE_ROW + counters * 2;
+  unsigned char *b = calloc(1, len), *p = b + STATE_HEAD;
+  if (!b)
+    return -ENOMEM;
+  memcpy(b, &rows, 4);
+  memcpy(b + 4, &width, 4);
+  if (width)
+    memcpy(b + 8, &sh->sketch.adds, 8);
+  for (uint32_t next = t->has_meta ? sh->lru_head : 0; next;
+       next = sh->meta[next - 1].next, p += STATE_ROW) {
+    memcpy(p, &sh->meta[next - 1].last_step, 8);
+    memcpy(p + 8, &sh->meta[next - 1].freq, 4);
+  }
+  if (width)
+    memcpy(p, sh->sketch.c, counters * 2);
+  *out = b;
+  *bytes = len;
+  return 0;
+}
+
 int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
                                unsigned char **buf, size_t *cap,
                                size_t *rows, uint64_t *lsn) {
+  return embps_table_snapshot_shard_state(t, k, buf, cap, rows, lsn, NULL,
+                                          NULL);
+}
+
+int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
+                                     unsigned char **buf, size_t *cap,
+                                     size_t *rows, uint64_t *lsn,
+                                     unsigned char **state,
+                                     size_t *state_bytes) {
   shard_t *sh = &t->shards[k];
   /* sized before the lock from the row count (dense: the shard's share,
    * plus slack), so the copy under the lock rarely grows the buffer */
@@ -1685,6 +1731,8 @@ int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
   int rc = t->hashed && sh->n_rows > b.cap
                ? snap_reserve(t, &b.buf, &b.cap, sh->n_rows)
                : 0;
+  if (!rc && state)
+    rc = snap_state(t, sh, state, state_bytes);
   if (!rc && t->has_meta) /* live rows, least recently pushed first */
     for (uint32_t next = sh->lru_head; !rc && next;
          next = sh->meta[next - 1].next)
@@ -1693,6 +1741,10 @@ int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
     rc = visit_shard_locked(t, k, &pos, SIZE_MAX, SIZE_MAX, snap_push, &b);
   *lsn = sh->lsn;
   pthread_rwlock_unlock(&sh->lock);
+  if (rc < 0 && state) {
+    free(*state);
+    *state = NULL;
+  }
   *buf = b.buf;
   *cap = b.cap;
   *rows = b.n;
@@ -1857,5 +1909,67 @@ int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
   if (rc)
     return rc;
   place_rows(t, s, ids, 0, fill_record, &src);
+  return 0;
+}
+
+/* The rows with meta and the sketch width a state of `bytes` bytes
+ * declares; 0 if its size does not match them. */
+static int state_shape(const unsigned char *state, size_t bytes,
+                       uint32_t *rows, uint32_t *width) {
+  if (bytes < STATE_HEAD)
+    return 0;
+  memcpy(rows, state, 4);
+  memcpy(width, state + 4, 4);
+  return bytes == STATE_HEAD + (uint64_t)*rows * STATE_ROW +
+                      (uint64_t)*width * EMBPS_SKETCH_DEPTH * 2;
+}
+
+int embps_table_restore_sketch(embps_table_t *t, uint32_t file_k,
+                               uint32_t file_shards,
+                               const unsigned char *state, size_t bytes) {
+  uint32_t rows, width;
+  if (!state_shape(state, bytes, &rows, &width))
+    return EMBPS_EPROTO;
+  if (!t->admit_count || !width || file_shards != t->n_shards)
+    return 0; /* another shard count: admission counts start again */
+  shard_t *sh = &t->shards[file_k];
+  if (sh->sketch.width != width)
+    return 0;
+  pthread_rwlock_wrlock(&sh->lock);
+  memcpy(&sh->sketch.adds, state + 8, 8);
+  memcpy(sh->sketch.c, state + STATE_HEAD + (size_t)rows * STATE_ROW,
+         (size_t)width * EMBPS_SKETCH_DEPTH * 2);
+  pthread_rwlock_unlock(&sh->lock);
+  return 0;
+}
+
+int embps_table_restore_meta(embps_table_t *t, const unsigned char *state,
+                             size_t bytes, const int64_t *ids, size_t first,
+                             size_t n) {
+  uint32_t rows, width;
+  if (!state_shape(state, bytes, &rows, &width))
+    return EMBPS_EPROTO;
+  if (!t->has_meta || !rows)
+    return 0;
+  if (first + n > rows)
+    return EMBPS_EPROTO;
+  for (size_t i = 0; i < n; i++) {
+    shard_t *sh = &t->shards[embps_route_shard(ids[i], t->n_shards)];
+    const unsigned char *p = state + STATE_HEAD + (first + i) * STATE_ROW;
+    pthread_rwlock_wrlock(&sh->lock);
+    uint32_t slot = map_find_slot(t, sh, ids[i]);
+    if (slot != NO_SLOT) {
+      row_meta_t *m = meta_of(sh, slot);
+      memcpy(&m->last_step, p, 8);
+      memcpy(&m->freq, p + 8, 4);
+      if (!m->freq)
+        m->freq = 1;
+      if (uses_heap(t)) {
+        heap_up(sh, m->heap);
+        heap_down(sh, m->heap);
+      }
+    }
+    pthread_rwlock_unlock(&sh->lock);
+  }
   return 0;
 }

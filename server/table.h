@@ -125,6 +125,26 @@ size_t embps_table_file_record_bytes(const embps_table_t *t);
 int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
                                unsigned char **buf, size_t *cap,
                                size_t *rows, uint64_t *lsn);
+/* The same, with the shard's admission and eviction state copied under
+ * the same lock into *state (malloc'd; NULL and 0 for a table without a
+ * policy): each record's recency and pushes, in the order of the records
+ * (least recently pushed first), and the admission sketch. */
+int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
+                                     unsigned char **buf, size_t *cap,
+                                     size_t *rows, uint64_t *lsn,
+                                     unsigned char **state,
+                                     size_t *state_bytes);
+/* Restore of that state: the sketch of file shard file_k (kept only when
+ * the shard count is the same: counts start again otherwise), and, after
+ * embps_table_restore of records first..first+n-1 of the section (ids),
+ * their recency and pushes. 0 or EMBPS_EPROTO (the state's size does not
+ * match its header). Applying thread only. */
+int embps_table_restore_sketch(embps_table_t *t, uint32_t file_k,
+                               uint32_t file_shards,
+                               const unsigned char *state, size_t bytes);
+int embps_table_restore_meta(embps_table_t *t, const unsigned char *state,
+                             size_t bytes, const int64_t *ids, size_t first,
+                             size_t n);
 /* Inserts (or overwrites) n file records, by id, into a table of any shard
  * count; ids is scratch for n ids. Applying thread only. 0, EMBPS_ERANGE
  * (an id outside a dense table), -ENOMEM. */

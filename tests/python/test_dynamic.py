@@ -272,5 +272,82 @@ class DynamicModel(unittest.TestCase):
         self.run_model(4, ttl_steps=3)
 
 
+class DynamicRestart(unittest.TestCase):
+    """A server with --data-dir restarted (kill -9 or SIGTERM) goes on
+    exactly like a reference server that never stopped: the checkpoint
+    carries recency, pushes and the sketch, the log replays the rest."""
+
+    SPACE = np.arange(0, 3000, dtype=np.int64)
+    TABLES = {"lru": dict(admit_after=3, ttl_steps=25, max_rows=400),
+              "lfu": dict(admit_after=2, max_rows=300, evict="lfu",
+                          optimizer="adagrad")}
+
+    def pushes(self, rng, n):
+        for _ in range(n):
+            ids = np.unique((rng.zipf(1.3, size=300) - 1) % self.SPACE.size)
+            g = rng.integers(-4, 5, size=(ids.size, 4)).astype(np.float32)
+            yield ids.astype(np.int64), g
+
+    def both(self, clients, batches):
+        for ids, g in batches:
+            for c in clients:
+                for name in self.TABLES:
+                    c.push(name, ids, g)
+
+    def same(self, a, b):
+        for name in self.TABLES:
+            self.assertTrue(np.array_equal(a.pull(name, self.SPACE),
+                                           b.pull(name, self.SPACE)), name)
+            da, db = a.describe(name), b.describe(name)
+            self.assertEqual(da["rows_allocated"], db["rows_allocated"])
+
+    def restart(self, kill):
+        import tempfile
+        rng = np.random.default_rng(7)
+        with tempfile.TemporaryDirectory() as d, \
+                Server("--shards", "4") as ref:
+            srv = Server("--shards", "4", "--data-dir", d, "--fsync",
+                         "always").start()
+            try:
+                cr = embps.Client(ref.address)
+                cd = embps.Client(srv.address)
+                for c in (cr, cd):
+                    for name, kw in self.TABLES.items():
+                        kw = dict(kw)
+                        c.create_table(name, 4, dynamic=True, lr=0.5,
+                                       optimizer=kw.pop("optimizer", "sgd"),
+                                       init="uniform:0.1", seed=3, **kw)
+                self.both((cr, cd), self.pushes(rng, 40))
+                cd.checkpoint()
+                self.both((cr, cd), self.pushes(rng, 30))
+                cd.close()
+                if kill:
+                    srv.proc.kill()
+                    srv.proc.wait()
+                    srv.proc = None
+                    srv.log.close()
+                    srv.start()
+                else:
+                    self.assertEqual(srv.stop(), 0)
+                    srv.start()
+                cd = embps.Client(srv.address)
+                self.same(cr, cd)
+                self.both((cr, cd), self.pushes(rng, 40))
+                self.same(cr, cd)
+                d_ = cd.describe("lru")
+                self.assertGreater(d_["evicted_capacity"] + d_["evicted_ttl"],
+                                   0)
+                cr.close()
+                cd.close()
+            finally:
+                srv.stop()
+
+    def test_kill_9(self):
+        self.restart(True)
+
+    def test_sigterm(self):
+        self.restart(False)
+
+
 if __name__ == "__main__":
     unittest.main()
