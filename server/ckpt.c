@@ -662,7 +662,8 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
              "mismatch or short file", path, len >= 8 ? len - 8 : 0);
     goto out;
   }
-  if (memcmp(p, MAN_MAGIC, 8) || embps_get32(p + 8) != VERSION ||
+  if (memcmp(p, MAN_MAGIC, 8) ||
+      (embps_get32(p + 8) != VERSION && embps_get32(p + 8) != VERSION_OLD) ||
       embps_get64(p + 16) != lsn) {
     snprintf(err, err_len, "checkpoint %s: header at offset 0: bad magic, "
              "version or LSN", path);
