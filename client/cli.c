@@ -41,6 +41,8 @@ static const char usage[] =
     "  checkpoint           take a checkpoint on every server (--data-dir)\n"
     "  export NAME --out DIR [--with-state]   rows to .npy files + spec.json\n"
     "  import NAME --from DIR [--with-state] [--create]\n"
+    "  evict NAME           evict expired rows and those of L2 norm below\n"
+    "                       --evict-l2-below now\n"
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
@@ -796,6 +798,10 @@ static int export_import(cmd_t *cmd, int import) {
 static int cmd_export(cmd_t *cmd) { return export_import(cmd, 0); }
 static int cmd_import(cmd_t *cmd) { return export_import(cmd, 1); }
 
+static int cmd_evict(cmd_t *cmd) {
+  return embps_cli_dyn_evict(cmd->client, cmd->argc, cmd->argv);
+}
+
 static int cmd_stats(cmd_t *cmd) {
   int json = has_flag(cmd, "--json");
   for (int i = 0; i < cmd->argc; i++)
@@ -898,6 +904,7 @@ static const command_t commands[] = {
     {"checkpoint", cmd_checkpoint},
     {"alter", cmd_alter},
     {"export", cmd_export},       {"import", cmd_import},
+    {"evict", cmd_evict},
 };
 
 int main(int argc, char **argv) {

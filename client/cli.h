@@ -14,4 +14,6 @@ int embps_cli_dyn_option(const char *a, const char *v,
 /* `tables`: the table's admission and eviction settings and counters, as
  * JSON members (json) or indented lines (none when the table has none). */
 void embps_cli_dyn_print(const embps_table_info_t *x, int json);
+/* `embps evict NAME`: the process exit status. */
+int embps_cli_dyn_evict(embps_client_t *c, int argc, char **argv);
 #endif

@@ -63,6 +63,22 @@ int embps_cli_dyn_option(const char *a, const char *v,
   return 1;
 }
 
+int embps_cli_dyn_evict(embps_client_t *c, int argc, char **argv) {
+  if (argc != 1) {
+    fprintf(stderr, "embps: evict takes one table NAME\n");
+    return 2;
+  }
+  uint64_t n;
+  int rc = embps_evict(c, argv[0], &n);
+  if (rc) {
+    const char *why = embps_client_last_error(c);
+    fprintf(stderr, "embps: %s\n", why[0] ? why : embps_strerror(rc));
+    return 1;
+  }
+  printf("evicted %" PRIu64 " rows\n", n);
+  return 0;
+}
+
 void embps_cli_dyn_print(const embps_table_info_t *x, int json) {
   const embps_table_spec_t *s = &x->spec;
   if (json) {

@@ -1439,6 +1439,26 @@ int embps_set_lr(embps_client_t *c, const char *name, double lr) {
   return embps_alter_table(c, name, &a, NULL);
 }
 
+int embps_evict(embps_client_t *c, const char *table, uint64_t *evicted) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_EVICT;
+  if (strlen(table) >= sizeof m.u.name)
+    return EMBPS_EINVAL;
+  strcpy(m.u.name, table);
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  if (rc)
+    return rc;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < t->n_parts; i++)
+    sum += t->parts[i].reply.u.evicted;
+  ticket_free(t);
+  if (evicted)
+    *evicted = sum;
+  return 0;
+}
+
 /* The cached spec of a table (fetched once per client). */
 static int table_spec(embps_client_t *c, const char *name,
                       const embps_table_spec_t **out) {

@@ -31,6 +31,7 @@ enum embps_kind {
   EMBPS_KIND_SCAN = 10,       /* export: a chunk of a table's rows */
   EMBPS_KIND_WRITE_ROWS = 11, /* import: set rows (and state) */
   EMBPS_KIND_ALTER = 12,
+  EMBPS_KIND_EVICT = 13, /* issue 12: a table's TTL and L2-norm eviction */
   EMBPS_KIND_REPLY = 0x80, /* reply kind = request kind | EMBPS_KIND_REPLY */
   EMBPS_KIND_ERROR = 0xff,
 };

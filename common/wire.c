@@ -274,6 +274,19 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     r = RUN_(alter_table, p);
     break;
   }
+  case EMBPS_KIND_EVICT: {
+    Embps__EvictTable p = EMBPS__EVICT_TABLE__INIT;
+    p.name = (char *)m->u.name;
+    r = RUN_(evict_table, p);
+    break;
+  }
+  case EMBPS_KIND_EVICT | EMBPS_KIND_REPLY: {
+    Embps__EvictReply p = EMBPS__EVICT_REPLY__INIT;
+    p.has_evicted = 1;
+    p.evicted = m->u.evicted;
+    r = RUN_(evict_reply, p);
+    break;
+  }
   case EMBPS_KIND_DESCRIBE: {
     Embps__DescribeTable p = EMBPS__DESCRIBE_TABLE__INIT;
     p.name = (char *)m->u.name;
@@ -586,6 +599,19 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
     rc = copy_name(m->u.alter.name, p->name);
     alter_from_pb(p, &m->u.alter.set);
     FREE_(alter_table, p);
+    break;
+  }
+  case EMBPS_KIND_EVICT: {
+    UNPACK_(evict_table, p);
+    rc = copy_name(m->u.name, p->name);
+    FREE_(evict_table, p);
+    break;
+  }
+  case EMBPS_KIND_EVICT | EMBPS_KIND_REPLY: {
+    UNPACK_(evict_reply, p);
+    m->u.evicted = p->evicted;
+    rc = 0;
+    FREE_(evict_reply, p);
     break;
   }
   case EMBPS_KIND_DESCRIBE: {

@@ -103,6 +103,7 @@ typedef struct {
     embps_scan_t scan;               /* SCAN */
     embps_scan_reply_t scan_reply;   /* SCAN | REPLY */
     embps_write_rows_t write_rows;   /* WRITE_ROWS; its reply: none */
+    uint64_t evicted;                /* EVICT | REPLY (EVICT: name) */
   } u;                               /* CREATE|DROP|LIST|STATS replies: none */
 } embps_msg_t;
 

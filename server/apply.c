@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "durable.h"
+#include "evict.h"
 #include "route.h"
 #include "rows.h"
 #include "server.h"
@@ -306,6 +307,7 @@ static void apply_ddl(embps_apply_t *a, embps_request_t *req) {
 /* A checkpoint marker: the state at this LSN goes to the checkpoint thread
  * (the exactly-once table copied here; tables and rows there). */
 static void apply_marker(embps_apply_t *a) {
+  embps_evict_at_checkpoint(a->srv, &a->lsn);
   embps_ckpt_seen_t *v = malloc((a->seen_n ? a->seen_n : 1) * sizeof *v);
   size_t n = 0;
   for (size_t i = 0; v && i < a->seen_cap; i++)
@@ -377,6 +379,8 @@ static void *apply_main(void *arg) {
       apply_marker(a);
     else if (req->hdr.kind == EMBPS_KIND_WRITE_ROWS)
       apply_rows(a, req);
+    else if (req->hdr.kind == EMBPS_KIND_EVICT)
+      complete_all(a, req, embps_evict_request(a->srv, req, &a->lsn));
     else
       apply_ddl(a, req);
     pthread_mutex_lock(&a->mu);

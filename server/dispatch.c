@@ -364,6 +364,7 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
   case EMBPS_KIND_CREATE: /* in order with the pushes, on the apply thread */
   case EMBPS_KIND_DROP:
   case EMBPS_KIND_ALTER:
+  case EMBPS_KIND_EVICT:
     embps_apply_submit(srv->apply, req);
     return EMBPS_DISPATCH_DEFERRED;
   case EMBPS_KIND_CHECKPOINT:

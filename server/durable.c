@@ -202,6 +202,16 @@ int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
   return log_record(d, EMBPS_WAL_DROP, lsn, &part, 1, msg, msg_len);
 }
 
+int embps_durable_log_evict(embps_durable_t *d, uint64_t lsn,
+                            embps_table_t *table, char *msg,
+                            size_t msg_len) {
+  embps_table_info_t info;
+  embps_table_info(table, &info);
+  uint64_t v[2] = {embps_table_incarnation(table), info.step};
+  struct iovec part = {v, sizeof v};
+  return log_record(d, EMBPS_WAL_EVICT, lsn, &part, 1, msg, msg_len);
+}
+
 /* The log thread's completion: an error turns the reply into EIO. */
 static void wal_done(void *ctx, embps_request_t *req, const char *err) {
   embps_durable_t *d = ctx;
@@ -558,6 +568,25 @@ static int replay_rows(replay_t *r, const embps_wal_rec_t *rec, char *err,
   return 0;
 }
 
+static int replay_evict(replay_t *r, const embps_wal_rec_t *rec, char *err,
+                        size_t err_len) {
+  known_t *k = rec->len == 16 ? known_find(r, embps_get64(rec->payload))
+                              : NULL;
+  if (!k) {
+    snprintf(err, err_len, "eviction record of %u bytes for no table",
+             rec->len);
+    return -1;
+  }
+  embps_table_t *t = k->table;
+  uint64_t evicted;
+  embps_table_set_step(t, embps_get64(rec->payload + 8));
+  embps_table_evict(t, embps_table_spec(t)->evict_l2_below, rec->lsn,
+                    k->file_shards == embps_table_n_shards(t) ? k->shard_lsn
+                                                              : NULL,
+                    &evicted);
+  return 0;
+}
+
 static int replay_visit(void *ctx, const embps_wal_rec_t *rec, char *err,
                         size_t err_len) {
   replay_t *r = ctx;
@@ -606,6 +635,8 @@ static int replay_visit(void *ctx, const embps_wal_rec_t *rec, char *err,
     }
     return 0;
   }
+  if (rec->type == EMBPS_WAL_EVICT)
+    return replay_evict(r, rec, err, err_len);
   if (rec->type == EMBPS_WAL_DROP) {
     known_t *k = known_find(r, inc);
     if (!k) {

@@ -65,6 +65,10 @@ int embps_durable_log_alter(embps_durable_t *d, uint64_t lsn,
                             size_t msg_len);
 int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
                            embps_table_t *table, char *msg, size_t msg_len);
+/* An eviction of table (embps evict, or the L2 eviction of a checkpoint)
+ * at its current step. */
+int embps_durable_log_evict(embps_durable_t *d, uint64_t lsn,
+                            embps_table_t *table, char *msg, size_t msg_len);
 /* Completes req (its reply set) once the log is durable up to lsn in
  * --fsync always, at once otherwise. */
 void embps_durable_ack(embps_durable_t *d, embps_request_t *req, uint64_t lsn);

@@ -316,7 +316,8 @@ static void run_request(embps_conn_t *c, embps_request_t *req) {
 static int deferred_kind(uint16_t kind) {
   return kind == EMBPS_KIND_PUSH || kind == EMBPS_KIND_CREATE ||
          kind == EMBPS_KIND_DROP || kind == EMBPS_KIND_CHECKPOINT ||
-         kind == EMBPS_KIND_ALTER || kind == EMBPS_KIND_WRITE_ROWS;
+         kind == EMBPS_KIND_ALTER || kind == EMBPS_KIND_WRITE_ROWS ||
+         kind == EMBPS_KIND_EVICT;
 }
 
 /* A request must wait while earlier requests of its connection wait, or

@@ -933,35 +933,38 @@ static void add_counts(embps_table_t *t, const dyn_count_t *c) {
     atomic_store(&t->pending, 0);
 }
 
-/* Squared L2 norm of the stored weights of rec. */
-static double rec_norm2(const embps_table_t *t, const unsigned char *rec,
-                        float *wide) {
-  const float *w = (const float *)(rec + t->w_off);
-  if (t->dtype != EMBPS_DTYPE_F32) {
-    embps_dtype_to_f32(t->dtype, rec + t->w_off, wide, t->dim);
-    w = wide;
-  }
+/* Squared L2 norm of the stored weights of rec (widened one by one). */
+static double rec_norm2(const embps_table_t *t, const unsigned char *rec) {
+  const size_t w = embps_dtype_size(t->dtype);
   double sum = 0;
-  for (uint32_t j = 0; j < t->dim; j++)
-    sum += (double)w[j] * w[j];
+  for (uint32_t j = 0; j < t->dim; j++) {
+    float x;
+    embps_dtype_to_f32(t->dtype, rec + t->w_off + j * w, &x, 1);
+    sum += (double)x * x;
+  }
   return sum;
 }
 
 #define EVICT_BATCH 4096u /* rows examined per write-lock hold */
 
-int embps_table_evict(embps_table_t *t, double l2_below, uint64_t *evicted) {
+void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
+                       const uint64_t *shard_lsn, uint64_t *evicted) {
   *evicted = 0;
   if (!t->has_meta)
-    return 0;
-  float *wide = malloc(((size_t)t->dim + 1) * sizeof *wide);
-  if (!wide)
-    return -ENOMEM;
+    return;
   const uint64_t now = atomic_load(&t->step);
   const double below2 = l2_below * l2_below;
   dyn_count_t c = {0};
   for (uint32_t k = 0; k < t->n_shards; k++) {
     shard_t *sh = &t->shards[k];
+    if (shard_lsn && lsn <= shard_lsn[k])
+      continue; /* replay: already in the shard's snapshot */
     uint32_t next = sh->lru_head;
+    if (lsn) {
+      pthread_rwlock_wrlock(&sh->lock);
+      sh->lsn = lsn;
+      pthread_rwlock_unlock(&sh->lock);
+    }
     while (next) {
       uint64_t t0 = now_ns();
       pthread_rwlock_wrlock(&sh->lock);
@@ -972,7 +975,7 @@ int embps_table_evict(embps_table_t *t, double l2_below, uint64_t *evicted) {
           evict_slot(t, sh, slot);
           c.evicted[WHY_TTL]++;
         } else if (l2_below > 0 &&
-                   rec_norm2(t, slot_rec(t, sh, slot), wide) < below2) {
+                   rec_norm2(t, slot_rec(t, sh, slot)) < below2) {
           evict_slot(t, sh, slot);
           c.evicted[WHY_L2]++;
         }
@@ -981,10 +984,8 @@ int embps_table_evict(embps_table_t *t, double l2_below, uint64_t *evicted) {
       note_stall(t, now_ns() - t0);
     }
   }
-  free(wide);
   add_counts(t, &c);
   *evicted = c.evicted[WHY_TTL] + c.evicted[WHY_L2];
-  return 0;
 }
 
 int embps_table_row_live(embps_table_t *t, int64_t id) {

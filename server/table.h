@@ -176,9 +176,13 @@ void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
  * one test of row liveness, for readers outside table.c. */
 int embps_table_row_live(embps_table_t *t, int64_t id);
 /* Evicts every expired row and, if l2_below > 0, every row whose weights'
- * L2 norm is below it, a batch of rows per write-lock hold. Applying thread
- * only. *evicted = rows evicted. 0 or -ENOMEM (nothing evicted). */
-int embps_table_evict(embps_table_t *t, double l2_below, uint64_t *evicted);
+ * L2 norm is below it, a batch of rows per write-lock hold; lsn != 0
+ * becomes every shard's log position. Replay passes the snapshot LSN of
+ * each shard (same shard count) in shard_lsn: shards whose snapshot
+ * covers lsn are skipped. Applying thread only; cannot fail. *evicted =
+ * rows evicted. */
+void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
+                       const uint64_t *shard_lsn, uint64_t *evicted);
 
 /* Bytes used by all tables of the process (for --max-memory). */
 uint64_t embps_tables_total_bytes(void);

@@ -24,6 +24,9 @@ enum { EMBPS_WAL_PUSH = 1, EMBPS_WAL_CREATE = 2, EMBPS_WAL_DROP = 3 };
 enum { EMBPS_WAL_ROWS = 4 }; /* an import (WRITE_ROWS) */
 /* ALTER {incarnation, packed TableSpec: the table's spec after the alter} */
 enum { EMBPS_WAL_ALTER = 5 };
+/* issue 12: {u64 incarnation, u64 table step}: embps_table_evict with the
+ * table's evict_l2_below at that step */
+enum { EMBPS_WAL_EVICT = 6 };
 
 #define EMBPS_WAL_HEADER_BYTES 32
 

@@ -165,6 +165,21 @@ class Dynamic(unittest.TestCase):
         self.assertEqual(d["rows_allocated"], d["rows_admitted"])
         self.assertLess(d["rows_admitted"], 10000 * 0.01)  # false admissions
 
+    def test_l2_eviction_on_demand(self):
+        self.table(evict_l2_below=0.9, dim=1)   # initial value 0.5
+        self.push([1, 2, 3], 1.0, dim=1)        # -0.5
+        self.push([2], -2.0, dim=1)             # 1.5
+        self.push([3], 0.6, dim=1)              # -1.1
+        self.assertEqual(self.c.evict("t"), 1)  # row 1: |-0.5| < 0.9
+        self.assertEqual([self.row(i) for i in (1, 2, 3)],
+                         [INIT, INIT + 1.0, np.float32(-1.1)])
+        d = self.c.describe("t")
+        self.assertEqual((d["evicted_l2"], d["rows_allocated"]), (1, 2))
+        self.assertEqual(self.c.evict("t"), 0)
+        with self.assertRaises(embps.EmbpsError) as e:
+            self.c.evict("nope")
+        self.assertEqual(e.exception.name, "EMBPS_ENOTABLE")
+
     def test_refused_on_dense_table(self):
         with self.assertRaises(embps.EmbpsError) as e:
             self.c.create_table("d", 2, rows=10, max_rows=5)
@@ -344,6 +359,34 @@ class DynamicRestart(unittest.TestCase):
 
     def test_kill_9(self):
         self.restart(True)
+
+    def test_l2_eviction_at_checkpoint_and_replayed(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            srv = Server("--data-dir", d).start()
+            try:
+                with embps.Client(srv.address) as c:
+                    c.create_table("t", 1, dynamic=True, lr=1.0,
+                                   init="constant:0.5", evict_l2_below=0.9)
+                    ids = np.arange(10, dtype=np.int64)
+                    c.push("t", ids, np.ones((10, 1), np.float32))
+                    c.checkpoint()  # every row is at -0.5: all go
+                    self.assertEqual(c.describe("t")["evicted_l2"], 10)
+                    c.push("t", ids[:4], np.full((4, 1), -1, np.float32))
+                    c.push("t", ids[4:], np.ones((6, 1), np.float32))
+                    self.assertEqual(c.evict("t"), 6)  # logged, replayed
+                    c.push("t", ids[8:], np.ones((2, 1), np.float32))
+                    want = c.pull("t", ids)
+                srv.proc.kill()
+                srv.proc.wait()
+                srv.proc = None
+                srv.log.close()
+                srv.start()
+                with embps.Client(srv.address) as c:
+                    self.assertTrue(np.array_equal(c.pull("t", ids), want))
+                    self.assertEqual(c.describe("t")["rows_allocated"], 6)
+            finally:
+                srv.stop()
 
     def test_sigterm(self):
         self.restart(False)

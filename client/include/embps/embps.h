@@ -319,6 +319,11 @@ EMBPS_EXTERN int embps_alter_table(embps_client_t *c, const char *name,
                                    embps_table_info_t *out);
 /* embps_alter_table of the learning rate alone. */
 EMBPS_EXTERN int embps_set_lr(embps_client_t *c, const char *name, double lr);
+/* Evicts now, on every server, the table's rows that expired (ttl_steps)
+ * and, with evict_l2_below, those whose weights' L2 norm is below it; logged
+ * like a push. *evicted (may be NULL) gets the rows evicted in all. */
+EMBPS_EXTERN int embps_evict(embps_client_t *c, const char *table,
+                             uint64_t *evicted);
 
 /* Pulls rows: out[i*dim .. i*dim+dim) = row ids[i], for i < n. Duplicated
  * ids are sent once. dim must be the table's dim (checked by the server). */

@@ -243,6 +243,8 @@ def _declare(lib):
         "embps_alter_table": (ctypes.c_int, [P, ctypes.c_char_p,
                                              ctypes.POINTER(_Alter),
                                              ctypes.POINTER(_Info)]),
+        "embps_evict": (ctypes.c_int, [P, ctypes.c_char_p,
+                                       ctypes.POINTER(ctypes.c_uint64)]),
         "embps_client_n_servers": (ctypes.c_size_t, [P]),
         "embps_pull": (ctypes.c_int, [P, ctypes.c_char_p, i64p,
                                       ctypes.c_size_t, f32p, ctypes.c_uint32]),
@@ -659,6 +661,14 @@ class Client:
         self._check(_lib().embps_checkpoint(self._c, info))
         return [{f: getattr(info[i], f) for f, _ in _CheckpointInfo._fields_}
                 for i in range(n)]
+
+    def evict(self, name):
+        """Evicts now, on every server, the table's expired rows and those
+        of L2 norm below its evict_l2_below; returns the rows evicted."""
+        n = ctypes.c_uint64()
+        self._check(_lib().embps_evict(self._c, name.encode(),
+                                       ctypes.byref(n)))
+        return n.value
 
     def dim(self, name):
         if name not in self._dims:
