@@ -46,6 +46,7 @@ static const char usage[] =
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
+    "        [--admit-after N] [--max-rows R] [--evict lru|lfu] ...\n"
     "--member I: stats, tables (and describe) ask only server I of the list\n"
     "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
     "to $EMBPS_TOKEN_FILE. --timeout-ms bounds one attempt (default 30000);\n"

@@ -35,6 +35,7 @@ typedef struct {
   embps_optimizer_t optimizer;
   const char *table, *mode;
   int json, keep, dynamic, no_prefill, unique;
+  embps_table_spec_t policy; /* --admit-after, --max-rows, ... (cli_dyn.c) */
 } bench_opts_t;
 
 typedef struct {
@@ -411,6 +412,15 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
     NUM_("--depth", 1, MAX_DEPTH, o.depth)
     NUM_("--batches", 1, 1024, o.n_batches)
 #undef NUM_
+    int dyn = embps_cli_dyn_option(a, v, &o.policy);
+    if (dyn < 0) {
+      fprintf(stderr, "embps: bench: bad value for %s\n", a);
+      return 2;
+    }
+    if (dyn > 0) { /* admission and eviction need a dynamic table */
+      o.dynamic = 1;
+      continue;
+    }
     fprintf(stderr, "embps: unknown option %s for bench\n", a);
     return 2;
   }
@@ -427,6 +437,13 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
   spec.rows = o.dynamic ? 0 : o.rows;
   spec.dynamic = o.dynamic;
   spec.lr = 0.01;
+  spec.admit_after = o.policy.admit_after;
+  spec.admit_probability = o.policy.admit_probability;
+  spec.admit_sketch_bytes = o.policy.admit_sketch_bytes;
+  spec.ttl_steps = o.policy.ttl_steps;
+  spec.max_rows = o.policy.max_rows;
+  spec.evict = o.policy.evict;
+  spec.evict_l2_below = o.policy.evict_l2_below;
   rc = embps_create_table(admin, &spec);
   int created = rc == 0;
   if (rc == EMBPS_EEXIST) { /* reuse it only if it is the table asked for */
@@ -495,14 +512,16 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            "\"push_p50_us\": %.1f, \"push_p99_us\": %.1f, "
            "\"push_p999_us\": %.1f, \"warmup\": %g, \"batches\": %u, "
            "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64
-           ", \"pull_max_us\": %.1f, \"push_max_us\": %.1f}\n",
+           ", \"pull_max_us\": %.1f, \"push_max_us\": %.1f, "
+           "\"admit_after\": %u, \"max_rows\": %" PRIu64 "}\n",
            o.workers, o.batch, o.rows, o.dim, o.zipf,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth,
            o.dynamic ? "true" : "false", prefill_s,
            o.unique ? "true" : "false", unique, pull.rows_per_s,
            pull.ids_per_s, pull.p50, pull.p99, pull.p999, push.rows_per_s,
            push.ids_per_s, push.p50, push.p99, push.p999, o.warmup,
-           o.n_batches, pull.requests, push.requests, pull.max, push.max);
+           o.n_batches, pull.requests, push.requests, pull.max, push.max,
+           o.policy.admit_after, o.policy.max_rows);
   } else {
     printf("embps bench: %u worker(s), batch %" PRIu64 " Zipf(%g) over %"
            PRIu64 " rows, dim %u, %s, %g s per phase, depth %u\n",
