@@ -8,7 +8,7 @@
 
 #define ROW_SEED 0x9e3779b97f4a7c15ULL  /* row j hashes with seed + j x this */
 #define PROB_SEED 0xd6e8feb86659fd93ULL /* admission probability stream */
-#define AGE_FACTOR 8u                   /* halve after 8 x width pushes */
+#define AGE_FACTOR 1u                   /* halve after width pushes */
 
 int embps_sketch_init(embps_sketch_t *s, size_t bytes, uint64_t seed) {
   size_t width = bytes / (EMBPS_SKETCH_DEPTH * sizeof *s->c);
