@@ -841,9 +841,10 @@ static int cmd_stats(cmd_t *cmd) {
         printf("%s{", t ? ", " : "");
         print_spec_json(&x->tables[t].spec);
         printf(", \"rows_allocated\": %" PRIu64 ", \"bytes_used\": %" PRIu64
-               ", \"step\": %" PRIu64 "}",
-               x->tables[t].rows_allocated, x->tables[t].bytes_used,
-               x->tables[t].step);
+               ", \"step\": %" PRIu64, x->tables[t].rows_allocated,
+               x->tables[t].bytes_used, x->tables[t].step);
+        embps_cli_dyn_print(&x->tables[t], 1);
+        printf("}");
       }
       printf("]");
       print_durability(x, 1);
@@ -866,7 +867,7 @@ static int cmd_stats(cmd_t *cmd) {
       printf("  bytes in %" PRIu64 "  out %" PRIu64 "\n", x->bytes_in,
              x->bytes_out);
       print_durability(x, 0);
-      for (size_t t = 0; t < x->n_tables; t++)
+      for (size_t t = 0; t < x->n_tables; t++) {
         printf("  table %-20s dim %-5u %-8s %-5s rows %" PRIu64
                "  bytes %" PRIu64 "  step %" PRIu64 "\n",
                x->tables[t].spec.name, x->tables[t].spec.dim,
@@ -874,6 +875,8 @@ static int cmd_stats(cmd_t *cmd) {
                embps_dtype_name(x->tables[t].spec.dtype),
                x->tables[t].rows_allocated, x->tables[t].bytes_used,
                x->tables[t].step);
+        embps_cli_dyn_print(&x->tables[t], 0);
+      }
     }
   }
   if (json)

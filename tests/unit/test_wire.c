@@ -52,6 +52,15 @@ static void full_spec(embps_table_spec_t *s, const char *name, int dynamic,
   s->padding_id = dynamic ? INT64_MIN + 7 : 123;
   s->dtype = dynamic ? EMBPS_DTYPE_BF16 : EMBPS_DTYPE_F16; /* travels */
   s->sync_workers = 17;
+  if (dynamic) { /* admission and eviction travel too */
+    s->admit_after = 65535;
+    s->admit_probability = 0.375;
+    s->admit_sketch_bytes = (1ULL << 34) - 1;
+    s->ttl_steps = UINT64_MAX - 1;
+    s->max_rows = (1ULL << 40) + 5;
+    s->evict = EMBPS_EVICT_LFU;
+    s->evict_l2_below = 1e-3;
+  }
 }
 
 static void assert_spec_equal(const embps_table_spec_t *a,
@@ -77,6 +86,13 @@ static void assert_spec_equal(const embps_table_spec_t *a,
   assert_true(a->padding_id == b->padding_id);
   assert_int_equal(a->dtype, b->dtype);
   assert_int_equal(a->sync_workers, b->sync_workers);
+  assert_int_equal(a->admit_after, b->admit_after);
+  assert_true(a->admit_probability == b->admit_probability);
+  assert_int_equal(a->admit_sketch_bytes, b->admit_sketch_bytes);
+  assert_int_equal(a->ttl_steps, b->ttl_steps);
+  assert_int_equal(a->max_rows, b->max_rows);
+  assert_int_equal(a->evict, b->evict);
+  assert_true(a->evict_l2_below == b->evict_l2_below);
 }
 
 static void full_info(embps_table_info_t *i, const char *name, int k) {
@@ -88,6 +104,13 @@ static void full_info(embps_table_info_t *i, const char *name, int k) {
   i->pushes = 77 + (uint64_t)k;
   i->pulls = UINT64_MAX - (uint64_t)k;
   i->step = 5 + (uint64_t)k;
+  i->rows_admitted = 11 + (uint64_t)k;
+  i->rows_pending = 12 + (uint64_t)k;
+  i->evicted_ttl = 13 + (uint64_t)k;
+  i->evicted_capacity = 14 + (uint64_t)k;
+  i->evicted_l2 = 15 + (uint64_t)k;
+  i->capacity = 16 + (uint64_t)k;
+  i->evict_stall_max_us = 17 + (uint64_t)k;
 }
 
 static void assert_info_equal(const embps_table_info_t *a,
@@ -98,6 +121,13 @@ static void assert_info_equal(const embps_table_info_t *a,
   assert_int_equal(a->pushes, b->pushes);
   assert_int_equal(a->pulls, b->pulls);
   assert_int_equal(a->step, b->step);
+  assert_int_equal(a->rows_admitted, b->rows_admitted);
+  assert_int_equal(a->rows_pending, b->rows_pending);
+  assert_int_equal(a->evicted_ttl, b->evicted_ttl);
+  assert_int_equal(a->evicted_capacity, b->evicted_capacity);
+  assert_int_equal(a->evicted_l2, b->evicted_l2);
+  assert_int_equal(a->capacity, b->capacity);
+  assert_int_equal(a->evict_stall_max_us, b->evict_stall_max_us);
 }
 
 /* Packs m and unpacks it into out (release with embps_msg_free). */
@@ -286,8 +316,9 @@ static void test_create_drop_describe(void **state) {
   assert_spec_equal(&o->u.spec, &m->u.spec);
   embps_msg_free(o);
 
-  const uint16_t name_kinds[] = {EMBPS_KIND_DROP, EMBPS_KIND_DESCRIBE};
-  for (size_t k = 0; k < 2; k++) {
+  const uint16_t name_kinds[] = {EMBPS_KIND_DROP, EMBPS_KIND_DESCRIBE,
+                                 EMBPS_KIND_EVICT};
+  for (size_t k = 0; k < 3; k++) {
     memset(m, 0, sizeof *m);
     m->kind = name_kinds[k];
     snprintf(m->u.name, sizeof m->u.name, "t.1");
@@ -509,6 +540,7 @@ static void test_stats_reply(void **state) {
 static void test_ack_kinds(void **state) {
   (void)state;
   const uint16_t kinds[] = {EMBPS_KIND_LIST, EMBPS_KIND_STATS,
+                            EMBPS_KIND_EVICT | EMBPS_KIND_REPLY,
                             EMBPS_KIND_CREATE | EMBPS_KIND_REPLY,
                             EMBPS_KIND_DROP | EMBPS_KIND_REPLY};
   embps_msg_t *m = new_msg(0), *o = new_msg(0);
@@ -917,6 +949,30 @@ static void test_alter(void **state) {
   free(o);
 }
 
+/* Admission and eviction: dynamic tables only, every field bounded. */
+static void test_spec_dynamic_refusals(void **state) {
+  (void)state;
+  embps_table_spec_t s;
+  full_spec(&s, "t", 1, EMBPS_OPT_ADAGRAD);
+  assert_int_equal(embps_table_spec_check(&s, NULL, 0), 0);
+  char why[128];
+  embps_table_spec_t bad[7];
+  for (int i = 0; i < 7; i++)
+    bad[i] = s;
+  bad[0].dynamic = 0, bad[0].rows = 10, bad[0].padding_id = 1;
+  bad[1].admit_after = 65536;
+  bad[2].admit_probability = 1.5;
+  bad[3].admit_probability = -0.1;
+  bad[4].admit_sketch_bytes = (1ULL << 34) + 1;
+  bad[5].evict = 2;
+  bad[6].evict_l2_below = -1;
+  for (int i = 0; i < 7; i++)
+    assert_int_equal(embps_table_spec_check(&bad[i], why, sizeof why),
+                     EMBPS_EPARAM);
+  assert_non_null(strstr(
+      (embps_table_spec_check(&bad[0], why, sizeof why), why), "--dynamic"));
+}
+
 static void test_spec_refusals(void **state) {
   (void)state;
   for (int oi = EMBPS_OPT_SGD; oi <= EMBPS_OPT_FTRL; oi++) {
@@ -1030,6 +1086,7 @@ int main(void) {
       cmocka_unit_test(test_spec_defaults),
       cmocka_unit_test(test_spec_refusals),
       cmocka_unit_test(test_alter),
+      cmocka_unit_test(test_spec_dynamic_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
