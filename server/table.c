@@ -505,8 +505,10 @@ static void map_remove(const embps_table_t *t, shard_t *sh, int64_t id) {
     const uint32_t e = sh->map[j];
     if (!e)
       break;
-    const uint32_t home =
-        map_home(map_hash(rec_id(slot_rec(t, sh, (e & ~tag_mask) - 1))), cap);
+    const uint32_t slot = (e & ~tag_mask) - 1; /* meta: denser than rows */
+    const int64_t eid =
+        t->has_meta ? sh->meta[slot].id : rec_id(slot_rec(t, sh, slot));
+    const uint32_t home = map_home(map_hash(eid), cap);
     /* e stays if its home lies cyclically in (hole, j] */
     int stays = hole <= j ? (home > hole && home <= j)
                           : (home > hole || home <= j);
@@ -862,7 +864,8 @@ static void count_pending(const embps_table_t *t, shard_t *sh, int64_t id,
   if (embps_sketch_add(&sh->sketch, id) == 0)
     c->pending++;
   if (sh->sketch.adds < adds) /* aged: every count halved */
-    c->pending -= (int64_t)(atomic_load(&t->pending) + (uint64_t)c->pending) / 2;
+    c->pending -=
+        (int64_t)(atomic_load(&t->pending) + (uint64_t)c->pending) / 2;
 }
 
 /* After a push at step `now` to shard sh: reclaims up to `budget` expired
