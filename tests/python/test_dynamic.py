@@ -180,6 +180,36 @@ class Dynamic(unittest.TestCase):
             self.c.evict("nope")
         self.assertEqual(e.exception.name, "EMBPS_ENOTABLE")
 
+    def test_cli(self):
+        import json
+        import os
+        import subprocess
+        import harness
+        cli = os.path.join(os.path.dirname(harness.SERVER_BIN), "embps")
+
+        def run(*args):
+            return subprocess.run([cli, "--servers", self.server.address]
+                                  + list(args), capture_output=True,
+                                  text=True, check=True).stdout
+        run("create-table", "c", "--dim", "1", "--dynamic", "--admit-after",
+            "2", "--admit-sketch-bytes", "65536", "--ttl-steps", "9",
+            "--max-rows", "100", "--evict", "lfu", "--evict-l2-below", "0.5",
+            "--admit-probability", "1", "--lr", "1")
+        (t,) = json.loads(run("tables", "--json"))
+        self.assertEqual((t["admit_after"], t["admit_sketch_bytes"],
+                          t["ttl_steps"], t["max_rows"], t["evict"],
+                          t["evict_l2_below"], t["admit_probability"],
+                          t["capacity"]), (2, 65536, 9, 100, "lfu", 0.5, 1, 100))
+        for _ in range(2):
+            run("push", "c", "--indices", "4", "--values", "0.25")
+        self.assertEqual(self.c.describe("c")["rows_admitted"], 1)
+        self.assertIn("evicted 1 rows", run("evict", "c"))  # |-0.25| < 0.5
+        self.assertIn("admitted 1", run("stats"))
+        bad = subprocess.run([cli, "--servers", self.server.address,
+                              "create-table", "d", "--dim", "1", "--dynamic",
+                              "--evict", "mru"], capture_output=True)
+        self.assertEqual(bad.returncode, 2)
+
     def test_refused_on_dense_table(self):
         with self.assertRaises(embps.EmbpsError) as e:
             self.c.create_table("d", 2, rows=10, max_rows=5)
