@@ -1430,6 +1430,12 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
     const uint32_t i = s->order[p];
     const int64_t id = ids[i];
     unsigned char *rec = s->rec[p];
+    if (p + PREFETCH_AHEAD < b) {
+      const uint32_t ahead = s->slot[p + PREFETCH_AHEAD];
+      prefetch_known(t, s, ids, p + PREFETCH_AHEAD);
+      if (t->has_meta && ahead != NO_SLOT)
+        __builtin_prefetch(&sh->meta[ahead]);
+    }
     switch (s->what[p]) {
     case W_LIVE:
       if (t->has_meta)
