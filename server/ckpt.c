@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,8 +111,6 @@ typedef struct {
   /* write-behind: [0, submitted) is written, [submitted, flushed) is
    * being written (errors surface at the final fsync) */
   uint64_t submitted, flushed;
-  unsigned char *recs; /* a shard's snapshot, reused shard after shard */
-  size_t recs_cap;
 } wfile_t;
 
 /* Write-behind: a checkpoint hands every FLUSH_BYTES it wrote to the disk
@@ -166,44 +165,62 @@ static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
   return 0;
 }
 
-static int write_shard(wfile_t *f, embps_table_t *t, uint32_t k,
-                       int with_state, char *err, size_t err_len) {
-  unsigned char *state = NULL;
-  size_t rows, state_bytes = 0;
+/* One shard's snapshot. write_table takes shard k + 1's on a thread of its
+ * own while it writes shard k, so the copy out of the table and the write
+ * (CRC-32C, the copy into the page cache) each use a core; at most two
+ * shards' copies exist at a time. */
+typedef struct {
+  embps_table_t *t;
+  uint32_t k;
+  int with_state, rc;
+  unsigned char *recs, *state; /* recs reused shard after shard */
+  size_t cap, rows, state_bytes;
   uint64_t lsn;
-  if (embps_table_snapshot_shard_state(t, k, &f->recs, &f->recs_cap, &rows,
-                                       &lsn, with_state ? &state : NULL,
-                                       &state_bytes)) {
+} snap_job_t;
+
+static void *snap_run(void *arg) {
+  snap_job_t *j = arg;
+  free(j->state);
+  j->state = NULL;
+  j->state_bytes = 0;
+  j->rc = embps_table_snapshot_shard_state(
+      j->t, j->k, &j->recs, &j->cap, &j->rows, &j->lsn,
+      j->with_state ? &j->state : NULL, &j->state_bytes);
+  return NULL;
+}
+
+static int write_shard(wfile_t *f, const snap_job_t *j, char *err,
+                       size_t err_len) {
+  if (j->rc) {
     snprintf(err, err_len, "checkpoint %s: out of memory copying shard %u",
-             f->path, k);
+             f->path, j->k);
     return -1;
   }
   uint8_t h[SEC_HDR] = {0};
   embps_put32(h, SHRD);
-  embps_put32(h + 4, k);
-  embps_put64(h + 8, lsn);
-  embps_put64(h + 16, rows);
+  embps_put32(h + 4, j->k);
+  embps_put64(h + 8, j->lsn);
+  embps_put64(h + 16, j->rows);
   embps_put32(h + 28, embps_crc32c(0, h, 28));
   int rc = wf_write(f, h, sizeof h, NULL, 0, err, err_len);
-  if (!rc && state) {
+  if (!rc && j->state) {
     uint8_t d[DYN_HDR] = {0};
     embps_put32(d, DYNS);
-    embps_put64(d + 8, state_bytes);
-    embps_put32(d + 16, embps_crc32c(0, state, state_bytes));
+    embps_put64(d + 8, j->state_bytes);
+    embps_put32(d + 16, embps_crc32c(0, j->state, j->state_bytes));
     embps_put32(d + 20, embps_crc32c(0, d, 20));
-    rc = wf_write(f, d, sizeof d, state, state_bytes, err, err_len);
+    rc = wf_write(f, d, sizeof d, j->state, j->state_bytes, err, err_len);
   }
-  free(state);
-  const size_t fr = embps_table_file_record_bytes(t);
+  const size_t fr = embps_table_file_record_bytes(j->t);
   size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
-  for (size_t i = 0; !rc && i < rows; i += per) {
-    size_t n = rows - i < per ? rows - i : per;
+  for (size_t i = 0; !rc && i < j->rows; i += per) {
+    size_t n = j->rows - i < per ? j->rows - i : per;
     uint8_t b[BLK_HDR];
     embps_put32(b, BLCK);
     embps_put32(b + 4, (uint32_t)n);
-    embps_put32(b + 8, embps_crc32c(0, f->recs + i * fr, n * fr));
+    embps_put32(b + 8, embps_crc32c(0, j->recs + i * fr, n * fr));
     embps_put32(b + 12, embps_crc32c(0, b, 12));
-    rc = wf_write(f, b, sizeof b, f->recs + i * fr, n * fr, err, err_len);
+    rc = wf_write(f, b, sizeof b, j->recs + i * fr, n * fr, err, err_len);
   }
   return rc;
 }
@@ -243,12 +260,30 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
   embps_put32(h + 44, table_has_state(spec) ? TBL_HAS_STATE : 0);
   embps_put32(h + 60, embps_crc32c(0, h, 60));
   int rc = wf_write(&f, h, sizeof h, NULL, 0, err, err_len);
+  const int with_state = table_has_state(spec);
+  snap_job_t jobs[2] = {{.t = t, .with_state = with_state},
+                        {.t = t, .with_state = with_state}};
+  if (!rc)
+    snap_run(&jobs[0]);
   for (uint32_t k = 0; !rc && k < shards; k++) {
-    rc = write_shard(&f, t, k, table_has_state(spec), err, err_len);
+    snap_job_t *next = &jobs[(k + 1) & 1];
+    pthread_t th;
+    int ahead = k + 1 < shards;
+    next->k = k + 1;
+    if (ahead && pthread_create(&th, NULL, snap_run, next)) {
+      ahead = 0; /* no thread: in line */
+      snap_run(next);
+    }
+    rc = write_shard(&f, &jobs[k & 1], err, err_len);
+    if (ahead)
+      pthread_join(th, NULL);
     if (first && k == (shards - 1) / 2)
       embps_failpoint("ckpt-mid-write");
   }
-  free(f.recs);
+  for (int i = 0; i < 2; i++) {
+    free(jobs[i].recs);
+    free(jobs[i].state);
+  }
   uint8_t e[16] = {0};
   embps_put32(e, TEND);
   embps_put32(e + 4, shards);
