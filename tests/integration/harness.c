@@ -49,6 +49,20 @@ int it_recv_full(int fd, void *p, size_t n, int timeout_ms) {
   return 0;
 }
 
+int it_send_full(int fd, const void *p, size_t n) {
+  const char *b = p;
+  while (n) {
+    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    b += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
 void it_sleep_ms(double ms) {
   long long ns = (long long)(ms * 1e6);
   struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000LL),

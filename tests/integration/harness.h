@@ -85,4 +85,7 @@ void it_child_reset_signals(void);
 /* Reads exactly n bytes from the socket fd within timeout_ms: returns 0,
  * 1 on EOF or reset, -1 on timeout. */
 int it_recv_full(int fd, void *p, size_t n, int timeout_ms);
+/* Writes all n bytes to the socket fd (no SIGPIPE): 0, or -1 once the peer
+ * is gone. */
+int it_send_full(int fd, const void *p, size_t n);
 #endif

@@ -6,6 +6,7 @@
  * never touches a descriptor number that was reused. */
 #define _GNU_SOURCE /* accept4, pipe2 */
 #include "proxy.h"
+#include "harness.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -61,20 +62,6 @@ static int read_full(int fd, void *buf, size_t n) {
   return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t n) {
-  const uint8_t *b = buf;
-  while (n) {
-    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return -1;
-    b += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 /* Copies n bytes from one socket to the other. */
 static int copy_bytes(int from, int to, size_t n) {
   uint8_t chunk[64 << 10];
@@ -83,7 +70,7 @@ static int copy_bytes(int from, int to, size_t n) {
     ssize_t r = read(from, chunk, want);
     if (r < 0 && errno == EINTR)
       continue;
-    if (r <= 0 || write_full(to, chunk, (size_t)r))
+    if (r <= 0 || it_send_full(to, chunk, (size_t)r))
       return -1;
     n -= (size_t)r;
   }
@@ -130,7 +117,7 @@ static void *up_main(void *arg) {
     pthread_mutex_unlock(&p->mu);
     size_t first = fault == IT_PROXY_DROP_REQUEST ? h.body_len / 2
                                                   : h.body_len;
-    if (write_full(pr->sfd, hdr, sizeof hdr) ||
+    if (it_send_full(pr->sfd, hdr, sizeof hdr) ||
         copy_bytes(pr->cfd, pr->sfd, first) ||
         fault == IT_PROXY_DROP_REQUEST ||
         copy_bytes(pr->cfd, pr->sfd, h.body_len - first))
@@ -158,7 +145,7 @@ static void *down_main(void *arg) {
     if (drop)
       break;
     if (h.kind != (EMBPS_KIND_PUSH | EMBPS_KIND_REPLY)) {
-      if (write_full(pr->cfd, hdr, sizeof hdr) ||
+      if (it_send_full(pr->cfd, hdr, sizeof hdr) ||
           copy_bytes(pr->sfd, pr->cfd, h.body_len))
         break;
       continue;
@@ -176,8 +163,8 @@ static void *down_main(void *arg) {
       pthread_mutex_unlock(&p->mu);
       embps_msg_free(&m);
     }
-    int bad = write_full(pr->cfd, hdr, sizeof hdr) ||
-              write_full(pr->cfd, body, h.body_len);
+    int bad = it_send_full(pr->cfd, hdr, sizeof hdr) ||
+              it_send_full(pr->cfd, body, h.body_len);
     free(body);
     if (bad)
       break;

@@ -439,20 +439,6 @@ static int raw_connect(int port) {
   return fd;
 }
 
-static int raw_write(int fd, const void *p, size_t n) {
-  const uint8_t *b = p;
-  while (n) {
-    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return -1;
-    b += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 static void raw_send(int fd, uint16_t kind, embps_msg_t *m, uint32_t req_id,
                      const void *bulk, size_t bulk_len) {
   uint8_t *frame;
@@ -462,7 +448,7 @@ static void raw_send(int fd, uint16_t kind, embps_msg_t *m, uint32_t req_id,
                    0);
   if (bulk_len)
     memcpy(frame + off, bulk, bulk_len);
-  int rc = raw_write(fd, frame, len);
+  int rc = it_send_full(fd, frame, len);
   free(frame);
   if (rc)
     fail_msg("raw send of kind %u: %s", kind, strerror(errno));
@@ -1174,7 +1160,7 @@ static void test_refuse_oversized_frame(void **state) {
                             .req_id = 2, .kind = EMBPS_KIND_PUSH};
   uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
   embps_frame_header_encode(&h, hdr);
-  assert_int_equal(raw_write(fd, hdr, sizeof hdr), 0);
+  assert_int_equal(it_send_full(fd, hdr, sizeof hdr), 0);
   raw_expect_error(fd, 2, EMBPS_EFRAMESIZE, "max-frame-bytes");
   close(fd);
   /* a well-framed oversized frame is skipped unread: the connection goes
@@ -1186,8 +1172,8 @@ static void test_refuse_oversized_frame(void **state) {
   embps_frame_header_encode(&h, hdr);
   uint8_t *junk = xmalloc(8192);
   memset(junk, 0xab, 8192);
-  assert_int_equal(raw_write(fd, hdr, sizeof hdr), 0);
-  assert_int_equal(raw_write(fd, junk, 8192), 0);
+  assert_int_equal(it_send_full(fd, hdr, sizeof hdr), 0);
+  assert_int_equal(it_send_full(fd, junk, 8192), 0);
   free(junk);
   raw_expect_error(fd, 3, EMBPS_EFRAMESIZE, "max-frame-bytes");
   raw_hello(fd, NULL, 4);
@@ -1230,13 +1216,13 @@ static void test_refuse_garbage(void **state) {
     junk[i] = (uint8_t)mix(i * 3 + 17);
   junk[14] = 0; /* no "EP" magic */
   int fd = raw_connect(f->srv[0].port);
-  raw_write(fd, junk, sizeof junk); /* may fail once the server closes */
+  it_send_full(fd, junk, sizeof junk); /* may fail once the server closes */
   assert_true(raw_closed(fd, 5000));
   close(fd);
   /* junk after a hello */
   fd = raw_connect(f->srv[0].port);
   raw_hello(fd, NULL, 1);
-  raw_write(fd, junk, 64);
+  it_send_full(fd, junk, 64);
   assert_true(raw_closed(fd, 5000));
   close(fd);
   /* a valid header around a meta that does not decode */
@@ -1246,7 +1232,7 @@ static void test_refuse_garbage(void **state) {
                             .kind = EMBPS_KIND_HELLO};
   embps_frame_header_encode(&h, frame);
   memset(frame + EMBPS_FRAME_HEADER_LEN, 0xff, 64);
-  assert_int_equal(raw_write(fd, frame, sizeof frame), 0);
+  assert_int_equal(it_send_full(fd, frame, sizeof frame), 0);
   raw_expect_error(fd, 9, EMBPS_EPROTO, "decode");
   assert_true(raw_closed(fd, 5000));
   close(fd);
@@ -1257,7 +1243,7 @@ static void test_refuse_garbage(void **state) {
   h.body_len = h.meta_len = 0;
   h.req_id = 2;
   embps_frame_header_encode(&h, frame);
-  assert_int_equal(raw_write(fd, frame, EMBPS_FRAME_HEADER_LEN), 0);
+  assert_int_equal(it_send_full(fd, frame, EMBPS_FRAME_HEADER_LEN), 0);
   raw_expect_error(fd, 2, EMBPS_EKIND, "kind 77");
   int64_t ids[] = {4, 0};
   raw_pull_check(fd, 3, "t", &ref, ids, 2);
@@ -1863,7 +1849,7 @@ static void fake_early_replier(int lfd) {
   uint8_t *frame;
   size_t len;
   if (embps_frame_build(&m, h.req_id, 0, &frame, &len, NULL) ||
-      raw_write(fd, frame, len))
+      it_send_full(fd, frame, len))
     _exit(5);
   free(frame);
   if (raw_read(fd, hdr, sizeof hdr, 10000) ||
@@ -1872,7 +1858,7 @@ static void fake_early_replier(int lfd) {
   memset(&m, 0, sizeof m);
   m.kind = (uint16_t)(h.kind | EMBPS_KIND_REPLY);
   if (embps_frame_build(&m, h.req_id, 0, &frame, &len, NULL) ||
-      raw_write(fd, frame, len))
+      it_send_full(fd, frame, len))
     _exit(7);
   free(frame);
   for (;;)
