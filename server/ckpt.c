@@ -232,9 +232,10 @@ static int table_has_state(const embps_table_spec_t *spec) {
           spec->ttl_steps || spec->max_rows || spec->evict_l2_below > 0);
 }
 
+/* Writes one table's file; *max_lsn = the highest shard LSN copied. */
 static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
-                       int first, uint64_t *size, uint32_t *crc, char *err,
-                       size_t err_len) {
+                       int first, uint64_t *size, uint32_t *crc,
+                       uint64_t *max_lsn, char *err, size_t err_len) {
   char path[1200];
   snprintf(path, sizeof path, "%s/table-%016" PRIx64 ".dat", tmp,
            ct->incarnation);
@@ -275,6 +276,8 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
       snap_run(next);
     }
     rc = write_shard(&f, &jobs[k & 1], err, err_len);
+    if (jobs[k & 1].lsn > *max_lsn)
+      *max_lsn = jobs[k & 1].lsn;
     if (ahead)
       pthread_join(th, NULL);
     if (first && k == (shards - 1) / 2)
@@ -412,11 +415,18 @@ int embps_ckpt_write(const char *dir, const embps_ckpt_t *c, uint64_t *bytes,
   int rc = sizes && crcs ? 0 : -1;
   if (rc)
     snprintf(err, err_len, "checkpoint %s: out of memory", tmp);
+  uint64_t max_lsn = 0;
   for (size_t i = 0; !rc && i < c->n_tables; i++) {
-    rc = write_table(tmp, &c->tables[i], i == 0, &sizes[i], &crcs[i], err,
-                     err_len);
+    rc = write_table(tmp, &c->tables[i], i == 0, &sizes[i], &crcs[i],
+                     &max_lsn, err, err_len);
     *bytes += sizes[i];
   }
+  /* The shards were copied one after another while pushes went on: a
+   * later shard may hold a push an earlier one lacks. Replay completes the
+   * earlier one from the log, so the log must be durable that far before
+   * the checkpoint can replace it. */
+  if (!rc && c->log_sync && max_lsn > c->lsn)
+    rc = c->log_sync(c->log_ctx, max_lsn, err, err_len);
   if (!rc)
     rc = write_manifest(tmp, c, sizes, crcs, err, err_len);
   free(sizes);

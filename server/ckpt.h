@@ -33,6 +33,10 @@ typedef struct {
   size_t n_seen;
   embps_ckpt_table_t *tables;
   size_t n_tables;
+  /* write: makes the log durable up to an LSN before the checkpoint is
+   * published (NULL: no log). 0, or -1 with err. */
+  int (*log_sync)(void *ctx, uint64_t lsn, char *err, size_t err_len);
+  void *log_ctx;
 } embps_ckpt_t;
 
 /* Test-only crash points (EMBPS_FAILPOINT); NULL or a name of

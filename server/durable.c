@@ -230,6 +230,11 @@ void embps_durable_ack(embps_durable_t *d, embps_request_t *req,
 
 /* ------------------------------------------------------------ checkpoints */
 
+static int log_sync(void *ctx, uint64_t lsn, char *err, size_t err_len) {
+  embps_durable_t *d = ctx;
+  return embps_wal_sync(d->wal, lsn, err, err_len);
+}
+
 void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
                              embps_ckpt_seen_t *seen, size_t n_seen) {
   embps_ckpt_t *c = &d->snap;
@@ -240,6 +245,8 @@ void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
   c->shards = d->srv->cfg.shards;
   c->seen = seen;
   c->n_seen = n_seen;
+  c->log_sync = log_sync;
+  c->log_ctx = d;
   d->marker_err[0] = 0;
   embps_table_t **tables = NULL;
   size_t n = 0;

@@ -30,6 +30,7 @@
 
 typedef struct deferred {
   struct deferred *next;
+  uint64_t lsn;
   size_t len;
   uint8_t bytes[];
 } deferred_t;
@@ -47,7 +48,9 @@ struct embps_wal {
   int n_retired;
   int dir_dirty;          /* a segment was created: fsync the directory */
   pthread_cond_t cv;
+  pthread_cond_t synced_cv; /* synced advanced or the log failed */
   uint64_t written, synced;
+  uint64_t sync_want;       /* embps_wal_sync asks for this LSN */
   struct embps_request *wait_head, *wait_tail;
   deferred_t *def_head, *def_tail;
   int stopping;
@@ -364,6 +367,13 @@ static void fail_locked(embps_wal_t *w, const char *fmt, const char *what,
     return;
   snprintf(w->failed, sizeof w->failed, fmt, what, strerror(e));
   LOG_ERROR("%s", w->failed);
+  pthread_cond_broadcast(&w->synced_cv);
+}
+
+/* Whether the log thread has something to do now. mu held. */
+static int has_work_locked(const embps_wal_t *w) {
+  return w->wait_head || w->n_retired ||
+         (w->sync_want > w->synced && !w->failed[0]);
 }
 
 /* Writes all of iov to fd. 0 or -errno. */
@@ -398,15 +408,23 @@ static void complete_list(embps_wal_t *w, struct embps_request *r,
   }
 }
 
-/* unsafe_ack: writes the queued records to fd, in order. def_mu held. */
+/* unsafe_ack: writes the queued records to fd, in order, and only then
+ * counts them as written. def_mu held. */
 static void write_deferred(embps_wal_t *w, int fd, deferred_t *d) {
+  uint64_t last = 0;
   while (d) {
     deferred_t *next = d->next;
     struct iovec iov = {d->bytes, d->len};
     if (write_all(fd, &iov, 1))
       LOG_ERROR("log %s: late write failed (unsafe ack)", w->dir);
+    last = d->lsn;
     free(d);
     d = next;
+  }
+  if (last) {
+    pthread_mutex_lock(&w->mu);
+    w->written = last;
+    pthread_mutex_unlock(&w->mu);
   }
 }
 
@@ -430,7 +448,7 @@ static void *log_main(void *arg) {
   pthread_mutex_lock(&w->mu);
   for (;;) {
     int stop = w->stopping;
-    if (!stop && !w->wait_head && !w->n_retired) {
+    if (!stop && !has_work_locked(w)) {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       long ms = w->unsafe_ack ? UNSAFE_DELAY_MS
@@ -442,7 +460,7 @@ static void *log_main(void *arg) {
         ts.tv_nsec -= 1000000000L;
       }
       int to = pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-      if (to != ETIMEDOUT && !w->wait_head && !w->stopping && !w->n_retired)
+      if (to != ETIMEDOUT && !w->stopping && !has_work_locked(w))
         continue;
       stop = w->stopping;
     }
@@ -454,7 +472,7 @@ static void *log_main(void *arg) {
     uint64_t target = w->written;
     int need = target > w->synced && !w->failed[0] &&
                (w->mode != EMBPS_FSYNC_NEVER || stop || waiting ||
-                w->n_retired);
+                w->n_retired || w->sync_want > w->synced);
     int retired[16], n_retired = w->n_retired, dir_dirty = w->dir_dirty;
     memcpy(retired, w->retired, sizeof retired);
     w->n_retired = 0;
@@ -486,6 +504,7 @@ static void *log_main(void *arg) {
                   "until restart", path, e);
     else if (need && target > w->synced)
       w->synced = target;
+    pthread_cond_broadcast(&w->synced_cv);
     const char *failed = w->failed[0] ? w->failed : NULL;
     pthread_mutex_unlock(&w->mu);
     complete_list(w, waiting, failed);
@@ -520,6 +539,7 @@ int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
   pthread_mutex_init(&w->mu, NULL);
   pthread_mutex_init(&w->def_mu, NULL);
   pthread_cond_init(&w->cv, NULL);
+  pthread_cond_init(&w->synced_cv, NULL);
   if (pthread_create(&w->thread, NULL, log_main, w)) {
     snprintf(err, err_len, "cannot start the log thread");
     close(w->fd);
@@ -544,6 +564,7 @@ void embps_wal_close(embps_wal_t *w) {
   pthread_mutex_destroy(&w->mu);
   pthread_mutex_destroy(&w->def_mu);
   pthread_cond_destroy(&w->cv);
+  pthread_cond_destroy(&w->synced_cv);
   free(w);
 }
 
@@ -585,6 +606,7 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
       return -ENOMEM;
     }
     d->next = NULL;
+    d->lsn = lsn;
     d->len = sizeof h + len;
     size_t off = 0;
     for (int i = 0; i <= n_parts; i++) {
@@ -597,7 +619,6 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
     else
       w->def_head = d;
     w->def_tail = d;
-    w->written = lsn;
     pthread_mutex_unlock(&w->mu);
     w->seg_records++;
     return 0;
@@ -641,6 +662,20 @@ void embps_wal_wait(embps_wal_t *w, struct embps_request *req, uint64_t lsn) {
   w->wait_tail = req;
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
+}
+
+int embps_wal_sync(embps_wal_t *w, uint64_t lsn, char *err, size_t err_len) {
+  pthread_mutex_lock(&w->mu);
+  if (lsn > w->sync_want)
+    w->sync_want = lsn;
+  pthread_cond_signal(&w->cv);
+  while (!w->failed[0] && w->synced < lsn)
+    pthread_cond_wait(&w->synced_cv, &w->mu);
+  int rc = w->failed[0] ? -1 : 0;
+  if (rc)
+    snprintf(err, err_len, "%s", w->failed);
+  pthread_mutex_unlock(&w->mu);
+  return rc;
 }
 
 int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,

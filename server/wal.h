@@ -76,6 +76,10 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
 /* Completes req through the done callback once the log is durable up to
  * lsn (immediately if it already is). */
 void embps_wal_wait(embps_wal_t *w, struct embps_request *req, uint64_t lsn);
+/* Blocks until the log is durable up to lsn (the log thread syncs for
+ * it, in every fsync mode). 0, or -1 with err if the log failed. Any
+ * thread but the apply thread (which must have appended lsn already). */
+int embps_wal_sync(embps_wal_t *w, uint64_t lsn, char *err, size_t err_len);
 /* Closes the current segment (fdatasync) and starts one at next_lsn, unless
  * the current one has no record yet. 0, or -1 with err. Apply thread. */
 int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,

@@ -4,7 +4,9 @@
  * pulling, then applying one more identical step to both and pulling
  * again), the steps, the exactly-once table and per-shard LSNs; every
  * flipped byte and every truncation of every file is refused with the file
- * named; unfinished tmp directories are removed. */
+ * named; unfinished tmp directories are removed; a checkpoint whose
+ * shards were copied past its LSN makes the log durable that far before
+ * it is published, and is not published if it cannot. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -238,6 +240,52 @@ static void test_tmp_removed_and_older_deleted(void **state) {
   assert_int_equal(lsn, 12);
 }
 
+typedef struct {
+  const char *dir;
+  uint64_t lsn;
+  int calls, fail;
+} sync_probe_t;
+
+static int probe_sync(void *ctx, uint64_t lsn, char *err, size_t err_len) {
+  sync_probe_t *p = ctx;
+  char path[256];
+  struct stat st;
+  /* called before the checkpoint is published */
+  snprintf(path, sizeof path, "%s/ckpt-%016x", p->dir, 11);
+  assert_int_not_equal(stat(path, &st), 0);
+  p->lsn = lsn;
+  p->calls++;
+  if (p->fail)
+    snprintf(err, err_len, "log sync failed (test)");
+  return p->fail ? -1 : 0;
+}
+
+static void test_log_synced_before_publish(void **state) {
+  fx_t *f = *state;
+  char err[1024];
+  uint64_t bytes, lsn;
+  /* a push after the marker (LSN 11) reached shard copies: LSN 14 */
+  step(f->t[1], 1, 9, 14);
+  f->c.lsn = 11;
+  sync_probe_t p = {.dir = f->dir, .fail = 1};
+  f->c.log_sync = probe_sync;
+  f->c.log_ctx = &p;
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+                   -1);
+  assert_non_null(strstr(err, "log sync failed"));
+  assert_int_equal(p.calls, 1);
+  assert_int_equal(p.lsn, 14);
+  assert_int_equal(embps_ckpt_latest(f->dir, &lsn, err, sizeof err), 1);
+  assert_int_equal(lsn, 10); /* not published */
+  p.fail = 0;
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+                   0);
+  assert_int_equal(p.calls, 2);
+  assert_int_equal(p.lsn, 14);
+  assert_int_equal(embps_ckpt_latest(f->dir, &lsn, err, sizeof err), 1);
+  assert_int_equal(lsn, 11);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_load_equals_into_any_shards, setup,
@@ -246,6 +294,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_tmp_removed_and_older_deleted,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(test_log_synced_before_publish, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
