@@ -103,21 +103,47 @@ static void rm_dir(const char *path) {
 
 /* ------------------------------------------------------------ writing */
 
-typedef struct {
+/* A checkpoint file being written. Table files go around the page cache
+ * (O_DIRECT) through two aligned staging buffers: while one is written
+ * (on a thread of its own; the disk reads the bytes straight from it) the
+ * next one is filled. No kernel copy into page-cache pages, and no
+ * gigabytes of dirty pages for the kernel to throttle every writer of the
+ * file system on (the push log included); the page cache keeps what the
+ * server reads. Where the file system refuses O_DIRECT the file is written
+ * through the page cache with write-behind. */
+typedef struct wfile wfile_t;
+
+typedef struct { /* one staging buffer's write, on its own thread */
+  wfile_t *f;
+  const uint8_t *p;
+  size_t n;
+  uint64_t at;
+  int rc;
+  char err[512];
+  pthread_t th;
+  int running;
+} wio_t;
+
+struct wfile {
   int fd;
   const char *path;
-  uint64_t off;
-  uint32_t chain;
-  /* write-behind: [0, submitted) is written, [submitted, flushed) is
-   * being written (errors surface at the final fsync) */
+  uint64_t off;      /* bytes accepted: the file's size once closed */
+  uint32_t chain;    /* CRC-32C chained over the headers */
+  uint8_t *stage[2]; /* direct: 2 x STAGE_BYTES, aligned; NULL: buffered */
+  int cur;           /* the buffer being filled */
+  size_t staged;
+  wio_t io;          /* the other one's write */
+  /* buffered write-behind: [0, submitted) is written, [submitted, flushed)
+   * is being written (errors surface at the final fsync) */
   uint64_t submitted, flushed;
-} wfile_t;
+};
 
-/* Write-behind: a checkpoint hands every FLUSH_BYTES it wrote to the disk
- * at once and waits for the chunk before, so it never holds more than
- * 2 x FLUSH_BYTES dirty in the page cache. Without it, gigabytes of dirty
- * checkpoint pages make the kernel throttle every writer of the file
- * system, the push log included: pushes stalled for tens of seconds. */
+#define STAGE_BYTES (16u << 20)
+#define DIRECT_ALIGN 4096u
+
+/* Buffered write-behind: every FLUSH_BYTES written go to the disk at once
+ * and the chunk before is waited for, so at most 2 x FLUSH_BYTES are dirty
+ * in the page cache. */
 #define FLUSH_BYTES (16u << 20)
 
 static void wf_write_behind(wfile_t *f) {
@@ -134,35 +160,154 @@ static void wf_write_behind(wfile_t *f) {
   f->flushed = f->off;
 }
 
+/* Creates path; direct: try O_DIRECT with staging buffers. 0 or -1. */
+static int wf_open(wfile_t *f, const char *path, int direct, char *err,
+                   size_t err_len) {
+  memset(f, 0, sizeof *f);
+  f->path = path;
+  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  f->fd = direct ? open(path, flags | O_DIRECT, 0644) : -1;
+  if (f->fd >= 0 &&
+      (posix_memalign((void **)&f->stage[0], DIRECT_ALIGN, STAGE_BYTES) ||
+       posix_memalign((void **)&f->stage[1], DIRECT_ALIGN, STAGE_BYTES))) {
+    free(f->stage[0]);
+    f->stage[0] = f->stage[1] = NULL;
+    close(f->fd);
+    f->fd = -1;
+  }
+  if (f->fd < 0)
+    f->fd = open(path, flags, 0644);
+  if (f->fd < 0) {
+    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/* Writes all of p at file offset at. 0, or -1 with err. */
+static int wf_pwrite(wfile_t *f, const uint8_t *p, size_t n, uint64_t at,
+                     char *err, size_t err_len) {
+  while (n) {
+    ssize_t k = pwrite(f->fd, p, n, (off_t)at);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k < 0 && errno == EINVAL && f->stage[0]) {
+      /* the file system takes O_DIRECT at open but not for writes: go on
+       * through the page cache (the staged bytes are still here) */
+      int fl = fcntl(f->fd, F_GETFL);
+      if (fl >= 0 && (fl & O_DIRECT) &&
+          !fcntl(f->fd, F_SETFL, fl & ~O_DIRECT))
+        continue;
+    }
+    if (k <= 0) {
+      snprintf(err, err_len, "checkpoint %s: write at offset %" PRIu64
+               " failed: %s", f->path, at, k < 0 ? strerror(errno) : "?");
+      return -1;
+    }
+    p += k;
+    n -= (size_t)k;
+    at += (uint64_t)k;
+  }
+  return 0;
+}
+
+static void *wio_run(void *arg) {
+  wio_t *io = arg;
+  io->rc = wf_pwrite(io->f, io->p, io->n, io->at, io->err, sizeof io->err);
+  return NULL;
+}
+
+/* Waits for the staging buffer being written. 0, or -1 with its err. */
+static int wf_io_wait(wfile_t *f, char *err, size_t err_len) {
+  if (!f->io.running)
+    return 0;
+  pthread_join(f->io.th, NULL);
+  f->io.running = 0;
+  if (f->io.rc)
+    snprintf(err, err_len, "%s", f->io.err);
+  return f->io.rc;
+}
+
+/* Direct: starts writing the staged bytes, padded with zeros to
+ * DIRECT_ALIGN (close cuts the pad off), once the previous buffer is
+ * written; then fills the other buffer. 0, or -1 with err. */
+static int wf_flush_stage(wfile_t *f, char *err, size_t err_len) {
+  if (!f->staged)
+    return 0;
+  if (wf_io_wait(f, err, err_len))
+    return -1;
+  size_t n = (f->staged + DIRECT_ALIGN - 1) & ~(size_t)(DIRECT_ALIGN - 1);
+  uint8_t *p = f->stage[f->cur];
+  memset(p + f->staged, 0, n - f->staged);
+  f->io = (wio_t){.f = f, .p = p, .n = n, .at = f->off - f->staged};
+  f->staged = 0;
+  f->cur ^= 1;
+  if (!pthread_create(&f->io.th, NULL, wio_run, &f->io)) {
+    f->io.running = 1;
+    return 0;
+  }
+  wio_run(&f->io); /* no thread: in line */
+  if (f->io.rc)
+    snprintf(err, err_len, "%s", f->io.err);
+  return f->io.rc;
+}
+
 /* Writes a then b; chains the crc over a only (headers). 0 or -1. */
 static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
                     size_t blen, char *err, size_t err_len) {
-  struct iovec iov[2] = {{(void *)a, alen}, {(void *)b, blen}};
-  int n = blen ? 2 : 1, i = 0;
-  size_t left = alen + blen;
   f->chain = embps_crc32c(f->chain, a, alen);
-  while (left) {
-    ssize_t k = writev(f->fd, iov + i, n - i);
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k <= 0) {
-      snprintf(err, err_len, "checkpoint %s: write at offset %" PRIu64
-               " failed: %s", f->path, f->off, k < 0 ? strerror(errno) : "?");
-      return -1;
+  const uint8_t *part[2] = {a, b};
+  size_t len[2] = {alen, blen};
+  if (!f->stage[0]) {
+    for (int i = 0; i < 2; i++) {
+      if (wf_pwrite(f, part[i], len[i], f->off, err, err_len))
+        return -1;
+      f->off += len[i];
     }
-    f->off += (uint64_t)k;
-    left -= (size_t)k;
-    while (i < n && (size_t)k >= iov[i].iov_len) {
-      k -= (ssize_t)iov[i].iov_len;
-      i++;
-    }
-    if (i < n) {
-      iov[i].iov_base = (char *)iov[i].iov_base + k;
-      iov[i].iov_len -= (size_t)k;
+    wf_write_behind(f);
+    return 0;
+  }
+  for (int i = 0; i < 2; i++) {
+    while (len[i]) {
+      size_t k = STAGE_BYTES - f->staged;
+      k = k < len[i] ? k : len[i];
+      memcpy(f->stage[f->cur] + f->staged, part[i], k);
+      f->staged += k;
+      f->off += k;
+      part[i] += k;
+      len[i] -= k;
+      if (f->staged == STAGE_BYTES && wf_flush_stage(f, err, err_len))
+        return -1;
     }
   }
-  wf_write_behind(f);
   return 0;
+}
+
+/* Writes what is staged, cuts the pad, fsyncs and closes; after an error
+ * (rc -1) only closes. Returns rc, or -1 with err. */
+static int wf_close(wfile_t *f, int rc, char *err, size_t err_len) {
+  if (!rc && f->stage[0] && f->staged)
+    rc = wf_flush_stage(f, err, err_len);
+  char io_err[512];
+  if (wf_io_wait(f, io_err, sizeof io_err) && !rc) {
+    snprintf(err, err_len, "%s", io_err);
+    rc = -1;
+  }
+  if (!rc && f->stage[0] && ftruncate(f->fd, (off_t)f->off)) {
+    snprintf(err, err_len, "checkpoint %s: truncate failed: %s", f->path,
+             strerror(errno));
+    rc = -1;
+  }
+  if (!rc && fsync(f->fd)) {
+    snprintf(err, err_len, "checkpoint %s: fsync failed: %s", f->path,
+             strerror(errno));
+    rc = -1;
+  }
+  close(f->fd);
+  free(f->stage[0]);
+  free(f->stage[1]);
+  f->stage[0] = f->stage[1] = NULL;
+  return rc;
 }
 
 /* One shard's snapshot. write_table takes shard k + 1's on a thread of its
@@ -234,19 +379,16 @@ static int table_has_state(const embps_table_spec_t *spec) {
 
 /* Writes one table's file; *max_lsn = the highest shard LSN copied. */
 static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
-                       int first, uint64_t *size, uint32_t *crc,
+                       int first, int direct, uint64_t *size, uint32_t *crc,
                        uint64_t *max_lsn, char *err, size_t err_len) {
   char path[1200];
   snprintf(path, sizeof path, "%s/table-%016" PRIx64 ".dat", tmp,
            ct->incarnation);
   embps_table_t *t = ct->table;
   const embps_table_spec_t *spec = embps_table_spec(t);
-  wfile_t f = {.path = path};
-  f.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (f.fd < 0) {
-    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+  wfile_t f;
+  if (wf_open(&f, path, direct, err, err_len))
     return -1;
-  }
   const uint32_t shards = embps_table_n_shards(t);
   uint8_t h[TBL_HDR] = {0};
   memcpy(h, TBL_MAGIC, 8);
@@ -293,12 +435,7 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
   embps_put32(e + 12, embps_crc32c(0, e, 12));
   if (!rc)
     rc = wf_write(&f, e, sizeof e, NULL, 0, err, err_len);
-  if (!rc && fsync(f.fd)) {
-    snprintf(err, err_len, "checkpoint %s: fsync failed: %s", path,
-             strerror(errno));
-    rc = -1;
-  }
-  close(f.fd);
+  rc = wf_close(&f, rc, err, err_len);
   *size = f.off;
   *crc = f.chain;
   return rc;
@@ -377,19 +514,10 @@ static int write_manifest(const char *tmp, const embps_ckpt_t *c,
   if (b.oom) {
     snprintf(err, err_len, "checkpoint %s: out of memory", path);
   } else {
-    wfile_t f = {.path = path};
-    f.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (f.fd < 0)
-      snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
-    else {
-      rc = wf_write(&f, b.p, b.n, NULL, 0, err, err_len);
-      if (!rc && fsync(f.fd)) {
-        snprintf(err, err_len, "checkpoint %s: fsync failed: %s", path,
-                 strerror(errno));
-        rc = -1;
-      }
-      close(f.fd);
-    }
+    wfile_t f;
+    if (!wf_open(&f, path, 0, err, err_len))
+      rc = wf_close(&f, wf_write(&f, b.p, b.n, NULL, 0, err, err_len), err,
+                    err_len);
   }
   free(b.p);
   return rc;
@@ -417,8 +545,8 @@ int embps_ckpt_write(const char *dir, const embps_ckpt_t *c, uint64_t *bytes,
     snprintf(err, err_len, "checkpoint %s: out of memory", tmp);
   uint64_t max_lsn = 0;
   for (size_t i = 0; !rc && i < c->n_tables; i++) {
-    rc = write_table(tmp, &c->tables[i], i == 0, &sizes[i], &crcs[i],
-                     &max_lsn, err, err_len);
+    rc = write_table(tmp, &c->tables[i], i == 0, !c->buffered, &sizes[i],
+                     &crcs[i], &max_lsn, err, err_len);
     *bytes += sizes[i];
   }
   /* The shards were copied one after another while pushes went on: a

@@ -37,6 +37,9 @@ typedef struct {
    * published (NULL: no log). 0, or -1 with err. */
   int (*log_sync)(void *ctx, uint64_t lsn, char *err, size_t err_len);
   void *log_ctx;
+  /* write: table files through the page cache (by default they bypass it
+   * with O_DIRECT where the file system allows) */
+  int buffered;
 } embps_ckpt_t;
 
 /* Test-only crash points (EMBPS_FAILPOINT); NULL or a name of
