@@ -104,42 +104,43 @@ static void rm_dir(const char *path) {
 /* ------------------------------------------------------------ writing */
 
 /* A checkpoint file being written. Table files go around the page cache
- * (O_DIRECT) through two aligned staging buffers: while one is written
- * (on a thread of its own; the disk reads the bytes straight from it) the
- * next one is filled. No kernel copy into page-cache pages, and no
- * gigabytes of dirty pages for the kernel to throttle every writer of the
- * file system on (the push log included); the page cache keeps what the
- * server reads. Where the file system refuses O_DIRECT the file is written
- * through the page cache with write-behind. */
+ * (O_DIRECT) through IO_DEPTH aligned staging buffers: while up to
+ * IO_DEPTH - 1 of them are written (each on a thread of its own; the disk
+ * reads the bytes straight from them) the next one is filled. No kernel
+ * copy into page-cache pages, and no gigabytes of dirty pages for the
+ * kernel to throttle every writer of the file system on (the push log
+ * included); the page cache keeps what the server reads. Where the file
+ * system refuses O_DIRECT the file is written through the page cache with
+ * write-behind. */
 typedef struct wfile wfile_t;
 
-typedef struct { /* one staging buffer's write, on its own thread */
+typedef struct { /* one staging buffer and its write */
   wfile_t *f;
-  const uint8_t *p;
+  uint8_t *p; /* STAGE_BYTES, aligned */
   size_t n;
   uint64_t at;
-  int rc;
+  int rc, running;
   char err[512];
   pthread_t th;
-  int running;
 } wio_t;
+
+#define IO_DEPTH 4
+#define STAGE_BYTES (16u << 20)
+#define DIRECT_ALIGN 4096u
 
 struct wfile {
   int fd;
   const char *path;
-  uint64_t off;      /* bytes accepted: the file's size once closed */
-  uint32_t chain;    /* CRC-32C chained over the headers */
-  uint8_t *stage[2]; /* direct: 2 x STAGE_BYTES, aligned; NULL: buffered */
-  int cur;           /* the buffer being filled */
+  uint64_t off;          /* bytes accepted: the file's size once closed */
+  uint32_t chain;        /* CRC-32C chained over the headers */
+  int direct;            /* staged in io[]; 0: buffered */
+  wio_t io[IO_DEPTH];
+  int cur;               /* io[cur] is being filled */
   size_t staged;
-  wio_t io;          /* the other one's write */
   /* buffered write-behind: [0, submitted) is written, [submitted, flushed)
    * is being written (errors surface at the final fsync) */
   uint64_t submitted, flushed;
 };
-
-#define STAGE_BYTES (16u << 20)
-#define DIRECT_ALIGN 4096u
 
 /* Buffered write-behind: every FLUSH_BYTES written go to the disk at once
  * and the chunk before is waited for, so at most 2 x FLUSH_BYTES are dirty
@@ -167,16 +168,21 @@ static int wf_open(wfile_t *f, const char *path, int direct, char *err,
   f->path = path;
   const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   f->fd = direct ? open(path, flags | O_DIRECT, 0644) : -1;
-  if (f->fd >= 0 &&
-      (posix_memalign((void **)&f->stage[0], DIRECT_ALIGN, STAGE_BYTES) ||
-       posix_memalign((void **)&f->stage[1], DIRECT_ALIGN, STAGE_BYTES))) {
-    free(f->stage[0]);
-    f->stage[0] = f->stage[1] = NULL;
-    close(f->fd);
-    f->fd = -1;
+  f->direct = f->fd >= 0;
+  for (int i = 0; f->direct && i < IO_DEPTH; i++) {
+    f->io[i].f = f;
+    if (posix_memalign((void **)&f->io[i].p, DIRECT_ALIGN, STAGE_BYTES)) {
+      f->io[i].p = NULL;
+      f->direct = 0;
+    }
   }
-  if (f->fd < 0)
+  if (!f->direct) {
+    for (int i = 0; i < IO_DEPTH; i++)
+      free(f->io[i].p);
+    if (f->fd >= 0)
+      close(f->fd);
     f->fd = open(path, flags, 0644);
+  }
   if (f->fd < 0) {
     snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
     return -1;
@@ -184,21 +190,20 @@ static int wf_open(wfile_t *f, const char *path, int direct, char *err,
   return 0;
 }
 
+/* O_DIRECT was refused for a read or write of fd: goes on through the
+ * page cache. 1 if the caller should retry. */
+static int drop_direct(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl >= 0 && (fl & O_DIRECT) && !fcntl(fd, F_SETFL, fl & ~O_DIRECT);
+}
+
 /* Writes all of p at file offset at. 0, or -1 with err. */
 static int wf_pwrite(wfile_t *f, const uint8_t *p, size_t n, uint64_t at,
                      char *err, size_t err_len) {
   while (n) {
     ssize_t k = pwrite(f->fd, p, n, (off_t)at);
-    if (k < 0 && errno == EINTR)
+    if (k < 0 && (errno == EINTR || (errno == EINVAL && drop_direct(f->fd))))
       continue;
-    if (k < 0 && errno == EINVAL && f->stage[0]) {
-      /* the file system takes O_DIRECT at open but not for writes: go on
-       * through the page cache (the staged bytes are still here) */
-      int fl = fcntl(f->fd, F_GETFL);
-      if (fl >= 0 && (fl & O_DIRECT) &&
-          !fcntl(f->fd, F_SETFL, fl & ~O_DIRECT))
-        continue;
-    }
     if (k <= 0) {
       snprintf(err, err_len, "checkpoint %s: write at offset %" PRIu64
                " failed: %s", f->path, at, k < 0 ? strerror(errno) : "?");
@@ -217,39 +222,35 @@ static void *wio_run(void *arg) {
   return NULL;
 }
 
-/* Waits for the staging buffer being written. 0, or -1 with its err. */
-static int wf_io_wait(wfile_t *f, char *err, size_t err_len) {
-  if (!f->io.running)
-    return 0;
-  pthread_join(f->io.th, NULL);
-  f->io.running = 0;
-  if (f->io.rc)
-    snprintf(err, err_len, "%s", f->io.err);
-  return f->io.rc;
+/* Waits for io's write. 0, or -1 with its err. */
+static int wio_wait(wio_t *io, char *err, size_t err_len) {
+  if (io->running)
+    pthread_join(io->th, NULL);
+  io->running = 0;
+  if (io->rc)
+    snprintf(err, err_len, "%s", io->err);
+  return io->rc;
 }
 
 /* Direct: starts writing the staged bytes, padded with zeros to
- * DIRECT_ALIGN (close cuts the pad off), once the previous buffer is
- * written; then fills the other buffer. 0, or -1 with err. */
+ * DIRECT_ALIGN (close cuts the pad off), and moves on to the next buffer
+ * once its earlier write is done. 0, or -1 with err. */
 static int wf_flush_stage(wfile_t *f, char *err, size_t err_len) {
   if (!f->staged)
     return 0;
-  if (wf_io_wait(f, err, err_len))
-    return -1;
-  size_t n = (f->staged + DIRECT_ALIGN - 1) & ~(size_t)(DIRECT_ALIGN - 1);
-  uint8_t *p = f->stage[f->cur];
-  memset(p + f->staged, 0, n - f->staged);
-  f->io = (wio_t){.f = f, .p = p, .n = n, .at = f->off - f->staged};
+  wio_t *io = &f->io[f->cur];
+  io->n = (f->staged + DIRECT_ALIGN - 1) & ~(size_t)(DIRECT_ALIGN - 1);
+  memset(io->p + f->staged, 0, io->n - f->staged);
+  io->at = f->off - f->staged;
+  io->rc = 0;
   f->staged = 0;
-  f->cur ^= 1;
-  if (!pthread_create(&f->io.th, NULL, wio_run, &f->io)) {
-    f->io.running = 1;
-    return 0;
+  io->running = !pthread_create(&io->th, NULL, wio_run, io);
+  if (!io->running && (wio_run(io), io->rc)) { /* no thread: in line */
+    snprintf(err, err_len, "%s", io->err);
+    return -1;
   }
-  wio_run(&f->io); /* no thread: in line */
-  if (f->io.rc)
-    snprintf(err, err_len, "%s", f->io.err);
-  return f->io.rc;
+  f->cur = (f->cur + 1) % IO_DEPTH;
+  return wio_wait(&f->io[f->cur], err, err_len);
 }
 
 /* Writes a then b; chains the crc over a only (headers). 0 or -1. */
@@ -258,7 +259,7 @@ static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
   f->chain = embps_crc32c(f->chain, a, alen);
   const uint8_t *part[2] = {a, b};
   size_t len[2] = {alen, blen};
-  if (!f->stage[0]) {
+  if (!f->direct) {
     for (int i = 0; i < 2; i++) {
       if (wf_pwrite(f, part[i], len[i], f->off, err, err_len))
         return -1;
@@ -271,7 +272,7 @@ static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
     while (len[i]) {
       size_t k = STAGE_BYTES - f->staged;
       k = k < len[i] ? k : len[i];
-      memcpy(f->stage[f->cur] + f->staged, part[i], k);
+      memcpy(f->io[f->cur].p + f->staged, part[i], k);
       f->staged += k;
       f->off += k;
       part[i] += k;
@@ -286,14 +287,18 @@ static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
 /* Writes what is staged, cuts the pad, fsyncs and closes; after an error
  * (rc -1) only closes. Returns rc, or -1 with err. */
 static int wf_close(wfile_t *f, int rc, char *err, size_t err_len) {
-  if (!rc && f->stage[0] && f->staged)
+  if (!rc && f->direct && f->staged)
     rc = wf_flush_stage(f, err, err_len);
-  char io_err[512];
-  if (wf_io_wait(f, io_err, sizeof io_err) && !rc) {
-    snprintf(err, err_len, "%s", io_err);
-    rc = -1;
+  for (int i = 0; i < IO_DEPTH; i++) {
+    char io_err[512];
+    if (wio_wait(&f->io[i], io_err, sizeof io_err) && !rc) {
+      snprintf(err, err_len, "%s", io_err);
+      rc = -1;
+    }
+    free(f->io[i].p);
+    f->io[i].p = NULL;
   }
-  if (!rc && f->stage[0] && ftruncate(f->fd, (off_t)f->off)) {
+  if (!rc && f->direct && ftruncate(f->fd, (off_t)f->off)) {
     snprintf(err, err_len, "checkpoint %s: truncate failed: %s", f->path,
              strerror(errno));
     rc = -1;
@@ -304,9 +309,6 @@ static int wf_close(wfile_t *f, int rc, char *err, size_t err_len) {
     rc = -1;
   }
   close(f->fd);
-  free(f->stage[0]);
-  free(f->stage[1]);
-  f->stage[0] = f->stage[1] = NULL;
   return rc;
 }
 
@@ -613,35 +615,171 @@ int embps_ckpt_latest(const char *dir, uint64_t *lsn, char *err,
   return found;
 }
 
-typedef struct {
+/* A table file being read: sequentially, around the page cache (O_DIRECT
+ * where the file system allows) in chunks of STAGE_BYTES, the next
+ * IO_DEPTH - 1 chunks read ahead (each on a thread of its own) while the
+ * current one is parsed. */
+typedef struct rfile rfile_t;
+
+typedef struct { /* one chunk: bytes [at, at + got) of the file */
+  rfile_t *f;
+  uint8_t *p; /* STAGE_BYTES, aligned */
+  uint64_t at;
+  size_t got;
+  int err_no, running;
+  pthread_t th;
+} rchunk_t;
+
+struct rfile {
   int fd;
   const char *path;
-  uint64_t off, size;
+  uint64_t off, size; /* the caller moves off */
   uint32_t chain;
-} rfile_t;
+  rchunk_t ch[IO_DEPTH]; /* chunk i of the file in ch[i % IO_DEPTH] */
+  int cur;               /* the chunk holding off */
+};
 
-/* Reads exactly n bytes at the current offset. */
-static int rf_read(rfile_t *f, void *p, size_t n, const char *what, char *err,
-                   size_t err_len) {
-  if (f->size - f->off < n) {
-    snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": file "
-             "ends at %" PRIu64, f->path, what, f->off, f->size);
-    return -1;
-  }
-  size_t got = 0;
-  while (got < n) {
-    ssize_t k = pread(f->fd, (char *)p + got, n - got,
-                      (off_t)(f->off + got));
-    if (k < 0 && errno == EINTR)
+static void *rchunk_run(void *arg) {
+  rchunk_t *c = arg;
+  const uint64_t end = c->at + STAGE_BYTES < c->f->size ? c->at + STAGE_BYTES
+                                                        : c->f->size;
+  /* O_DIRECT reads whole blocks: the last one comes back short */
+  const size_t want = (size_t)(end - c->at + DIRECT_ALIGN - 1) &
+                      ~(size_t)(DIRECT_ALIGN - 1);
+  c->got = 0;
+  c->err_no = 0;
+  while (c->at + c->got < end) {
+    ssize_t k = pread(c->f->fd, c->p + c->got, want - c->got,
+                      (off_t)(c->at + c->got));
+    if (k < 0 && (errno == EINTR || (errno == EINVAL && drop_direct(c->f->fd))))
       continue;
     if (k <= 0) {
-      snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": %s",
-               f->path, what, f->off, k ? strerror(errno) : "short read");
+      c->err_no = k ? errno : EIO;
+      break;
+    }
+    c->got += (size_t)k;
+  }
+  if (c->got > end - c->at)
+    c->got = (size_t)(end - c->at);
+  return NULL;
+}
+
+static void rchunk_wait(rchunk_t *c) {
+  if (c->running)
+    pthread_join(c->th, NULL);
+  c->running = 0;
+}
+
+/* Makes c hold the chunk at `at`, read on a thread (in line without). */
+static void rchunk_start(rchunk_t *c, uint64_t at) {
+  if (c->at == at)
+    return;
+  rchunk_wait(c);
+  c->at = at;
+  c->running = !pthread_create(&c->th, NULL, rchunk_run, c);
+  if (!c->running)
+    rchunk_run(c);
+}
+
+/* Opens path for reading: 0, or -1 with err. */
+static int rf_open(rfile_t *f, const char *path, char *err, size_t err_len) {
+  memset(f, 0, sizeof *f);
+  f->path = path;
+  f->fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (f->fd < 0)
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (f->fd < 0 || fstat(f->fd, &st)) {
+    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+    if (f->fd >= 0)
+      close(f->fd);
+    return -1;
+  }
+  f->size = (uint64_t)st.st_size;
+  for (int i = 0; i < IO_DEPTH; i++) {
+    f->ch[i].f = f;
+    f->ch[i].at = UINT64_MAX;
+    if (posix_memalign((void **)&f->ch[i].p, DIRECT_ALIGN, STAGE_BYTES)) {
+      snprintf(err, err_len, "checkpoint %s: out of memory", path);
+      while (i--)
+        free(f->ch[i].p);
+      close(f->fd);
       return -1;
     }
-    got += (size_t)k;
   }
   return 0;
+}
+
+static void rf_close(rfile_t *f) {
+  for (int i = 0; i < IO_DEPTH; i++) {
+    rchunk_wait(&f->ch[i]);
+    free(f->ch[i].p);
+  }
+  close(f->fd);
+}
+
+/* Makes ch[cur] the chunk holding offset `at`, read, and starts reading
+ * the IO_DEPTH - 1 chunks after it. 0, or -1 with err. */
+static int rf_seek_chunk(rfile_t *f, uint64_t at, const char *what, char *err,
+                         size_t err_len) {
+  const uint64_t base = at - at % STAGE_BYTES, i = at / STAGE_BYTES;
+  rchunk_t *c = &f->ch[i % IO_DEPTH];
+  f->cur = (int)(i % IO_DEPTH);
+  if (c->at == base && !c->running && at < c->at + c->got)
+    return 0;
+  rchunk_start(c, base);
+  rchunk_wait(c);
+  if (c->err_no || at >= c->at + c->got) {
+    snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": %s",
+             f->path, what, at,
+             c->err_no ? strerror(c->err_no) : "short read");
+    c->at = UINT64_MAX;
+    return -1;
+  }
+  for (uint64_t k = 1; k < IO_DEPTH && (i + k) * STAGE_BYTES < f->size; k++)
+    rchunk_start(&f->ch[(i + k) % IO_DEPTH], (i + k) * STAGE_BYTES);
+  return 0;
+}
+
+/* Bounds n bytes at the current offset by the file's size. */
+static int rf_check(rfile_t *f, size_t n, const char *what, char *err,
+                    size_t err_len) {
+  if (f->size - f->off >= n)
+    return 0;
+  snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": file "
+           "ends at %" PRIu64, f->path, what, f->off, f->size);
+  return -1;
+}
+
+/* Reads exactly n bytes at the current offset into p. */
+static int rf_read(rfile_t *f, void *p, size_t n, const char *what, char *err,
+                   size_t err_len) {
+  if (rf_check(f, n, what, err, err_len))
+    return -1;
+  for (size_t got = 0; got < n;) {
+    const uint64_t at = f->off + got;
+    if (rf_seek_chunk(f, at, what, err, err_len))
+      return -1;
+    const rchunk_t *c = &f->ch[f->cur];
+    size_t k = (size_t)(c->at + c->got - at);
+    k = k < n - got ? k : n - got;
+    memcpy((char *)p + got, c->p + (at - c->at), k);
+    got += k;
+  }
+  return 0;
+}
+
+/* The n bytes at the current offset: in place when one chunk holds them,
+ * else copied into spill (n bytes). NULL with err on errors. */
+static const uint8_t *rf_view(rfile_t *f, size_t n, uint8_t *spill,
+                              const char *what, char *err, size_t err_len) {
+  if (rf_check(f, n, what, err, err_len) ||
+      rf_seek_chunk(f, f->off, what, err, err_len))
+    return NULL;
+  const rchunk_t *c = &f->ch[f->cur];
+  if (f->off + n <= c->at + c->got)
+    return c->p + (f->off - c->at);
+  return rf_read(f, spill, n, what, err, err_len) ? NULL : spill;
 }
 
 static int bad(rfile_t *f, uint64_t off, const char *what, char *err,
@@ -687,15 +825,9 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   char path[1200];
   snprintf(path, sizeof path, "%s/table-%016" PRIx64 ".dat", cdir,
            ct->incarnation);
-  rfile_t f = {.path = path};
-  f.fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) {
-    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+  rfile_t f;
+  if (rf_open(&f, path, err, err_len))
     return -1;
-  }
-  struct stat st;
-  fstat(f.fd, &st);
-  f.size = (uint64_t)st.st_size;
   int rc = -1;
   unsigned char *recs = NULL, *state = NULL;
   size_t state_bytes = 0;
@@ -767,13 +899,14 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
       }
       f.chain = embps_crc32c(f.chain, b, sizeof b);
       f.off += sizeof b;
-      if (rf_read(&f, recs, n * fr, "block", err, err_len))
+      const uint8_t *blk = rf_view(&f, n * fr, recs, "block", err, err_len);
+      if (!blk)
         goto out;
-      if (embps_crc32c(0, recs, n * fr) != embps_get32(b + 8)) {
+      if (embps_crc32c(0, blk, n * fr) != embps_get32(b + 8)) {
         bad(&f, f.off, "block", err, err_len);
         goto out;
       }
-      int r = embps_table_restore(t, &s, recs, n, ids);
+      int r = embps_table_restore(t, &s, blk, n, ids);
       if (!r && state)
         r = embps_table_restore_meta(t, state, state_bytes, ids, first, n);
       first += n;
@@ -808,7 +941,7 @@ out:
   free(state);
   free(recs);
   free(ids);
-  close(f.fd);
+  rf_close(&f);
   return rc;
 }
 

@@ -43,6 +43,7 @@
 #define FIRST_CHUNK_BYTES 4096u    /* smallest row chunk, rounded up to rows */
 #define LEVEL_SHIFT 5              /* G = 32 chunks per size level */
 #define PARALLEL_MIN_ROWS 4096 /* below this, OpenMP costs more than it gains */
+#define PARALLEL_MIN_BYTES (256u << 10) /* the same for copying rows in */
 #define MAP_MIN_CAP 32u
 #define MAX_SHARD_ROWS (1u << 31)  /* slots are uint32 */
 #define ID_BYTES 8u                /* the id heading a hashed record */
@@ -1825,17 +1826,22 @@ typedef void (*fill_fn)(const void *ctx, const embps_table_t *t,
 
 /* Writes n distinct, checked, prepared rows (embps_table_prepare with s,
  * ids and n) with fill, shard by shard under the write lock, materialising
- * the new ones without an initial value. Padding ids are skipped. lsn != 0
- * becomes the log position of every shard written. */
+ * the new ones without an initial value, shards in parallel (OpenMP) when
+ * the rows are many. Padding ids are skipped. lsn != 0 becomes the log
+ * position of every shard written. */
 static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
                        const int64_t *ids, uint64_t lsn, fill_fn fill,
                        const void *ctx) {
   uint64_t created = 0;
-  float *wide = thread_wide(t, s);
   const uint64_t now = atomic_load(&t->step);
-  for (uint32_t k = 0; k < t->n_shards; k++) {
+  const uint32_t S = t->n_shards;
+  const size_t n = s->start[S];
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : created) \
+    if (n * t->row_bytes >= PARALLEL_MIN_BYTES && S > 1)
+  for (uint32_t k = 0; k < S; k++) {
     if (s->start[k] == s->start[k + 1])
       continue;
+    float *wide = thread_wide(t, s);
     shard_t *sh = &t->shards[k];
     pthread_rwlock_wrlock(&sh->lock);
     for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {

@@ -4,7 +4,8 @@
  * pulling, then applying one more identical step to both and pulling
  * again), the steps, the exactly-once table and per-shard LSNs; every
  * flipped byte and every truncation of every file is refused with the file
- * named; unfinished tmp directories are removed; a checkpoint whose
+ * named (files written around the page cache and through it); unfinished
+ * tmp directories are removed; a checkpoint whose
  * shards were copied past its LSN makes the log durable that far before
  * it is published, and is not published if it cannot. */
 #include <stdarg.h>
@@ -72,7 +73,9 @@ typedef struct {
   embps_ckpt_seen_t seen[3];
 } fx_t;
 
-static int setup(void **state) {
+/* setup() writes its checkpoint with O_DIRECT (where the file system
+ * allows), setup_buffered() through the page cache. */
+static int setup_with(void **state, int buffered) {
   fx_t *f = calloc(1, sizeof *f);
   snprintf(f->dir, sizeof f->dir, "/tmp/embps-ckpt-XXXXXX");
   assert_non_null(mkdtemp(f->dir));
@@ -92,7 +95,7 @@ static int setup(void **state) {
     f->seen[i] = (embps_ckpt_seen_t){100 + (uint64_t)i, 7 * (uint64_t)i + 1};
   f->c = (embps_ckpt_t){.lsn = 10, .cluster_size = 1, .shards = 16,
                         .seen = f->seen, .n_seen = 3, .tables = f->tables,
-                        .n_tables = 2};
+                        .n_tables = 2, .buffered = buffered};
   uint64_t bytes;
   char err[1024];
   assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
@@ -101,6 +104,9 @@ static int setup(void **state) {
   *state = f;
   return 0;
 }
+
+static int setup(void **state) { return setup_with(state, 0); }
+static int setup_buffered(void **state) { return setup_with(state, 1); }
 
 static int teardown(void **state) {
   fx_t *f = *state;
@@ -292,6 +298,10 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_corruption_detected, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_load_equals_into_any_shards,
+                                      setup_buffered, teardown),
+      cmocka_unit_test_setup_teardown(test_corruption_detected,
+                                      setup_buffered, teardown),
       cmocka_unit_test_setup_teardown(test_tmp_removed_and_older_deleted,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_log_synced_before_publish, setup,
