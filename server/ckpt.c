@@ -322,7 +322,7 @@ typedef struct {
   int with_state, rc;
   unsigned char *recs, *state; /* recs reused shard after shard */
   size_t cap, rows, state_bytes;
-  uint64_t lsn;
+  uint64_t lsn, copy_ns; /* how long the shard was held for the copy */
 } snap_job_t;
 
 static void *snap_run(void *arg) {
@@ -330,9 +330,11 @@ static void *snap_run(void *arg) {
   free(j->state);
   j->state = NULL;
   j->state_bytes = 0;
+  const uint64_t t0 = embps_now_ns();
   j->rc = embps_table_snapshot_shard_state(
       j->t, j->k, &j->recs, &j->cap, &j->rows, &j->lsn,
       j->with_state ? &j->state : NULL, &j->state_bytes);
+  j->copy_ns = embps_now_ns() - t0;
   return NULL;
 }
 
@@ -379,10 +381,12 @@ static int table_has_state(const embps_table_spec_t *spec) {
           spec->ttl_steps || spec->max_rows || spec->evict_l2_below > 0);
 }
 
-/* Writes one table's file; *max_lsn = the highest shard LSN copied. */
+/* Writes one table's file; raises *max_lsn to the highest shard LSN
+ * copied and res->longest_copy_ns to the longest shard copy. */
 static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
                        int first, int direct, uint64_t *size, uint32_t *crc,
-                       uint64_t *max_lsn, char *err, size_t err_len) {
+                       uint64_t *max_lsn, embps_ckpt_result_t *res, char *err,
+                       size_t err_len) {
   char path[1200];
   snprintf(path, sizeof path, "%s/table-%016" PRIx64 ".dat", tmp,
            ct->incarnation);
@@ -422,6 +426,8 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
     rc = write_shard(&f, &jobs[k & 1], err, err_len);
     if (jobs[k & 1].lsn > *max_lsn)
       *max_lsn = jobs[k & 1].lsn;
+    if (jobs[k & 1].copy_ns > res->longest_copy_ns)
+      res->longest_copy_ns = jobs[k & 1].copy_ns;
     if (ahead)
       pthread_join(th, NULL);
     if (first && k == (shards - 1) / 2)
@@ -525,13 +531,13 @@ static int write_manifest(const char *tmp, const embps_ckpt_t *c,
   return rc;
 }
 
-int embps_ckpt_write(const char *dir, const embps_ckpt_t *c, uint64_t *bytes,
-                     char *err, size_t err_len) {
+int embps_ckpt_write(const char *dir, const embps_ckpt_t *c,
+                     embps_ckpt_result_t *res, char *err, size_t err_len) {
   char tmp[1100], final[1100];
   ckpt_name(tmp, sizeof tmp, dir, c->lsn, ".tmp");
   ckpt_name(final, sizeof final, dir, c->lsn, "");
   struct stat st;
-  *bytes = 0;
+  memset(res, 0, sizeof *res);
   if (!stat(final, &st))
     return 0; /* the same LSN holds the same state */
   rm_dir(tmp);
@@ -548,8 +554,8 @@ int embps_ckpt_write(const char *dir, const embps_ckpt_t *c, uint64_t *bytes,
   uint64_t max_lsn = 0;
   for (size_t i = 0; !rc && i < c->n_tables; i++) {
     rc = write_table(tmp, &c->tables[i], i == 0, !c->buffered, &sizes[i],
-                     &crcs[i], &max_lsn, err, err_len);
-    *bytes += sizes[i];
+                     &crcs[i], &max_lsn, res, err, err_len);
+    res->bytes += sizes[i];
   }
   /* The shards were copied one after another while pushes went on: a
    * later shard may hold a push an earlier one lacks. Replay completes the

@@ -46,11 +46,16 @@ typedef struct {
  * DURABILITY.md. The process SIGKILLs itself at that point. */
 void embps_failpoint(const char *name);
 
+typedef struct {
+  uint64_t bytes;           /* written (0: ckpt-S existed) */
+  uint64_t longest_copy_ns; /* the longest a shard was held for its copy */
+} embps_ckpt_result_t;
+
 /* Writes c as DIR/ckpt-S. Copies each shard under its read lock. Returns 0
- * with *bytes written, or -1 with err. An existing ckpt-S is kept (it
- * holds the same state). */
-int embps_ckpt_write(const char *dir, const embps_ckpt_t *c, uint64_t *bytes,
-                     char *err, size_t err_len);
+ * with *res, or -1 with err. An existing ckpt-S is kept (it holds the same
+ * state). */
+int embps_ckpt_write(const char *dir, const embps_ckpt_t *c,
+                     embps_ckpt_result_t *res, char *err, size_t err_len);
 /* Finds the newest complete checkpoint: 1 with *lsn, 0 if none, and
  * deletes leftover ckpt-*.tmp directories. -1 with err on I/O errors. */
 int embps_ckpt_latest(const char *dir, uint64_t *lsn, char *err,

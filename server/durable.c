@@ -293,11 +293,12 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
     pthread_cond_wait(&d->cv, &d->mu);
   pthread_mutex_unlock(&d->mu);
   int rc = -1;
-  uint64_t bytes = 0;
+  embps_ckpt_result_t res = {0};
   if (d->marker_err[0])
     snprintf(err, err_len, "%s", d->marker_err);
   else
-    rc = embps_ckpt_write(d->dir, &d->snap, &bytes, err, err_len);
+    rc = embps_ckpt_write(d->dir, &d->snap, &res, err, err_len);
+  const uint64_t bytes = res.bytes;
   uint64_t lsn = d->snap.lsn;
   embps_ckpt_free(&d->snap);
   if (rc) {
@@ -317,7 +318,8 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   d->last.lsn = lsn;
   pthread_mutex_unlock(&d->mu);
   LOG_INFO("checkpoint at LSN %" PRIu64 ": %" PRIu64 " bytes in %" PRIu64
-           " ms", lsn, bytes, ms);
+           " ms, longest shard copy %.1f ms", lsn, bytes, ms,
+           (double)res.longest_copy_ns / 1e6);
   return 0;
 }
 

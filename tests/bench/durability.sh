@@ -14,9 +14,12 @@
 #      >= 0.5 x the disk);
 #   4. the longest push stall while checkpoints run: `embps bench` pushes
 #      (8 workers) while `embps checkpoint` is taken every second; push_max_us
-#      next to the push p99.9 and the checkpoint time per shard.
+#      next to the push p50 and p99.9, the longest a shard was held for its
+#      copy (the server logs it per checkpoint) and the checkpoint time per
+#      shard.
 # Environment: ROWS (10000000), PUSH_ROWS (1000000, the table of step 1),
-# DIM (64), BENCH_SECONDS (10 per bench phase), SHARDS (16), DATA (a directory on
+# DIM (64), BENCH_SECONDS (10 per bench phase), REPEAT (3 rounds of step 1),
+# SHARDS (16), DATA (a directory on
 # the disk to measure; default a mktemp -d under /var/tmp), SMALL=1 for a
 # smoke run (ROWS=20000, PUSH_ROWS=20000, BENCH_SECONDS=1). Needs /usr/bin/python3
 # with numpy for the bulk load. Figures only mean something on a quiet
@@ -30,9 +33,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
 if [ "${SMALL:-0}" = 1 ]; then
   ROWS=${ROWS:-20000}; PUSH_ROWS=${PUSH_ROWS:-20000}; SECONDS_=${BENCH_SECONDS:-1}
+  REPEAT=${REPEAT:-1}
 else
   ROWS=${ROWS:-10000000}; PUSH_ROWS=${PUSH_ROWS:-1000000}
   SECONDS_=${BENCH_SECONDS:-10}
+  REPEAT=${REPEAT:-3}
 fi
 DIM=${DIM:-64}
 SHARDS=${SHARDS:-16}
@@ -64,20 +69,25 @@ json() { $PY -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 echo "# embps durability benchmark: $(date -u +%FT%TZ), $(nproc) cores," \
   "data dir on $(df -P "$DATA" | awk 'NR==2 {print $1}')"
 
-# 1. push throughput per --fsync mode
-declare -A RATE
-for mode in never everysec always; do
-  rm -rf "$DATA/d"
-  start "$mode"
-  RATE[$mode]=$("$CLI" --servers "$ADDR" bench --workers 8 --mode push \
-    --rows "$PUSH_ROWS" --dim "$DIM" --seconds "$SECONDS_" --json |
-    json push_rows_per_s)
-  stop
+# 1. push throughput per --fsync mode: REPEAT rounds of the three modes in
+#    turn (a noisy neighbour then hits every mode alike), medians
+declare -A RATES
+for round in $(seq 1 "$REPEAT"); do
+  for mode in never everysec always; do
+    rm -rf "$DATA/d"
+    start "$mode"
+    RATES[$mode]+=" $("$CLI" --servers "$ADDR" bench --workers 8 --mode push \
+      --rows "$PUSH_ROWS" --dim "$DIM" --seconds "$SECONDS_" --json |
+      json push_rows_per_s)"
+    stop
+  done
 done
-printf '%-9s %16s %8s\n' fsync "push rows/s" "x never"
+median() { printf '%s\n' $1 | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+printf '%-9s %16s %8s   %s\n' fsync "push rows/s" "x never" "(median of: ...)"
 for mode in never everysec always; do
-  printf '%-9s %16.0f %8.2f\n' "$mode" "${RATE[$mode]}" \
-    "$($PY -c "print(${RATE[$mode]} / max(${RATE[never]}, 1))")"
+  printf '%-9s %16.0f %8.2f   (%s)\n' "$mode" "$(median "${RATES[$mode]}")" \
+    "$($PY -c "print($(median "${RATES[$mode]}") / max($(median "${RATES[never]}"), 1))")" \
+    "$(echo ${RATES[$mode]} | xargs printf '%.0f ')"
 done
 
 # 2. the disk
@@ -137,9 +147,12 @@ while kill -0 "$BENCH" 2>/dev/null; do
   sleep 1
 done
 wait "$BENCH"
-echo "during $N checkpoints: push p99.9 $(json push_p999_us <"$TMP/stall.json") us," \
-  "longest push $(json push_max_us <"$TMP/stall.json") us;" \
-  "copy+write time per shard ~$($PY -c "print(round($CMS / $SHARDS, 1))") ms"
+COPY=$(grep -o 'longest shard copy [0-9.]* ms' "$TMP/server.log" | tail -n "$N" |
+       awk '$4 > m {m = $4} END {print m + 0}')
+echo "during $N checkpoints: push p50 $(json push_p50_us <"$TMP/stall.json") us," \
+  "p99.9 $(json push_p999_us <"$TMP/stall.json") us, longest push" \
+  "$(json push_max_us <"$TMP/stall.json") us; longest shard copy (the server's" \
+  "log) $COPY ms; copy+write time per shard ~$($PY -c "print(round($CMS / $SHARDS, 1))") ms"
 
 # restore: a last checkpoint, kill -9 (no log tail), time to ready
 "$CLI" --servers "$ADDR" --timeout-ms 3600000 checkpoint >/dev/null

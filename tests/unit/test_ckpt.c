@@ -96,11 +96,12 @@ static int setup_with(void **state, int buffered) {
   f->c = (embps_ckpt_t){.lsn = 10, .cluster_size = 1, .shards = 16,
                         .seen = f->seen, .n_seen = 3, .tables = f->tables,
                         .n_tables = 2, .buffered = buffered};
-  uint64_t bytes;
+  embps_ckpt_result_t res;
   char err[1024];
-  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &res, err, sizeof err),
                    0);
-  assert_true(bytes > 0);
+  assert_true(res.bytes > 0);
+  assert_true(res.longest_copy_ns > 0);
   *state = f;
   return 0;
 }
@@ -236,8 +237,8 @@ static void test_tmp_removed_and_older_deleted(void **state) {
   struct stat st;
   assert_int_not_equal(stat(path, &st), 0);
   f->c.lsn = 12;
-  uint64_t bytes;
-  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+  embps_ckpt_result_t res;
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &res, err, sizeof err),
                    0);
   embps_ckpt_delete_older(f->dir, 12);
   snprintf(path, sizeof path, "%s/ckpt-%016x", f->dir, 10);
@@ -269,14 +270,15 @@ static int probe_sync(void *ctx, uint64_t lsn, char *err, size_t err_len) {
 static void test_log_synced_before_publish(void **state) {
   fx_t *f = *state;
   char err[1024];
-  uint64_t bytes, lsn;
+  embps_ckpt_result_t res;
+  uint64_t lsn;
   /* a push after the marker (LSN 11) reached shard copies: LSN 14 */
   step(f->t[1], 1, 9, 14);
   f->c.lsn = 11;
   sync_probe_t p = {.dir = f->dir, .fail = 1};
   f->c.log_sync = probe_sync;
   f->c.log_ctx = &p;
-  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &res, err, sizeof err),
                    -1);
   assert_non_null(strstr(err, "log sync failed"));
   assert_int_equal(p.calls, 1);
@@ -284,7 +286,7 @@ static void test_log_synced_before_publish(void **state) {
   assert_int_equal(embps_ckpt_latest(f->dir, &lsn, err, sizeof err), 1);
   assert_int_equal(lsn, 10); /* not published */
   p.fail = 0;
-  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &bytes, err, sizeof err),
+  assert_int_equal(embps_ckpt_write(f->dir, &f->c, &res, err, sizeof err),
                    0);
   assert_int_equal(p.calls, 2);
   assert_int_equal(p.lsn, 14);
