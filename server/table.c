@@ -1734,8 +1734,14 @@ int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
    * plus slack), so the copy under the lock rarely grows the buffer */
   size_t want = t->hashed ? 0 : atomic_load(&t->rows_allocated) / t->n_shards;
   want += want / 8 + 1024;
-  if (want > *cap && snap_reserve(t, buf, cap, want))
-    return -ENOMEM;
+  if (want > *cap) {
+    const size_t fr = embps_table_file_record_bytes(t), had = *cap * fr;
+    if (snap_reserve(t, buf, cap, want))
+      return -ENOMEM;
+    /* fault the new pages in now, not during the copy under the lock */
+    for (size_t i = had; i < want * fr; i += 4096)
+      (*buf)[i] = 0;
+  }
   snap_t b = {*buf, 0, *cap};
   uint64_t pos = 0;
   pthread_rwlock_rdlock(&sh->lock);
