@@ -128,6 +128,12 @@ typedef struct { /* one staging buffer and its write */
 #define STAGE_BYTES (16u << 20)
 #define DIRECT_ALIGN 4096u
 
+/* Smaller files go through the page cache: for them O_DIRECT saves
+ * nothing, and a file read many times (tests, tools) is read from memory. */
+static uint64_t direct_min = 64u << 20;
+
+void embps_ckpt_direct_min(uint64_t bytes) { direct_min = bytes; }
+
 struct wfile {
   int fd;
   const char *path;
@@ -169,20 +175,15 @@ static int wf_open(wfile_t *f, const char *path, int direct, char *err,
   const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   f->fd = direct ? open(path, flags | O_DIRECT, 0644) : -1;
   f->direct = f->fd >= 0;
-  for (int i = 0; f->direct && i < IO_DEPTH; i++) {
-    f->io[i].f = f;
-    if (posix_memalign((void **)&f->io[i].p, DIRECT_ALIGN, STAGE_BYTES)) {
-      f->io[i].p = NULL;
-      f->direct = 0;
-    }
+  f->io[0].f = f; /* the other buffers come when the file needs them */
+  if (f->direct &&
+      posix_memalign((void **)&f->io[0].p, DIRECT_ALIGN, STAGE_BYTES)) {
+    f->io[0].p = NULL;
+    f->direct = 0;
+    close(f->fd);
   }
-  if (!f->direct) {
-    for (int i = 0; i < IO_DEPTH; i++)
-      free(f->io[i].p);
-    if (f->fd >= 0)
-      close(f->fd);
+  if (!f->direct)
     f->fd = open(path, flags, 0644);
-  }
   if (f->fd < 0) {
     snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
     return -1;
@@ -250,7 +251,16 @@ static int wf_flush_stage(wfile_t *f, char *err, size_t err_len) {
     return -1;
   }
   f->cur = (f->cur + 1) % IO_DEPTH;
-  return wio_wait(&f->io[f->cur], err, err_len);
+  io = &f->io[f->cur];
+  if (!io->p) {
+    io->f = f;
+    if (posix_memalign((void **)&io->p, DIRECT_ALIGN, STAGE_BYTES)) {
+      io->p = NULL;
+      snprintf(err, err_len, "checkpoint %s: out of memory", f->path);
+      return -1;
+    }
+  }
+  return wio_wait(io, err, err_len);
 }
 
 /* Writes a then b; chains the crc over a only (headers). 0 or -1. */
@@ -384,7 +394,7 @@ static int table_has_state(const embps_table_spec_t *spec) {
 /* Writes one table's file; raises *max_lsn to the highest shard LSN
  * copied and res->longest_copy_ns to the longest shard copy. */
 static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
-                       int first, int direct, uint64_t *size, uint32_t *crc,
+                       int first, uint64_t *size, uint32_t *crc,
                        uint64_t *max_lsn, embps_ckpt_result_t *res, char *err,
                        size_t err_len) {
   char path[1200];
@@ -392,8 +402,11 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
            ct->incarnation);
   embps_table_t *t = ct->table;
   const embps_table_spec_t *spec = embps_table_spec(t);
+  embps_table_info_t info;
+  embps_table_info(t, &info);
+  const uint64_t guess = info.rows_allocated * embps_table_file_record_bytes(t);
   wfile_t f;
-  if (wf_open(&f, path, direct, err, err_len))
+  if (wf_open(&f, path, guess >= direct_min, err, err_len))
     return -1;
   const uint32_t shards = embps_table_n_shards(t);
   uint8_t h[TBL_HDR] = {0};
@@ -553,8 +566,8 @@ int embps_ckpt_write(const char *dir, const embps_ckpt_t *c,
     snprintf(err, err_len, "checkpoint %s: out of memory", tmp);
   uint64_t max_lsn = 0;
   for (size_t i = 0; !rc && i < c->n_tables; i++) {
-    rc = write_table(tmp, &c->tables[i], i == 0, !c->buffered, &sizes[i],
-                     &crcs[i], &max_lsn, res, err, err_len);
+    rc = write_table(tmp, &c->tables[i], i == 0, &sizes[i], &crcs[i],
+                     &max_lsn, res, err, err_len);
     res->bytes += sizes[i];
   }
   /* The shards were copied one after another while pushes went on: a
@@ -641,7 +654,8 @@ struct rfile {
   const char *path;
   uint64_t off, size; /* the caller moves off */
   uint32_t chain;
-  rchunk_t ch[IO_DEPTH]; /* chunk i of the file in ch[i % IO_DEPTH] */
+  rchunk_t ch[IO_DEPTH]; /* chunk i of the file in ch[i % depth] */
+  int depth;             /* chunks in use: no more than the file has */
   int cur;               /* the chunk holding off */
 };
 
@@ -691,10 +705,11 @@ static void rchunk_start(rchunk_t *c, uint64_t at) {
 static int rf_open(rfile_t *f, const char *path, char *err, size_t err_len) {
   memset(f, 0, sizeof *f);
   f->path = path;
-  f->fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+  struct stat st;
+  const int big = !stat(path, &st) && (uint64_t)st.st_size >= direct_min;
+  f->fd = big ? open(path, O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
   if (f->fd < 0)
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
-  struct stat st;
   if (f->fd < 0 || fstat(f->fd, &st)) {
     snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
     if (f->fd >= 0)
@@ -702,10 +717,17 @@ static int rf_open(rfile_t *f, const char *path, char *err, size_t err_len) {
     return -1;
   }
   f->size = (uint64_t)st.st_size;
-  for (int i = 0; i < IO_DEPTH; i++) {
+  /* a small file gets one buffer of its own size */
+  const uint64_t chunks = (f->size + STAGE_BYTES - 1) / STAGE_BYTES;
+  const size_t bytes = chunks > 1 ? STAGE_BYTES
+                                  : (size_t)(f->size + DIRECT_ALIGN - 1) &
+                                        ~(size_t)(DIRECT_ALIGN - 1);
+  f->depth = chunks < IO_DEPTH ? (chunks ? (int)chunks : 1) : IO_DEPTH;
+  for (int i = 0; i < f->depth; i++) {
     f->ch[i].f = f;
     f->ch[i].at = UINT64_MAX;
-    if (posix_memalign((void **)&f->ch[i].p, DIRECT_ALIGN, STAGE_BYTES)) {
+    if (posix_memalign((void **)&f->ch[i].p, DIRECT_ALIGN,
+                       bytes ? bytes : DIRECT_ALIGN)) {
       snprintf(err, err_len, "checkpoint %s: out of memory", path);
       while (i--)
         free(f->ch[i].p);
@@ -717,7 +739,7 @@ static int rf_open(rfile_t *f, const char *path, char *err, size_t err_len) {
 }
 
 static void rf_close(rfile_t *f) {
-  for (int i = 0; i < IO_DEPTH; i++) {
+  for (int i = 0; i < f->depth; i++) {
     rchunk_wait(&f->ch[i]);
     free(f->ch[i].p);
   }
@@ -725,16 +747,19 @@ static void rf_close(rfile_t *f) {
 }
 
 /* Makes ch[cur] the chunk holding offset `at`, read, and starts reading
- * the IO_DEPTH - 1 chunks after it. 0, or -1 with err. */
+ * the depth - 1 chunks after it. 0, or -1 with err. */
 static int rf_seek_chunk(rfile_t *f, uint64_t at, const char *what, char *err,
                          size_t err_len) {
   const uint64_t base = at - at % STAGE_BYTES, i = at / STAGE_BYTES;
-  rchunk_t *c = &f->ch[i % IO_DEPTH];
-  f->cur = (int)(i % IO_DEPTH);
+  rchunk_t *c = &f->ch[i % (uint64_t)f->depth];
+  f->cur = (int)(i % (uint64_t)f->depth);
   if (c->at == base && !c->running && at < c->at + c->got)
     return 0;
-  rchunk_start(c, base);
   rchunk_wait(c);
+  if (c->at != base) { /* not read ahead: read it now, in line */
+    c->at = base;
+    rchunk_run(c);
+  }
   if (c->err_no || at >= c->at + c->got) {
     snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": %s",
              f->path, what, at,
@@ -742,8 +767,9 @@ static int rf_seek_chunk(rfile_t *f, uint64_t at, const char *what, char *err,
     c->at = UINT64_MAX;
     return -1;
   }
-  for (uint64_t k = 1; k < IO_DEPTH && (i + k) * STAGE_BYTES < f->size; k++)
-    rchunk_start(&f->ch[(i + k) % IO_DEPTH], (i + k) * STAGE_BYTES);
+  for (uint64_t k = 1; k < (uint64_t)f->depth &&
+                      (i + k) * STAGE_BYTES < f->size; k++)
+    rchunk_start(&f->ch[(i + k) % (uint64_t)f->depth], (i + k) * STAGE_BYTES);
   return 0;
 }
 

@@ -37,10 +37,13 @@ typedef struct {
    * published (NULL: no log). 0, or -1 with err. */
   int (*log_sync)(void *ctx, uint64_t lsn, char *err, size_t err_len);
   void *log_ctx;
-  /* write: table files through the page cache (by default they bypass it
-   * with O_DIRECT where the file system allows) */
-  int buffered;
 } embps_ckpt_t;
+
+/* Table files of at least `bytes` bytes (default 64 MiB; a write guesses
+ * from the rows) are written and read around the page cache (O_DIRECT,
+ * where the file system allows). 0: every file; UINT64_MAX: none. For
+ * tests; not thread-safe. */
+void embps_ckpt_direct_min(uint64_t bytes);
 
 /* Test-only crash points (EMBPS_FAILPOINT); NULL or a name of
  * DURABILITY.md. The process SIGKILLs itself at that point. */
