@@ -134,17 +134,20 @@ int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
                                      size_t *rows, uint64_t *lsn,
                                      unsigned char **state,
                                      size_t *state_bytes);
-/* Restore of that state: the sketch of file shard file_k (kept only when
- * the shard count is the same: counts start again otherwise), and, after
- * embps_table_restore of records first..first+n-1 of the section (ids),
- * their recency and pushes. 0 or EMBPS_EPROTO (the state's size does not
- * match its header). Applying thread only. */
-int embps_table_restore_sketch(embps_table_t *t, uint32_t file_k,
-                               uint32_t file_shards,
-                               const unsigned char *state, size_t bytes);
-int embps_table_restore_meta(embps_table_t *t, const unsigned char *state,
-                             size_t bytes, const int64_t *ids, size_t first,
-                             size_t n);
+/* Restore of that state, of checkpoint format `format` (2: no counters,
+ * the sketch in its old layout; 3): the counters of file shard file_k
+ * (added to the table's) and its admission sketch (into the same shard,
+ * or merged into the shards of another shard count, admit.h; a format-2
+ * sketch only into the same shard count: counts start again otherwise);
+ * and, after embps_table_restore of records first..first+n-1 of the
+ * section (ids), their recency and pushes. 0, -ENOMEM or EMBPS_EPROTO (the
+ * state's size does not match its header). Applying thread only. */
+int embps_table_restore_state(embps_table_t *t, uint32_t format,
+                              uint32_t file_k, uint32_t file_shards,
+                              const unsigned char *state, size_t bytes);
+int embps_table_restore_meta(embps_table_t *t, uint32_t format,
+                             const unsigned char *state, size_t bytes,
+                             const int64_t *ids, size_t first, size_t n);
 /* Inserts (or overwrites) n file records, by id, into a table of any shard
  * count; ids is scratch for n ids. Applying thread only. 0, EMBPS_ERANGE
  * (an id outside a dense table), -ENOMEM. */

@@ -13,6 +13,8 @@ from harness import Server
 import embps
 
 INIT = 0.5
+COUNTERS = ("rows_allocated", "rows_admitted", "rows_pending", "evicted_ttl",
+            "evicted_capacity", "evicted_l2")
 M64 = (1 << 64) - 1
 
 
@@ -344,7 +346,8 @@ class DynamicRestart(unittest.TestCase):
             self.assertTrue(np.array_equal(a.pull(name, self.SPACE),
                                            b.pull(name, self.SPACE)), name)
             da, db = a.describe(name), b.describe(name)
-            self.assertEqual(da["rows_allocated"], db["rows_allocated"])
+            for k in COUNTERS:  # counters carried by checkpoint and log
+                self.assertEqual(da[k], db[k], (name, k))
 
     def restart(self, kill):
         import tempfile
@@ -415,6 +418,7 @@ class DynamicRestart(unittest.TestCase):
                 with embps.Client(srv.address) as c:
                     self.assertTrue(np.array_equal(c.pull("t", ids), want))
                     self.assertEqual(c.describe("t")["rows_allocated"], 6)
+                    self.assertEqual(c.describe("t")["evicted_l2"], 16)
             finally:
                 srv.stop()
 
