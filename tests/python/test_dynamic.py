@@ -426,5 +426,65 @@ class DynamicRestart(unittest.TestCase):
         self.restart(False)
 
 
+class DynamicReshard(unittest.TestCase):
+    """A restore into another --shards count keeps the admission counts:
+    every shard's sketch holds groups of one sketch of the server
+    (admit.h), so ids pushed N-1 times before are admitted by their Nth
+    push after, and ids pushed fewer times are not beyond the sketch's
+    false-admission rate."""
+
+    N = 3
+
+    def test_pending_counts_survive_other_shard_counts(self):
+        import tempfile
+        rng = np.random.default_rng(5)
+        ids = rng.permutation(np.unique(rng.integers(0, 1 << 40, 61000)))
+        ids = ids[:60000].astype(np.int64)
+        hot, once, fresh = ids[:3000], ids[3000:30000], ids[30000:]
+        with tempfile.TemporaryDirectory() as d:
+            srv = Server("--shards", "4", "--data-dir", d).start()
+            try:
+                c = embps.Client(srv.address)
+                c.create_table("t", 1, dynamic=True, lr=1.0,
+                               init="constant:%g" % INIT,
+                               admit_after=self.N, seed=9)
+                for shards, part in (("7", hot[:1500]), ("2", hot[1500:])):
+                    for _ in range(self.N - 1):
+                        c.push("t", part, np.ones((part.size, 1), np.float32))
+                    c.push("t", once, np.ones((once.size, 1), np.float32))
+                    pending = c.describe("t")["rows_pending"]
+                    c.checkpoint()
+                    c.close()
+                    self.assertEqual(srv.stop(), 0)
+                    srv.args[1] = shards
+                    srv.start()
+                    c = embps.Client(srv.address)
+                    d_ = c.describe("t")
+                    self.assertEqual(d_["rows_pending"], pending)
+                    self.assertEqual(d_["rows_allocated"], 0)
+                    c.push("t", part, np.ones((part.size, 1), np.float32))
+                    got = c.pull("t", part)[:, 0]
+                    self.assertTrue(np.all(got == INIT - 1), shards)
+                    # one-off ids pushed a second time (count 2 < N), and
+                    # ids never seen: admitted only by false admission, at
+                    # most (1 - e^(-L/W))^4 of them (admit.h) with L the
+                    # pushes counted, W = 2^17 counters a row (1 MiB)
+                    counted = (self.N - 1) * part.size + once.size
+                    for ones in (once, fresh):
+                        c.push("t", ones, np.ones((ones.size, 1), np.float32))
+                        counted += ones.size
+                        false = int(np.sum(c.pull("t", ones)[:, 0] != INIT))
+                        rate = (1 - np.exp(-counted / (1 << 17))) ** 4
+                        self.assertLessEqual(false, rate * ones.size,
+                                             (shards, false))
+                    c.drop_table("t")
+                    c.create_table("t", 1, dynamic=True, lr=1.0,
+                                   init="constant:%g" % INIT,
+                                   admit_after=self.N, seed=9)
+                c.close()
+            finally:
+                srv.stop()
+
+
 if __name__ == "__main__":
     unittest.main()
