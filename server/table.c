@@ -1867,12 +1867,12 @@ typedef void (*fill_fn)(const void *ctx, const embps_table_t *t,
  * ids and n) with fill, shard by shard under the write lock, materialising
  * the new ones without an initial value, shards in parallel (OpenMP) when
  * the rows are many. Padding ids are skipped. lsn != 0 becomes the log
- * position of every shard written. */
+ * position of every shard written. Tables with eviction: every row written
+ * counts as pushed at step `now` (an expired one as new). */
 static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
-                       const int64_t *ids, uint64_t lsn, fill_fn fill,
-                       const void *ctx) {
+                       const int64_t *ids, uint64_t lsn, uint64_t now,
+                       fill_fn fill, const void *ctx) {
   uint64_t created = 0;
-  const uint64_t now = atomic_load(&t->step);
   const uint32_t S = t->n_shards;
   const size_t n = s->start[S];
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created) \
@@ -1893,6 +1893,9 @@ static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
       else if (!(rec = s->rec[p])) {
         rec = hashed_insert(t, sh, ids[i], RAW_ROW, now);
         created++;
+      } else if (t->has_meta) {
+        meta_on_push(t, sh, s->slot[p], now,
+                     s->what[p] == W_RESET || s->what[p] == W_DROP);
       }
       fill(ctx, t, rec, i, wide);
     }
@@ -1931,9 +1934,12 @@ static void fill_rows(const void *ctx, const embps_table_t *t,
 
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
                             const int64_t *ids, const float *w,
-                            const float *state, uint64_t lsn) {
+                            const float *state, uint64_t lsn,
+                            const uint64_t *step) {
   rows_src_t src = {w, state};
-  place_rows(t, s, ids, lsn, fill_rows, &src);
+  if (step)
+    embps_table_set_step(t, *step);
+  place_rows(t, s, ids, lsn, atomic_load(&t->step), fill_rows, &src);
 }
 
 typedef struct {
@@ -1963,7 +1969,7 @@ int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
   s->raw = 0;
   if (rc)
     return rc;
-  place_rows(t, s, ids, 0, fill_record, &src);
+  place_rows(t, s, ids, 0, atomic_load(&t->step), fill_record, &src);
   return 0;
 }
 

@@ -170,10 +170,13 @@ int embps_table_scan(embps_table_t *t, uint64_t *cursor, size_t max_rows,
  * those distinct, checked rows to weights w (n x dim float32, rounded to
  * the storage type) and optimizer state (n x k x dim float32; NULL: the
  * initial state). Cannot fail; padding ids are skipped. lsn as in
- * embps_table_commit. The step counter is not changed. */
+ * embps_table_commit. step: NULL, the step counter is not changed; else it
+ * is set to *step first. For TTL and LRU/LFU each row written counts as
+ * pushed at the (new) step: a row that had expired is fresh again. */
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
                             const int64_t *ids, const float *w,
-                            const float *state, uint64_t lsn);
+                            const float *state, uint64_t lsn,
+                            const uint64_t *step);
 /* Admission and eviction (issue 12; table.c "admission and eviction").
  * Whether id has a row now (pushed, admitted, not evicted or expired): the
  * one test of row liveness, for readers outside table.c. */

@@ -103,6 +103,36 @@ class Dynamic(unittest.TestCase):
         self.assertEqual(d["evicted_ttl"], 2)  # 1 (re-admitted) and 2
         self.assertEqual(d["rows_allocated"], 2)
 
+    def import_rows(self, ids, value, name="t", dim=2):
+        import os
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            np.save(os.path.join(d, "ids.npy"), np.asarray(ids, np.int64))
+            np.save(os.path.join(d, "weights.npy"),
+                    np.full((len(ids), dim), value, np.float32))
+            self.assertEqual(self.c.import_(name, d), len(ids))
+
+    def test_import_refreshes_ttl_and_lru(self):
+        self.table(ttl_steps=2)
+        self.push(range(30), 1.0)  # step 1
+        self.push([100], 1.0)  # step 2
+        self.push([101], 1.0)  # step 3: rows 0..29 expired, 10 reclaimed
+        self.assertEqual(self.row(29), INIT)  # expired, still held
+        self.assertEqual(self.c.describe("t")["rows_allocated"], 22)
+        self.import_rows([29], 9.0)  # written now: fresh again
+        self.assertEqual(self.row(29), 9.0)
+        self.push([102], 1.0)  # step 4: 1 step old
+        self.assertEqual(self.row(29), 9.0)
+        self.push([103], 1.0)  # step 5: 2 steps old, expired
+        self.assertEqual(self.row(29), INIT)
+        self.table("lru", max_rows=2)
+        self.push([1], 1.0, "lru")
+        self.push([2], 1.0, "lru")
+        self.import_rows([1], 9.0, "lru")  # the most recently written
+        self.push([3], 1.0, "lru")  # evicts 2, the least recent
+        self.assertEqual((self.row(1, "lru"), self.row(2, "lru"),
+                          self.row(3, "lru")), (9.0, INIT, INIT - 1.0))
+
     def test_lru(self):
         self.table(max_rows=3)
         for i in (1, 2, 3):
