@@ -31,6 +31,11 @@ check "pull" c pull emb --ids 1,2,9,4
 check "pull again" c pull emb --ids 1
 c pull emb --ids 5000 >/dev/null 2>&1 && bad "out of range pull refused" || ok "out of range pull refused"
 c pull nosuch --ids 1 >/dev/null 2>&1 && bad "unknown table refused" || ok "unknown table refused"
+c evict nosuch >/dev/null 2>&1 && bad "evict of an unknown table refused" ||
+  ok "evict of an unknown table refused"
+c stats --json >"$TMP/stats" 2>&1
+check "stats: 2 errors (ERANGE, evict nosuch; not the DESCRIBE probes)" \
+  python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s[0]["errors"] == 2, s' "$TMP/stats"
 
 if [ "$(code "$M/metrics")" = 200 ]; then ok "/metrics 200"; else bad "/metrics 200"; fi
 cp "$TMP/body" "$TMP/metrics"
@@ -56,9 +61,10 @@ expect 'embps_table_rows{table="emb"}' 4
 expect 'embps_table_rows{table="other"}' 1
 expect 'embps_table_dim{table="other"}' 3
 expect 'embps_errors_total{code="EMBPS_ERANGE",table="emb"}' 1
-# create-table first describes the table on every server (to create it
-# everywhere or nowhere): 2 ENOTABLE answers, then the pull of "nosuch"
-expect 'embps_errors_total{code="EMBPS_ENOTABLE",table=""}' 3
+# create-table (to create a table everywhere or nowhere) and the pull of
+# "nosuch" (for its dim) first describe the table: those ENOTABLE answers
+# are no errors; the evict of "nosuch" is one
+expect 'embps_errors_total{code="EMBPS_ENOTABLE",table=""}' 1
 expect 'embps_requests_total{kind="push"}' 3
 expect 'embps_request_duration_seconds_count{op="push"}' 3
 expect 'embps_request_duration_seconds_count{op="pull"}' 2
