@@ -4,13 +4,14 @@
  *   header  64 B: "EMBPSTBL", u32 version, u32 dtype, u64 incarnation,
  *                 u32 dim, u32 state floats per weight, u32 record bytes,
  *                 u32 shards, u32 optimizer, zeros, u32 crc of bytes 0..59
- *                 (version 2: u32 flags at byte 44, 1: shard state)
+ *                 (version >= 2: u32 flags at byte 44, 1: shard state)
  *   per shard: section 32 B: u32 'SHRD', u32 shard, u64 shard LSN,
  *                 u64 rows, u32 0, u32 crc of bytes 0..27
- *              version 2 with flag 1: state 24 B {u32 'DYNS', u32 0,
+ *              version >= 2 with flag 1: state 24 B {u32 'DYNS', u32 0,
  *                 u64 bytes, u32 crc of the state, u32 crc of bytes
  *                 0..19} + the admission and eviction state (table.h,
- *                 embps_table_snapshot_shard_state)
+ *                 embps_table_snapshot_shard_state; version 2 had a
+ *                 shorter header, without the counters)
  *              blocks: 16 B {u32 'BLCK', u32 records, u32 crc of the
  *                 records, u32 crc of bytes 0..11} + records (table.h)
  *   trailer 16 B: u32 'TEND', u32 shards, u32 0, u32 crc of bytes 0..11
@@ -47,8 +48,9 @@
 #include "wal.h"
 #include "wire.h"
 
-#define VERSION 2u     /* 2: admission and eviction state (issue 12) */
-#define VERSION_OLD 1u /* still read: no shard state */
+#define VERSION 3u    /* 3: shard state with counters, grouped sketch */
+#define VERSION_V2 2u /* still read: shard state without counters */
+#define VERSION_V1 1u /* still read: no shard state */
 #define TBL_HAS_STATE 1u
 #define DYNS 0x534e5944u
 #define DYN_HDR 24
@@ -821,10 +823,11 @@ static int bad(rfile_t *f, uint64_t off, const char *what, char *err,
   return -1;
 }
 
-/* Reads the state block of shard section k (version 2) into *state and
- * restores the shard's admission sketch from it. 0, or -1 with err. */
-static int read_state(rfile_t *f, embps_table_t *t, uint32_t k,
-                      uint32_t file_shards, unsigned char **state,
+/* Reads the state block of shard section k (version >= 2) into *state
+ * and restores the shard's counters and admission sketch from it. 0, or
+ * -1 with err. */
+static int read_state(rfile_t *f, embps_table_t *t, uint32_t version,
+                      uint32_t k, uint32_t file_shards, unsigned char **state,
                       size_t *bytes, char *err, size_t err_len) {
   uint8_t d[DYN_HDR];
   const uint64_t at = f->off;
@@ -845,7 +848,7 @@ static int read_state(rfile_t *f, embps_table_t *t, uint32_t k,
   if (rf_read(f, *state, n, "shard state", err, err_len))
     return -1;
   if (embps_crc32c(0, *state, n) != embps_get32(d + 16) ||
-      embps_table_restore_sketch(t, k, file_shards, *state, n))
+      embps_table_restore_state(t, version, k, file_shards, *state, n))
     return bad(f, f->off, "shard state", err, err_len);
   f->off += n;
   return 0;
@@ -878,7 +881,7 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   if (rf_read(&f, h, sizeof h, "header", err, err_len))
     goto out;
   if (memcmp(h, TBL_MAGIC, 8) || embps_get32(h + 60) != embps_crc32c(0, h, 60) ||
-      (embps_get32(h + 8) != VERSION && embps_get32(h + 8) != VERSION_OLD) ||
+      embps_get32(h + 8) < VERSION_V1 || embps_get32(h + 8) > VERSION ||
       embps_get32(h + 12) != (uint32_t)spec->dtype ||
       embps_get64(h + 16) != ct->incarnation || embps_get32(h + 24) != spec->dim ||
       embps_get32(h + 32) != fr || embps_get32(h + 36) == 0 || embps_get32(h + 36) > 65536) {
@@ -887,7 +890,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   }
   f.chain = embps_crc32c(0, h, sizeof h);
   f.off = sizeof h;
-  const int has_state = embps_get32(h + 8) == VERSION &&
+  const uint32_t version = embps_get32(h + 8);
+  const int has_state = version >= VERSION_V2 &&
                         (embps_get32(h + 44) & TBL_HAS_STATE);
   ct->file_shards = embps_get32(h + 36);
   ct->shard_lsn = calloc(ct->file_shards, sizeof *ct->shard_lsn);
@@ -915,7 +919,7 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
     free(state);
     state = NULL;
     state_bytes = 0;
-    if (has_state && read_state(&f, t, k, ct->file_shards, &state,
+    if (has_state && read_state(&f, t, version, k, ct->file_shards, &state,
                                 &state_bytes, err, err_len))
       goto out;
     while (rows) {
@@ -940,7 +944,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
       }
       int r = embps_table_restore(t, &s, blk, n, ids);
       if (!r && state)
-        r = embps_table_restore_meta(t, state, state_bytes, ids, first, n);
+        r = embps_table_restore_meta(t, version, state, state_bytes, ids,
+                                     first, n);
       first += n;
       if (r) {
         snprintf(err, err_len, "checkpoint %s: block at offset %" PRIu64
@@ -1001,7 +1006,7 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
     goto out;
   }
   if (memcmp(p, MAN_MAGIC, 8) ||
-      (embps_get32(p + 8) != VERSION && embps_get32(p + 8) != VERSION_OLD) ||
+      embps_get32(p + 8) < VERSION_V1 || embps_get32(p + 8) > VERSION ||
       embps_get64(p + 16) != lsn) {
     snprintf(err, err_len, "checkpoint %s: header at offset 0: bad magic, "
              "version or LSN", path);

@@ -34,8 +34,12 @@ void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
   embps_escape(raw, msg, sizeof msg); /* it may echo a peer's bytes */
   free(req->reply);
   req->reply = NULL;
-  atomic_fetch_add_explicit(&srv->counters.errors, 1, memory_order_relaxed);
-  embps_metrics_error(req, code);
+  /* a DESCRIBE of a missing table is a probe (create-table asks first),
+   * answered but not counted as an error */
+  if (code != EMBPS_ENOTABLE || req->hdr.kind != EMBPS_KIND_DESCRIBE) {
+    atomic_fetch_add_explicit(&srv->counters.errors, 1, memory_order_relaxed);
+    embps_metrics_error(req, code);
+  }
   LOG_DEBUG("request %u kind %u refused: %s", req->hdr.req_id, req->hdr.kind,
             msg);
   if (embps_frame_error(req->hdr.req_id, code, msg, &req->reply,

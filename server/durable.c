@@ -571,9 +571,8 @@ static int replay_rows(replay_t *r, const embps_wal_rec_t *rec, char *err,
     return -1;
   }
   embps_table_write_rows(t, &r->scratch, r->ids, r->g,
-                         sf ? r->g + rows * dim : NULL, rec->lsn);
-  if (flags & ROWS_SET_STEP)
-    embps_table_set_step(t, step);
+                         sf ? r->g + rows * dim : NULL, rec->lsn,
+                         flags & ROWS_SET_STEP ? &step : NULL);
   return 0;
 }
 

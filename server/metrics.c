@@ -256,6 +256,48 @@ static void put_per_table(text_t *t, table_slot_t **slots, size_t n,
   }
 }
 
+/* Admission and eviction of dynamic tables (issue 12), from the tables'
+ * own counters (kept across restarts by checkpoints and the log). */
+static void put_dynamic(text_t *t, const embps_table_info_t *info, size_t n) {
+  static const struct {
+    const char *metric, *type, *help, *label;
+    size_t offset;
+  } figures[] = {
+      {"embps_table_rows_admitted_total", "counter",
+       "Rows made by admission (--admit-after, --admit-probability).", NULL,
+       offsetof(embps_table_info_t, rows_admitted)},
+      {"embps_table_rows_pending", "gauge",
+       "Ids counted for admission but not admitted (an estimate).", NULL,
+       offsetof(embps_table_info_t, rows_pending)},
+      {"embps_table_rows_evicted_total", "counter",
+       "Rows evicted, by reason.", "reason=\"ttl\"",
+       offsetof(embps_table_info_t, evicted_ttl)},
+      {"embps_table_rows_evicted_total", NULL, NULL, "reason=\"capacity\"",
+       offsetof(embps_table_info_t, evicted_capacity)},
+      {"embps_table_rows_evicted_total", NULL, NULL, "reason=\"l2\"",
+       offsetof(embps_table_info_t, evicted_l2)},
+      {"embps_table_capacity_rows", "gauge",
+       "--max-rows share held on this server (0: no capacity).", NULL,
+       offsetof(embps_table_info_t, capacity)},
+  };
+  for (size_t k = 0; k < sizeof figures / sizeof *figures; k++) {
+    if (figures[k].help)
+      head(t, figures[k].metric, figures[k].type, figures[k].help);
+    for (size_t i = 0; i < n; i++) {
+      uint64_t v;
+      memcpy(&v, (const char *)&info[i] + figures[k].offset, sizeof v);
+      put(t, "%s{table=\"%s\"%s%s} %llu\n", figures[k].metric,
+          info[i].spec.name, figures[k].label ? "," : "",
+          figures[k].label ? figures[k].label : "", (unsigned long long)v);
+    }
+  }
+  head(t, "embps_table_evict_stall_max_seconds", "gauge",
+       "Longest eviction work done under one shard lock.");
+  for (size_t i = 0; i < n; i++)
+    put(t, "embps_table_evict_stall_max_seconds{table=\"%s\"} %.6f\n",
+        info[i].spec.name, (double)info[i].evict_stall_max_us / 1e6);
+}
+
 static void put_tables(text_t *t, embps_server_t *srv) {
   table_slot_t *slots[TABLE_SLOTS + 1];
   size_t n = used_slots(slots);
@@ -309,6 +351,7 @@ static void put_tables(text_t *t, embps_server_t *srv) {
   for (size_t i = 0; i < n_info; i++)
     put(t, "embps_table_dim{table=\"%s\"} %u\n", info[i].spec.name,
         info[i].spec.dim);
+  put_dynamic(t, info, n_info);
   free(info);
 }
 

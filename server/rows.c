@@ -256,9 +256,8 @@ uint64_t embps_rows_apply(embps_server_t *srv, embps_request_t *req,
     embps_request_fail(srv, req, rc, "write of rows refused, nothing "
                        "changed: %s", embps_strerror(rc));
   } else {
-    embps_table_write_rows(t, s, req->idx, req->vals, state, lsn);
-    if (q->has_step)
-      embps_table_set_step(t, q->step);
+    embps_table_write_rows(t, s, req->idx, req->vals, state, lsn,
+                           q->has_step ? &q->step : NULL);
     embps_request_reply(srv, req, EMBPS_KIND_WRITE_ROWS, NULL, 0);
   }
   return lsn;

@@ -52,6 +52,11 @@
 #define PREFETCH_MAX 512u          /* bytes of a record prefetched */
 #define SKETCH_DEFAULT_BYTES (1u << 20) /* --admit-sketch-bytes 0 */
 
+/* Counters of admission and eviction (issue 12), kept per shard under its
+ * lock, so a shard's snapshot holds the counts of exactly the pushes it
+ * holds, and the table's sum (its atomics) in step with them. */
+enum { CNT_ADMITTED, CNT_PENDING, CNT_TTL, CNT_CAP, CNT_L2, N_CNT };
+
 /* Bookkeeping of one slot of a table with eviction (issue 12). */
 typedef struct {
   int64_t id;
@@ -70,6 +75,7 @@ typedef struct {
   uint32_t lru_head, lru_tail; /* slot + 1, least recently pushed first */
   uint32_t free_head, n_free;  /* evicted slots, reused first */
   uint32_t *heap, heap_n, heap_cap; /* LFU min-heap of slots */
+  uint64_t cnt[N_CNT];   /* this shard's part of the table's counters */
   /* hashed storage only */
   uint32_t *map;       /* map_cap entries: 0, or tag | (slot + 1) */
   uint32_t map_cap, tag_mask;
@@ -859,14 +865,16 @@ typedef struct {
   int64_t pending;
 } dyn_count_t;
 
-static void count_pending(const embps_table_t *t, shard_t *sh, int64_t id,
-                          dyn_count_t *c) {
+/* Counts a push of id not admitted: the shard's pending ids go up by one
+ * for an id the sketch did not know, halve when the sketch ages. */
+static void count_pending(shard_t *sh, int64_t id, dyn_count_t *c) {
   const uint64_t adds = sh->sketch.adds;
   if (embps_sketch_add(&sh->sketch, id) == 0)
     c->pending++;
-  if (sh->sketch.adds < adds) /* aged: every count halved */
-    c->pending -=
-        (int64_t)(atomic_load(&t->pending) + (uint64_t)c->pending) / 2;
+  if (sh->sketch.adds < adds) { /* aged: every count halved */
+    int64_t now = (int64_t)sh->cnt[CNT_PENDING] + c->pending;
+    c->pending -= (now > 0 ? now : 0) / 2;
+  }
 }
 
 /* After a push at step `now` to shard sh: reclaims up to `budget` expired
@@ -925,16 +933,26 @@ static void note_stall(embps_table_t *t, uint64_t ns) {
     ;
 }
 
-static void add_counts(embps_table_t *t, const dyn_count_t *c) {
+/* Adds the counters c of a push's (or an eviction's) part in shard sh to
+ * the shard's, under its write lock, and to the table's. The shard's
+ * pending count stays >= 0; c->pending becomes the change made. */
+static void add_counts_locked(embps_table_t *t, shard_t *sh, dyn_count_t *c) {
   uint64_t evicted = c->evicted[0] + c->evicted[1] + c->evicted[2];
+  int64_t pending = (int64_t)sh->cnt[CNT_PENDING] + c->pending;
+  if (pending < 0)
+    pending = 0;
+  c->pending = pending - (int64_t)sh->cnt[CNT_PENDING];
+  sh->cnt[CNT_PENDING] = (uint64_t)pending;
+  sh->cnt[CNT_ADMITTED] += c->admitted;
+  sh->cnt[CNT_TTL] += c->evicted[WHY_TTL];
+  sh->cnt[CNT_CAP] += c->evicted[WHY_CAP];
+  sh->cnt[CNT_L2] += c->evicted[WHY_L2];
   atomic_fetch_add(&t->admitted, c->admitted);
   atomic_fetch_add(&t->pending, (uint64_t)c->pending);
   atomic_fetch_add(&t->ev_ttl, c->evicted[WHY_TTL]);
   atomic_fetch_add(&t->ev_cap, c->evicted[WHY_CAP]);
   atomic_fetch_add(&t->ev_l2, c->evicted[WHY_L2]);
   atomic_fetch_sub(&t->rows_allocated, evicted);
-  if ((int64_t)atomic_load(&t->pending) < 0)
-    atomic_store(&t->pending, 0);
 }
 
 /* Squared L2 norm of the stored weights of rec (widened one by one). */
@@ -958,7 +976,6 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
     return;
   const uint64_t now = atomic_load(&t->step);
   const double below2 = l2_below * l2_below;
-  dyn_count_t c = {0};
   for (uint32_t k = 0; k < t->n_shards; k++) {
     shard_t *sh = &t->shards[k];
     if (shard_lsn && lsn <= shard_lsn[k])
@@ -971,6 +988,7 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
     }
     while (next) {
       uint64_t t0 = now_ns();
+      dyn_count_t c = {0};
       pthread_rwlock_wrlock(&sh->lock);
       for (uint32_t n = 0; next && n < EVICT_BATCH; n++) {
         uint32_t slot = next - 1;
@@ -984,12 +1002,12 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
           c.evicted[WHY_L2]++;
         }
       }
+      add_counts_locked(t, sh, &c);
       pthread_rwlock_unlock(&sh->lock);
       note_stall(t, now_ns() - t0);
+      *evicted += c.evicted[WHY_TTL] + c.evicted[WHY_L2];
     }
   }
-  add_counts(t, &c);
-  *evicted = c.evicted[WHY_TTL] + c.evicted[WHY_L2];
 }
 
 int embps_table_row_live(embps_table_t *t, int64_t id) {
@@ -1044,13 +1062,11 @@ static int create_array(embps_table_t *t) {
   return 0;
 }
 
-/* Sketch bytes of a table per shard: --admit-sketch-bytes (default 1 MiB)
- * split over the shards. */
-static size_t sketch_shard_bytes(const embps_table_spec_t *spec,
-                                 uint32_t n_shards) {
-  uint64_t b = spec->admit_sketch_bytes ? spec->admit_sketch_bytes
-                                        : SKETCH_DEFAULT_BYTES;
-  return (size_t)(b / n_shards);
+/* Sketch bytes of a table on a server: --admit-sketch-bytes (default
+ * 1 MiB), which the shards share (admit.h). */
+static size_t sketch_bytes(const embps_table_spec_t *spec) {
+  return (size_t)(spec->admit_sketch_bytes ? spec->admit_sketch_bytes
+                                           : SKETCH_DEFAULT_BYTES);
 }
 
 /* Admission and eviction state of a new table (see "admission and
@@ -1071,8 +1087,8 @@ static int setup_policy(embps_table_t *t, uint32_t cluster_size) {
     t->cap_shard = (t->cap_server + t->n_shards - 1) / t->n_shards;
   }
   for (uint32_t k = 0; t->admit_count && k < t->n_shards; k++) {
-    if (embps_sketch_init(&t->shards[k].sketch,
-                          sketch_shard_bytes(sp, t->n_shards), sp->seed))
+    if (embps_sketch_init(&t->shards[k].sketch, sketch_bytes(sp), sp->seed,
+                          k, t->n_shards))
       return -ENOMEM;
     add_bytes(t, (int64_t)embps_sketch_bytes(&t->shards[k].sketch));
   }
@@ -1460,10 +1476,10 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
       c->evicted[WHY_TTL]++;
       rec = NULL;
       if (t->admit_count)
-        count_pending(t, sh, id, c);
+        count_pending(sh, id, c);
       break;
     case W_PENDING:
-      count_pending(t, sh, id, c);
+      count_pending(sh, id, c);
       rec = NULL;
       break;
     default:
@@ -1508,11 +1524,11 @@ static void commit_policy(embps_table_t *t, embps_table_scratch_t *s,
     dyn_count_t c = {0};
     pthread_rwlock_wrlock(&sh->lock);
     apply_shard_policy(t, s, k, ids, g, t_step, &c);
+    add_counts_locked(t, sh, &c);
     if (lsn)
       sh->lsn = lsn;
     pthread_rwlock_unlock(&sh->lock);
     atomic_fetch_add(&t->rows_allocated, c.created);
-    add_counts(t, &c);
   }
   atomic_store(&t->visible_step, t_step);
   atomic_fetch_add(&t->pushes, 1);
@@ -1680,14 +1696,25 @@ static int snap_push(void *ctx, const embps_table_t *t, int64_t id,
   return 0;
 }
 
-/* Shard state of a checkpoint (table.h): header {u32 rows with meta,
- * u32 sketch width (0: none), u64 sketch adds}, rows x {u64 last step,
- * u32 pushes, u32 0} in the order of the records, depth x width u16
- * counters. Read lock held; *out malloc'd (NULL, 0 for tables without a
- * policy). 0 or -ENOMEM. */
-#define STATE_HEAD 16u
+/* Shard state of a checkpoint (table.h), format 3: header {u32 rows
+ * with meta, u32 sketch width (0: none), u64 sketch adds, u32 sketch groups
+ * G (0: legacy layout), u32 first group held, u64 0, u64 counters
+ * admitted, pending, evicted by ttl, capacity, l2 (the shard's), u64 the
+ * table's longest eviction stall in ns}, rows x {u64 last step, u32
+ * pushes, u32 0} in the order of the records, depth x width u16 counters.
+ * Format 2 had only the first 16 bytes of the header. */
+#define STATE_HEAD_V2 16u
+#define STATE_HEAD 80u
 #define STATE_ROW 16u
 
+typedef struct {
+  uint32_t rows, width, groups, g0;
+  uint64_t adds, cnt[N_CNT], stall_ns;
+  size_t head; /* bytes of the header */
+} state_hdr_t;
+
+/* Read lock held; *out malloc'd (NULL, 0 for tables without a policy).
+ * 0 or -ENOMEM. */
 static int snap_state(const embps_table_t *t, const shard_t *sh,
                       unsigned char **out, size_t *bytes) {
   *out = NULL;
@@ -1701,10 +1728,16 @@ static int snap_state(const embps_table_t *t, const shard_t *sh,
   unsigned char *b = calloc(1, len), *p = b + STATE_HEAD;
   if (!b)
     return -ENOMEM;
+  const uint64_t stall = atomic_load(&t->stall_ns);
   memcpy(b, &rows, 4);
   memcpy(b + 4, &width, 4);
-  if (width)
+  if (width) {
     memcpy(b + 8, &sh->sketch.adds, 8);
+    memcpy(b + 16, &sh->sketch.groups, 4);
+    memcpy(b + 20, &sh->sketch.g0, 4);
+  }
+  memcpy(b + 32, sh->cnt, sizeof sh->cnt);
+  memcpy(b + 32 + sizeof sh->cnt, &stall, 8);
   for (uint32_t next = t->has_meta ? sh->lru_head : 0; next;
        next = sh->meta[next - 1].next, p += STATE_ROW) {
     memcpy(p, &sh->meta[next - 1].last_step, 8);
@@ -1834,12 +1867,12 @@ typedef void (*fill_fn)(const void *ctx, const embps_table_t *t,
  * ids and n) with fill, shard by shard under the write lock, materialising
  * the new ones without an initial value, shards in parallel (OpenMP) when
  * the rows are many. Padding ids are skipped. lsn != 0 becomes the log
- * position of every shard written. */
+ * position of every shard written. Tables with eviction: every row written
+ * counts as pushed at step `now` (an expired one as new). */
 static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
-                       const int64_t *ids, uint64_t lsn, fill_fn fill,
-                       const void *ctx) {
+                       const int64_t *ids, uint64_t lsn, uint64_t now,
+                       fill_fn fill, const void *ctx) {
   uint64_t created = 0;
-  const uint64_t now = atomic_load(&t->step);
   const uint32_t S = t->n_shards;
   const size_t n = s->start[S];
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created) \
@@ -1860,6 +1893,9 @@ static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
       else if (!(rec = s->rec[p])) {
         rec = hashed_insert(t, sh, ids[i], RAW_ROW, now);
         created++;
+      } else if (t->has_meta) {
+        meta_on_push(t, sh, s->slot[p], now,
+                     s->what[p] == W_RESET || s->what[p] == W_DROP);
       }
       fill(ctx, t, rec, i, wide);
     }
@@ -1898,9 +1934,12 @@ static void fill_rows(const void *ctx, const embps_table_t *t,
 
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
                             const int64_t *ids, const float *w,
-                            const float *state, uint64_t lsn) {
+                            const float *state, uint64_t lsn,
+                            const uint64_t *step) {
   rows_src_t src = {w, state};
-  place_rows(t, s, ids, lsn, fill_rows, &src);
+  if (step)
+    embps_table_set_step(t, *step);
+  place_rows(t, s, ids, lsn, atomic_load(&t->step), fill_rows, &src);
 }
 
 typedef struct {
@@ -1930,54 +1969,138 @@ int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
   s->raw = 0;
   if (rc)
     return rc;
-  place_rows(t, s, ids, 0, fill_record, &src);
+  place_rows(t, s, ids, 0, atomic_load(&t->step), fill_record, &src);
   return 0;
 }
 
-/* The rows with meta and the sketch width a state of `bytes` bytes
- * declares; 0 if its size does not match them. */
-static int state_shape(const unsigned char *state, size_t bytes,
-                       uint32_t *rows, uint32_t *width) {
-  if (bytes < STATE_HEAD)
+/* Reads the header of a shard state of file format `format` (2 or 3);
+ * 0 if its size does not match it. */
+static int state_parse(const unsigned char *state, size_t bytes,
+                       uint32_t format, state_hdr_t *h) {
+  memset(h, 0, sizeof *h);
+  h->head = format >= 3 ? STATE_HEAD : STATE_HEAD_V2;
+  if (bytes < h->head)
     return 0;
-  memcpy(rows, state, 4);
-  memcpy(width, state + 4, 4);
-  return bytes == STATE_HEAD + (uint64_t)*rows * STATE_ROW +
-                      (uint64_t)*width * EMBPS_SKETCH_DEPTH * 2;
+  memcpy(&h->rows, state, 4);
+  memcpy(&h->width, state + 4, 4);
+  memcpy(&h->adds, state + 8, 8);
+  if (format >= 3) {
+    memcpy(&h->groups, state + 16, 4);
+    memcpy(&h->g0, state + 20, 4);
+    memcpy(h->cnt, state + 32, sizeof h->cnt);
+    memcpy(&h->stall_ns, state + 32 + sizeof h->cnt, 8);
+  }
+  if (h->groups && (h->width % EMBPS_SKETCH_GROUP ||
+                    (uint64_t)h->g0 + h->width / EMBPS_SKETCH_GROUP >
+                        h->groups))
+    return 0;
+  return bytes == h->head + (uint64_t)h->rows * STATE_ROW +
+                      (uint64_t)h->width * EMBPS_SKETCH_DEPTH * 2;
 }
 
-int embps_table_restore_sketch(embps_table_t *t, uint32_t file_k,
-                               uint32_t file_shards,
-                               const unsigned char *state, size_t bytes) {
-  uint32_t rows, width;
-  if (!state_shape(state, bytes, &rows, &width))
-    return EMBPS_EPROTO;
-  if (!t->admit_count || !width || file_shards != t->n_shards)
-    return 0; /* another shard count: admission counts start again */
-  shard_t *sh = &t->shards[file_k];
-  if (sh->sketch.width != width)
+/* The width of a format-2 sketch of this table in n_shards shards. */
+static uint32_t legacy_width(const embps_table_t *t, uint32_t n_shards) {
+  uint64_t w = sketch_bytes(&t->spec) / n_shards /
+               (EMBPS_SKETCH_DEPTH * sizeof(uint16_t));
+  if (w < EMBPS_SKETCH_MIN_WIDTH)
+    w = EMBPS_SKETCH_MIN_WIDTH;
+  if (w > UINT32_MAX / EMBPS_SKETCH_DEPTH)
+    w = UINT32_MAX / EMBPS_SKETCH_DEPTH;
+  return (uint32_t)w;
+}
+
+/* The sketch of file shard file_k (header h, counters c) into the table's
+ * shards: a copy into the same shard; into another shard count, a merge
+ * into every shard holding one of its groups (admit.h); a format-2
+ * sketch only into the same shard count, which keeps its layout. Nothing
+ * (counts start again) if the layouts differ. 0 or -ENOMEM. */
+static int restore_sketch(embps_table_t *t, uint32_t file_k,
+                          uint32_t file_shards, const state_hdr_t *h,
+                          const uint16_t *c) {
+  const size_t bytes = (size_t)h->width * EMBPS_SKETCH_DEPTH * sizeof *c;
+  if (!h->groups) {
+    if (file_shards != t->n_shards || h->width != legacy_width(t, file_shards))
+      return 0;
+    shard_t *sh = &t->shards[file_k];
+    embps_sketch_t s;
+    if (embps_sketch_init_legacy(&s, h->width, t->spec.seed))
+      return -ENOMEM;
+    memcpy(s.c, c, bytes);
+    s.adds = h->adds;
+    add_bytes(t, (int64_t)embps_sketch_bytes(&s) -
+                     (int64_t)embps_sketch_bytes(&sh->sketch));
+    pthread_rwlock_wrlock(&sh->lock);
+    embps_sketch_t old = sh->sketch;
+    sh->sketch = s;
+    pthread_rwlock_unlock(&sh->lock);
+    embps_sketch_free(&old);
     return 0;
+  }
+  for (uint32_t k = 0; k < t->n_shards; k++) {
+    shard_t *sh = &t->shards[k];
+    if (sh->sketch.groups != h->groups)
+      return 0;
+    pthread_rwlock_wrlock(&sh->lock);
+    if (file_shards == t->n_shards && k == file_k &&
+        sh->sketch.g0 == h->g0 && sh->sketch.width == h->width) {
+      memcpy(sh->sketch.c, c, bytes);
+      sh->sketch.adds = h->adds;
+    } else if (file_shards != t->n_shards) {
+      embps_sketch_merge(&sh->sketch, c, h->g0,
+                         h->width / EMBPS_SKETCH_GROUP, h->adds);
+    }
+    pthread_rwlock_unlock(&sh->lock);
+  }
+  return 0;
+}
+
+int embps_table_restore_state(embps_table_t *t, uint32_t format,
+                              uint32_t file_k, uint32_t file_shards,
+                              const unsigned char *state, size_t bytes) {
+  state_hdr_t h;
+  if (!state_parse(state, bytes, format, &h))
+    return EMBPS_EPROTO;
+  if (!t->policy)
+    return 0;
+  /* the counters: into the same shard, or any one (their sum is what
+   * shows, and what later checkpoints carry on) */
+  shard_t *sh = &t->shards[file_k % t->n_shards];
+  dyn_count_t c = {.admitted = h.cnt[CNT_ADMITTED],
+                   .pending = (int64_t)h.cnt[CNT_PENDING],
+                   .evicted = {h.cnt[CNT_TTL], h.cnt[CNT_CAP], h.cnt[CNT_L2]}};
   pthread_rwlock_wrlock(&sh->lock);
-  memcpy(&sh->sketch.adds, state + 8, 8);
-  memcpy(sh->sketch.c, state + STATE_HEAD + (size_t)rows * STATE_ROW,
-         (size_t)width * EMBPS_SKETCH_DEPTH * 2);
+  add_counts_locked(t, sh, &c);
   pthread_rwlock_unlock(&sh->lock);
-  return 0;
+  /* not rows evicted now: restore counts the rows it makes */
+  atomic_fetch_add(&t->rows_allocated, c.evicted[0] + c.evicted[1] +
+                                           c.evicted[2]);
+  note_stall(t, h.stall_ns);
+  if (!t->admit_count || !h.width)
+    return 0;
+  uint16_t *counters = malloc(h.width * (size_t)EMBPS_SKETCH_DEPTH *
+                              sizeof *counters);
+  if (!counters)
+    return -ENOMEM;
+  memcpy(counters, state + h.head + (size_t)h.rows * STATE_ROW,
+         h.width * (size_t)EMBPS_SKETCH_DEPTH * sizeof *counters);
+  int rc = restore_sketch(t, file_k, file_shards, &h, counters);
+  free(counters);
+  return rc;
 }
 
-int embps_table_restore_meta(embps_table_t *t, const unsigned char *state,
-                             size_t bytes, const int64_t *ids, size_t first,
-                             size_t n) {
-  uint32_t rows, width;
-  if (!state_shape(state, bytes, &rows, &width))
+int embps_table_restore_meta(embps_table_t *t, uint32_t format,
+                             const unsigned char *state, size_t bytes,
+                             const int64_t *ids, size_t first, size_t n) {
+  state_hdr_t h;
+  if (!state_parse(state, bytes, format, &h))
     return EMBPS_EPROTO;
-  if (!t->has_meta || !rows)
+  if (!t->has_meta || !h.rows)
     return 0;
-  if (first + n > rows)
+  if (first + n > h.rows)
     return EMBPS_EPROTO;
   for (size_t i = 0; i < n; i++) {
     shard_t *sh = &t->shards[embps_route_shard(ids[i], t->n_shards)];
-    const unsigned char *p = state + STATE_HEAD + (first + i) * STATE_ROW;
+    const unsigned char *p = state + h.head + (first + i) * STATE_ROW;
     pthread_rwlock_wrlock(&sh->lock);
     uint32_t slot = map_find_slot(t, sh, ids[i]);
     if (slot != NO_SLOT) {

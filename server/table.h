@@ -134,17 +134,20 @@ int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
                                      size_t *rows, uint64_t *lsn,
                                      unsigned char **state,
                                      size_t *state_bytes);
-/* Restore of that state: the sketch of file shard file_k (kept only when
- * the shard count is the same: counts start again otherwise), and, after
- * embps_table_restore of records first..first+n-1 of the section (ids),
- * their recency and pushes. 0 or EMBPS_EPROTO (the state's size does not
- * match its header). Applying thread only. */
-int embps_table_restore_sketch(embps_table_t *t, uint32_t file_k,
-                               uint32_t file_shards,
-                               const unsigned char *state, size_t bytes);
-int embps_table_restore_meta(embps_table_t *t, const unsigned char *state,
-                             size_t bytes, const int64_t *ids, size_t first,
-                             size_t n);
+/* Restore of that state, of checkpoint format `format` (2: no counters,
+ * the sketch in its old layout; 3): the counters of file shard file_k
+ * (added to the table's) and its admission sketch (into the same shard,
+ * or merged into the shards of another shard count, admit.h; a format-2
+ * sketch only into the same shard count: counts start again otherwise);
+ * and, after embps_table_restore of records first..first+n-1 of the
+ * section (ids), their recency and pushes. 0, -ENOMEM or EMBPS_EPROTO (the
+ * state's size does not match its header). Applying thread only. */
+int embps_table_restore_state(embps_table_t *t, uint32_t format,
+                              uint32_t file_k, uint32_t file_shards,
+                              const unsigned char *state, size_t bytes);
+int embps_table_restore_meta(embps_table_t *t, uint32_t format,
+                             const unsigned char *state, size_t bytes,
+                             const int64_t *ids, size_t first, size_t n);
 /* Inserts (or overwrites) n file records, by id, into a table of any shard
  * count; ids is scratch for n ids. Applying thread only. 0, EMBPS_ERANGE
  * (an id outside a dense table), -ENOMEM. */
@@ -167,10 +170,13 @@ int embps_table_scan(embps_table_t *t, uint64_t *cursor, size_t max_rows,
  * those distinct, checked rows to weights w (n x dim float32, rounded to
  * the storage type) and optimizer state (n x k x dim float32; NULL: the
  * initial state). Cannot fail; padding ids are skipped. lsn as in
- * embps_table_commit. The step counter is not changed. */
+ * embps_table_commit. step: NULL, the step counter is not changed; else it
+ * is set to *step first. For TTL and LRU/LFU each row written counts as
+ * pushed at the (new) step: a row that had expired is fresh again. */
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
                             const int64_t *ids, const float *w,
-                            const float *state, uint64_t lsn);
+                            const float *state, uint64_t lsn,
+                            const uint64_t *step);
 /* Admission and eviction (issue 12; table.c "admission and eviction").
  * Whether id has a row now (pushed, admitted, not evicted or expired): the
  * one test of row liveness, for readers outside table.c. */

@@ -31,6 +31,19 @@ check "pull" c pull emb --ids 1,2,9,4
 check "pull again" c pull emb --ids 1
 c pull emb --ids 5000 >/dev/null 2>&1 && bad "out of range pull refused" || ok "out of range pull refused"
 c pull nosuch --ids 1 >/dev/null 2>&1 && bad "unknown table refused" || ok "unknown table refused"
+c evict nosuch >/dev/null 2>&1 && bad "evict of an unknown table refused" ||
+  ok "evict of an unknown table refused"
+# admission and eviction: 5 and 6 admitted by their 2nd push, 7 pending,
+# 5 and 6 expired one step later and evicted (the sweep or `evict`)
+check "create dyn" c create-table dyn --dim 1 --dynamic --admit-after 2 \
+  --ttl-steps 1 --max-rows 100
+check "push dyn 1" c push dyn --indices 5,6 --values 1,1
+check "push dyn 2" c push dyn --indices 5,6 --values 1,1
+check "push dyn 3" c push dyn --indices 7 --values 1
+check "evict dyn" c evict dyn
+c stats --json >"$TMP/stats" 2>&1
+check "stats: 2 errors (ERANGE, evict nosuch; not the DESCRIBE probes)" \
+  python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); assert s[0]["errors"] == 2, s' "$TMP/stats"
 
 if [ "$(code "$M/metrics")" = 200 ]; then ok "/metrics 200"; else bad "/metrics 200"; fi
 cp "$TMP/body" "$TMP/metrics"
@@ -56,11 +69,19 @@ expect 'embps_table_rows{table="emb"}' 4
 expect 'embps_table_rows{table="other"}' 1
 expect 'embps_table_dim{table="other"}' 3
 expect 'embps_errors_total{code="EMBPS_ERANGE",table="emb"}' 1
-# create-table first describes the table on every server (to create it
-# everywhere or nowhere): 2 ENOTABLE answers, then the pull of "nosuch"
-expect 'embps_errors_total{code="EMBPS_ENOTABLE",table=""}' 3
-expect 'embps_requests_total{kind="push"}' 3
-expect 'embps_request_duration_seconds_count{op="push"}' 3
+# create-table (to create a table everywhere or nowhere) and the pull of
+# "nosuch" (for its dim) first describe the table: those ENOTABLE answers
+# are no errors; the evict of "nosuch" is one
+expect 'embps_errors_total{code="EMBPS_ENOTABLE",table=""}' 1
+expect 'embps_table_rows_admitted_total{table="dyn"}' 2
+expect 'embps_table_rows_pending{table="dyn"}' 1
+expect 'embps_table_rows_evicted_total{table="dyn",reason="ttl"}' 2
+expect 'embps_table_rows_evicted_total{table="dyn",reason="capacity"}' 0
+expect 'embps_table_rows_evicted_total{table="dyn",reason="l2"}' 0
+expect 'embps_table_capacity_rows{table="dyn"}' 100
+expect 'embps_table_rows{table="dyn"}' 0
+expect 'embps_requests_total{kind="push"}' 6  # 3, and 3 to dyn
+expect 'embps_request_duration_seconds_count{op="push"}' 6
 expect 'embps_request_duration_seconds_count{op="pull"}' 2
 expect 'embps_request_duration_seconds_bucket{op="pull",le="+Inf"}' 2
 expect 'embps_apply_queue_depth' 0

@@ -13,6 +13,8 @@ from harness import Server
 import embps
 
 INIT = 0.5
+COUNTERS = ("rows_allocated", "rows_admitted", "rows_pending", "evicted_ttl",
+            "evicted_capacity", "evicted_l2")
 M64 = (1 << 64) - 1
 
 
@@ -100,6 +102,36 @@ class Dynamic(unittest.TestCase):
         d = self.c.describe("t")
         self.assertEqual(d["evicted_ttl"], 2)  # 1 (re-admitted) and 2
         self.assertEqual(d["rows_allocated"], 2)
+
+    def import_rows(self, ids, value, name="t", dim=2):
+        import os
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            np.save(os.path.join(d, "ids.npy"), np.asarray(ids, np.int64))
+            np.save(os.path.join(d, "weights.npy"),
+                    np.full((len(ids), dim), value, np.float32))
+            self.assertEqual(self.c.import_(name, d), len(ids))
+
+    def test_import_refreshes_ttl_and_lru(self):
+        self.table(ttl_steps=2)
+        self.push(range(30), 1.0)  # step 1
+        self.push([100], 1.0)  # step 2
+        self.push([101], 1.0)  # step 3: rows 0..29 expired, 10 reclaimed
+        self.assertEqual(self.row(29), INIT)  # expired, still held
+        self.assertEqual(self.c.describe("t")["rows_allocated"], 22)
+        self.import_rows([29], 9.0)  # written now: fresh again
+        self.assertEqual(self.row(29), 9.0)
+        self.push([102], 1.0)  # step 4: 1 step old
+        self.assertEqual(self.row(29), 9.0)
+        self.push([103], 1.0)  # step 5: 2 steps old, expired
+        self.assertEqual(self.row(29), INIT)
+        self.table("lru", max_rows=2)
+        self.push([1], 1.0, "lru")
+        self.push([2], 1.0, "lru")
+        self.import_rows([1], 9.0, "lru")  # the most recently written
+        self.push([3], 1.0, "lru")  # evicts 2, the least recent
+        self.assertEqual((self.row(1, "lru"), self.row(2, "lru"),
+                          self.row(3, "lru")), (9.0, INIT, INIT - 1.0))
 
     def test_lru(self):
         self.table(max_rows=3)
@@ -344,7 +376,8 @@ class DynamicRestart(unittest.TestCase):
             self.assertTrue(np.array_equal(a.pull(name, self.SPACE),
                                            b.pull(name, self.SPACE)), name)
             da, db = a.describe(name), b.describe(name)
-            self.assertEqual(da["rows_allocated"], db["rows_allocated"])
+            for k in COUNTERS:  # counters carried by checkpoint and log
+                self.assertEqual(da[k], db[k], (name, k))
 
     def restart(self, kill):
         import tempfile
@@ -415,11 +448,72 @@ class DynamicRestart(unittest.TestCase):
                 with embps.Client(srv.address) as c:
                     self.assertTrue(np.array_equal(c.pull("t", ids), want))
                     self.assertEqual(c.describe("t")["rows_allocated"], 6)
+                    self.assertEqual(c.describe("t")["evicted_l2"], 16)
             finally:
                 srv.stop()
 
     def test_sigterm(self):
         self.restart(False)
+
+
+class DynamicReshard(unittest.TestCase):
+    """A restore into another --shards count keeps the admission counts:
+    every shard's sketch holds groups of one sketch of the server
+    (admit.h), so ids pushed N-1 times before are admitted by their Nth
+    push after, and ids pushed fewer times are not beyond the sketch's
+    false-admission rate."""
+
+    N = 3
+
+    def test_pending_counts_survive_other_shard_counts(self):
+        import tempfile
+        rng = np.random.default_rng(5)
+        ids = rng.permutation(np.unique(rng.integers(0, 1 << 40, 61000)))
+        ids = ids[:60000].astype(np.int64)
+        hot, once, fresh = ids[:3000], ids[3000:30000], ids[30000:]
+        with tempfile.TemporaryDirectory() as d:
+            srv = Server("--shards", "4", "--data-dir", d).start()
+            try:
+                c = embps.Client(srv.address)
+                c.create_table("t", 1, dynamic=True, lr=1.0,
+                               init="constant:%g" % INIT,
+                               admit_after=self.N, seed=9)
+                for shards, part in (("7", hot[:1500]), ("2", hot[1500:])):
+                    for _ in range(self.N - 1):
+                        c.push("t", part, np.ones((part.size, 1), np.float32))
+                    c.push("t", once, np.ones((once.size, 1), np.float32))
+                    pending = c.describe("t")["rows_pending"]
+                    c.checkpoint()
+                    c.close()
+                    self.assertEqual(srv.stop(), 0)
+                    srv.args[1] = shards
+                    srv.start()
+                    c = embps.Client(srv.address)
+                    d_ = c.describe("t")
+                    self.assertEqual(d_["rows_pending"], pending)
+                    self.assertEqual(d_["rows_allocated"], 0)
+                    c.push("t", part, np.ones((part.size, 1), np.float32))
+                    got = c.pull("t", part)[:, 0]
+                    self.assertTrue(np.all(got == INIT - 1), shards)
+                    # one-off ids pushed a second time (count 2 < N), and
+                    # ids never seen: admitted only by false admission, at
+                    # most (1 - e^(-L/W))^4 of them (admit.h) with L the
+                    # pushes counted, W = 2^17 counters a row (1 MiB)
+                    counted = (self.N - 1) * part.size + once.size
+                    for ones in (once, fresh):
+                        c.push("t", ones, np.ones((ones.size, 1), np.float32))
+                        counted += ones.size
+                        false = int(np.sum(c.pull("t", ones)[:, 0] != INIT))
+                        rate = (1 - np.exp(-counted / (1 << 17))) ** 4
+                        self.assertLessEqual(false, rate * ones.size,
+                                             (shards, false))
+                    c.drop_table("t")
+                    c.create_table("t", 1, dynamic=True, lr=1.0,
+                                   init="constant:%g" % INIT,
+                                   admit_after=self.N, seed=9)
+                c.close()
+            finally:
+                srv.stop()
 
 
 if __name__ == "__main__":

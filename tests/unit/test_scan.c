@@ -102,7 +102,7 @@ static void check_scan(int dynamic, uint32_t shards, embps_dtype_t dt) {
   embps_table_scratch_t s;
   embps_table_scratch_init(&s);
   assert_int_equal(embps_table_prepare(u, &s, got, N, 0), 0);
-  embps_table_write_rows(u, &s, got, w, st, 0);
+  embps_table_write_rows(u, &s, got, w, st, 0, NULL);
   float *w2 = malloc(N * DIM * sizeof *w2), *st2 = malloc(N * 2 * DIM * 4);
   int64_t got2[N];
   embps_table_gather(u, got, N, w2);
@@ -116,7 +116,7 @@ static void check_scan(int dynamic, uint32_t shards, embps_dtype_t dt) {
   }
   /* without state: the initial state (adam: zeros), weights as given */
   assert_int_equal(embps_table_prepare(u, &s, got, 10, 0), 0);
-  embps_table_write_rows(u, &s, got, w, NULL, 0);
+  embps_table_write_rows(u, &s, got, w, NULL, 0, NULL);
   assert_int_equal(scan_all(u, 1000, got2, w2, st2), N);
   for (size_t i = 0; i < N; i++) {
     int reset = 0;
