@@ -342,11 +342,9 @@ static void *snap_run(void *arg) {
   free(j->state);
   j->state = NULL;
   j->state_bytes = 0;
-  const uint64_t t0 = embps_now_ns();
   j->rc = embps_table_snapshot_shard_state(
       j->t, j->k, &j->recs, &j->cap, &j->rows, &j->lsn,
-      j->with_state ? &j->state : NULL, &j->state_bytes);
-  j->copy_ns = embps_now_ns() - t0;
+      j->with_state ? &j->state : NULL, &j->state_bytes, &j->copy_ns);
   return NULL;
 }
 

@@ -1750,18 +1750,11 @@ static int snap_state(const embps_table_t *t, const shard_t *sh,
   return 0;
 }
 
-int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
-                               unsigned char **buf, size_t *cap,
-                               size_t *rows, uint64_t *lsn) {
-  return embps_table_snapshot_shard_state(t, k, buf, cap, rows, lsn, NULL,
-                                          NULL);
-}
-
 int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
                                      unsigned char **buf, size_t *cap,
                                      size_t *rows, uint64_t *lsn,
                                      unsigned char **state,
-                                     size_t *state_bytes) {
+                                     size_t *state_bytes, uint64_t *held_ns) {
   shard_t *sh = &t->shards[k];
   /* sized before the lock from the row count (dense: the shard's share,
    * plus slack), so the copy under the lock rarely grows the buffer */
@@ -1778,6 +1771,7 @@ int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
   snap_t b = {*buf, 0, *cap};
   uint64_t pos = 0;
   pthread_rwlock_rdlock(&sh->lock);
+  const uint64_t t0 = now_ns();
   int rc = t->hashed && sh->n_rows > b.cap
                ? snap_reserve(t, &b.buf, &b.cap, sh->n_rows)
                : 0;
@@ -1790,6 +1784,7 @@ int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
   else if (!rc)
     rc = visit_shard_locked(t, k, &pos, SIZE_MAX, SIZE_MAX, snap_push, &b);
   *lsn = sh->lsn;
+  *held_ns = now_ns() - t0;
   pthread_rwlock_unlock(&sh->lock);
   if (rc < 0 && state) {
     free(*state);

@@ -120,20 +120,17 @@ size_t embps_table_file_record_bytes(const embps_table_t *t);
 /* Copies the rows of shard k as file records into *buf (*cap records,
  * grown with realloc as needed: reuse it for every shard, free() it at the
  * end), *rows of them, under the shard's read lock, with the shard's log
- * position in *lsn. Pulls go on; a push to that shard waits for the copy.
- * 0, -ENOMEM. */
-int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
-                               unsigned char **buf, size_t *cap,
-                               size_t *rows, uint64_t *lsn);
-/* The same, with the shard's admission and eviction state copied under
- * the same lock into *state (malloc'd; NULL and 0 for a table without a
- * policy): each record's recency and pushes, in the order of the records
- * (least recently pushed first), and the admission sketch. */
+ * position in *lsn; state != NULL: the shard's admission and eviction
+ * state too, under the same lock, into *state (malloc'd; NULL and 0 for a
+ * table without a policy): each record's recency and pushes, in the order
+ * of the records (least recently pushed first), and the admission sketch.
+ * *held_ns = how long the lock was held. Pulls go on; a push to that shard
+ * waits for the copy. 0, -ENOMEM. */
 int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
                                      unsigned char **buf, size_t *cap,
                                      size_t *rows, uint64_t *lsn,
                                      unsigned char **state,
-                                     size_t *state_bytes);
+                                     size_t *state_bytes, uint64_t *held_ns);
 /* Restore of that state, of checkpoint format `format` (2: no counters,
  * the sketch in its old layout; 3): the counters of file shard file_k
  * (added to the table's) and its admission sketch (into the same shard,
