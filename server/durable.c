@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -777,7 +778,13 @@ int embps_durable_open(embps_server_t *srv, char *err, size_t err_len) {
     snprintf(err, err_len, "data dir %s: %s", d->dir, strerror(errno));
     goto fail;
   }
-  if (lock_dir(d, err, err_len) || restore(d, &last, err, err_len))
+  /* Nothing is served yet: the restore may copy rows on every core (the
+   * thread's OpenMP setting, put back after it). */
+  const int team = omp_get_max_threads();
+  omp_set_num_threads(omp_get_num_procs());
+  int restored = !lock_dir(d, err, err_len) && !restore(d, &last, err, err_len);
+  omp_set_num_threads(team);
+  if (!restored)
     goto fail;
   embps_apply_set_lsn(srv->apply, last);
   if (embps_wal_open(d->log_dir, last + 1, srv->cfg.fsync, d->unsafe_ack,
