@@ -75,23 +75,26 @@ static inline void cells(const embps_sketch_t *s, int64_t id,
   }
 }
 
-uint32_t embps_sketch_estimate(const embps_sketch_t *s, int64_t id) {
-  size_t at[EMBPS_SKETCH_DEPTH];
+/* The smallest of the counters at `at`: the id's count estimate. */
+static uint32_t min_cell(const embps_sketch_t *s,
+                         const size_t at[EMBPS_SKETCH_DEPTH]) {
   uint32_t m = EMBPS_SKETCH_MAX;
-  cells(s, id, at);
   for (uint32_t j = 0; j < EMBPS_SKETCH_DEPTH; j++)
     if (s->c[at[j]] < m)
       m = s->c[at[j]];
   return m;
 }
 
+uint32_t embps_sketch_estimate(const embps_sketch_t *s, int64_t id) {
+  size_t at[EMBPS_SKETCH_DEPTH];
+  cells(s, id, at);
+  return min_cell(s, at);
+}
+
 uint32_t embps_sketch_add(embps_sketch_t *s, int64_t id) {
   size_t at[EMBPS_SKETCH_DEPTH];
-  uint32_t m = EMBPS_SKETCH_MAX;
   cells(s, id, at);
-  for (uint32_t j = 0; j < EMBPS_SKETCH_DEPTH; j++)
-    if (s->c[at[j]] < m)
-      m = s->c[at[j]];
+  const uint32_t m = min_cell(s, at);
   if (m < EMBPS_SKETCH_MAX)
     for (uint32_t j = 0; j < EMBPS_SKETCH_DEPTH; j++)
       if (s->c[at[j]] == m)
