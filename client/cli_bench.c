@@ -492,6 +492,11 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
     rc = run_phase(&o, &w, copts, 0, &pull);
   if (!rc && do_push)
     rc = run_phase(&o, &w, copts, 1, &push);
+  /* what admission and eviction did meanwhile (zeros without a policy) */
+  embps_table_info_t after;
+  memset(&after, 0, sizeof after);
+  if (!rc && o.dynamic && embps_describe_table(admin, o.table, &after))
+    memset(&after, 0, sizeof after);
   if (created && !o.keep)
     embps_drop_table(admin, o.table);
   embps_client_destroy(admin);
@@ -513,7 +518,10 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            "\"push_p999_us\": %.1f, \"warmup\": %g, \"batches\": %u, "
            "\"pull_requests\": %" PRIu64 ", \"push_requests\": %" PRIu64
            ", \"pull_max_us\": %.1f, \"push_max_us\": %.1f, "
-           "\"admit_after\": %u, \"max_rows\": %" PRIu64 "}\n",
+           "\"admit_after\": %u, \"max_rows\": %" PRIu64
+           ", \"rows_held\": %" PRIu64 ", \"rows_admitted\": %" PRIu64
+           ", \"evicted_capacity\": %" PRIu64 ", \"evicted_ttl\": %" PRIu64
+           ", \"evict_stall_max_us\": %" PRIu64 "}\n",
            o.workers, o.batch, o.rows, o.dim, o.zipf,
            embps_optimizer_name(o.optimizer), o.seconds, o.depth,
            o.dynamic ? "true" : "false", prefill_s,
@@ -521,7 +529,9 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
            pull.ids_per_s, pull.p50, pull.p99, pull.p999, push.rows_per_s,
            push.ids_per_s, push.p50, push.p99, push.p999, o.warmup,
            o.n_batches, pull.requests, push.requests, pull.max, push.max,
-           o.policy.admit_after, o.policy.max_rows);
+           o.policy.admit_after, o.policy.max_rows, after.rows_allocated,
+           after.rows_admitted, after.evicted_capacity, after.evicted_ttl,
+           after.evict_stall_max_us);
   } else {
     printf("embps bench: %u worker(s), batch %" PRIu64 " Zipf(%g) over %"
            PRIu64 " rows, dim %u, %s, %g s per phase, depth %u\n",
@@ -541,6 +551,12 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
       printf("%-5s %14.0f %14.0f %10.1f %10.1f %10.1f %9" PRIu64 "\n", "push",
              push.rows_per_s, push.ids_per_s, push.p50, push.p99, push.p999,
              push.requests);
+    if (after.rows_admitted || after.evicted_capacity || after.evicted_ttl)
+      printf("table: %" PRIu64 " rows held, %" PRIu64 " admitted, %" PRIu64
+             " evicted for capacity and %" PRIu64 " by TTL, longest eviction "
+             "stall %" PRIu64 " us\n",
+             after.rows_allocated, after.rows_admitted, after.evicted_capacity,
+             after.evicted_ttl, after.evict_stall_max_us);
   }
   return 0;
 }
