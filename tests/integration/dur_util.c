@@ -532,7 +532,14 @@ static void worker_main(dur_shared_t *sh, const dur_workload_t *wl, int w,
     acks = fopen(path, "w");
   }
   atomic_store(&ws->inflight_wit, 1); /* nothing sent yet, but unresolved */
-  embps_client_t *c = dur_connect(addr, 5000, retry_ms, NULL);
+  /* The scenario may kill the server before a worker first connects (a
+   * slow fork under a sanitizer): like a trainer's launcher, try again for
+   * as long as the worker's calls may retry. */
+  const double give_up_ms = dur_now_ms() + (retry_ms > 0 ? retry_ms : 0);
+  embps_client_t *c;
+  while (!(c = dur_connect(addr, 5000, retry_ms, NULL)) &&
+         dur_now_ms() < give_up_ms)
+    dur_sleep_ms(50);
   if (!c)
     worker_failed(ws, c, w, "first", 0, EMBPS_ECONN);
   atomic_store(&ws->inflight_wit, 0);
