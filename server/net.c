@@ -951,12 +951,6 @@ static void on_stop(uv_async_t *a) {
   begin_stop(net);
 }
 
-/* ------------------------------------------------------------ lifecycle */
-
-static net_t *net_of(embps_server_t *srv) {
-  return (net_t *)((char *)srv - offsetof(net_t, srv));
-}
-
 /* Binds and listens; returns the fd, or a negative code with a logged
  * reason. */
 static int listen_on(const embps_server_config_t *cfg, int *port_out) {
@@ -1075,6 +1069,38 @@ static int io_start(net_t *net, io_thread_t *io) {
   return rc;
 }
 
+/* Every connection takes a descriptor: make RLIMIT_NOFILE's soft limit
+ * room for --max-connections, as far as the hard limit allows. */
+static void check_nofile(const embps_server_config_t *cfg) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl))
+    return;
+  rlim_t want = (rlim_t)cfg->max_connections + FD_RESERVE +
+                4 * (rlim_t)cfg->io_threads;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want
+                      ? want
+                      : rl.rlim_max;
+    if (rl.rlim_cur > old && setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      LOG_INFO("raised the open-file limit from %llu to %llu for "
+               "--max-connections %u", (unsigned long long)old,
+               (unsigned long long)rl.rlim_cur, cfg->max_connections);
+    else
+      rl.rlim_cur = old;
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+    LOG_WARN("open-file limit %llu (hard %llu) is below what --max-"
+             "connections %u needs (%llu): past about %llu connections, "
+             "new ones wait in the backlog (raise it with ulimit -n)",
+             (unsigned long long)rl.rlim_cur,
+             (unsigned long long)rl.rlim_max, cfg->max_connections,
+             (unsigned long long)want,
+             (unsigned long long)(rl.rlim_cur > FD_RESERVE
+                                      ? rl.rlim_cur - FD_RESERVE
+                                      : 0));
+}
+
 /* The main loop's handles: the listener, its retry timer, the stop call
  * and, for the daemon, SIGTERM and SIGINT. 0 or a negative code (the
  * handles set up are closed by loop_close). */
@@ -1108,36 +1134,10 @@ static int loop_start(net_t *net) {
   return rc;
 }
 
-/* Every connection takes a descriptor: make RLIMIT_NOFILE's soft limit
- * room for --max-connections, as far as the hard limit allows. */
-static void check_nofile(const embps_server_config_t *cfg) {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl))
-    return;
-  rlim_t want = (rlim_t)cfg->max_connections + FD_RESERVE +
-                4 * (rlim_t)cfg->io_threads;
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
-    rlim_t old = rl.rlim_cur;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want
-                      ? want
-                      : rl.rlim_max;
-    if (rl.rlim_cur > old && setrlimit(RLIMIT_NOFILE, &rl) == 0)
-      LOG_INFO("raised the open-file limit from %llu to %llu for "
-               "--max-connections %u", (unsigned long long)old,
-               (unsigned long long)rl.rlim_cur, cfg->max_connections);
-    else
-      rl.rlim_cur = old;
-  }
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
-    LOG_WARN("open-file limit %llu (hard %llu) is below what --max-"
-             "connections %u needs (%llu): past about %llu connections, "
-             "new ones wait in the backlog (raise it with ulimit -n)",
-             (unsigned long long)rl.rlim_cur,
-             (unsigned long long)rl.rlim_max, cfg->max_connections,
-             (unsigned long long)want,
-             (unsigned long long)(rl.rlim_cur > FD_RESERVE
-                                      ? rl.rlim_cur - FD_RESERVE
-                                      : 0));
+/* ------------------------------------------------------------ lifecycle */
+
+static net_t *net_of(embps_server_t *srv) {
+  return (net_t *)((char *)srv - offsetof(net_t, srv));
 }
 
 /* create's steps in order; on failure the caller undoes those done. */
