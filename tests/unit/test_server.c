@@ -123,6 +123,16 @@ static void create_and_push(embps_client_t *c, const char *name) {
   assert_int_equal(embps_push(c, name, ids, N_IDS, g, DIM, 0), 0);
 }
 
+/* Starts a server on data_dir and connects; table "emb", pushed once. */
+static embps_client_t *start_pushed(running_t *r, const char *data_dir) {
+  embps_server_config_t cfg;
+  config(&cfg, "--data-dir", data_dir, NULL);
+  start(r, &cfg);
+  embps_client_t *c = connect_to(r);
+  create_and_push(c, "emb");
+  return c;
+}
+
 /* Pulls ids 0..ROWS-1 of `name` and checks every value. */
 static void check_rows(embps_client_t *c, const char *name) {
   int64_t all[ROWS];
@@ -136,6 +146,16 @@ static void check_rows(embps_client_t *c, const char *name) {
   for (int64_t i = 0; i < ROWS; i++)
     for (uint32_t k = 0; k < DIM; k++)
       assert_float_equal(out[i * DIM + k], expected(i, k), 1e-6);
+}
+
+/* The log position the server's last checkpoint covers (0: none). */
+static uint64_t checkpoint_lsn(embps_client_t *c) {
+  embps_server_stats_t *st;
+  size_t n;
+  assert_int_equal(embps_stats(c, &st, &n), 0);
+  uint64_t lsn = st[0].checkpoint_lsn;
+  embps_stats_free(st, n);
+  return lsn;
 }
 
 /* Entries of a /proc directory: this process's threads or descriptors. */
@@ -215,26 +235,18 @@ static void test_serve_stop_twice(void **state) {
 static void test_data_dir_final_checkpoint(void **state) {
   (void)state;
   char *dir = make_tmpdir();
-  embps_server_config_t cfg;
-  config(&cfg, "--data-dir", dir, NULL);
   running_t r;
-  start(&r, &cfg);
-  embps_client_t *c = connect_to(&r);
-  create_and_push(c, "emb");
-  embps_server_stats_t *st;
-  size_t n;
-  assert_int_equal(embps_stats(c, &st, &n), 0);
-  assert_int_equal(st[0].checkpoint_lsn, 0); /* none yet */
-  embps_stats_free(st, n);
+  embps_client_t *c = start_pushed(&r, dir);
+  assert_int_equal(checkpoint_lsn(c), 0); /* none yet */
   embps_client_destroy(c);
   assert_int_equal(finish(&r), 0);
 
+  embps_server_config_t cfg;
+  config(&cfg, "--data-dir", dir, NULL);
   start(&r, &cfg); /* the same data dir, the same process */
   c = connect_to(&r);
   check_rows(c, "emb");
-  assert_int_equal(embps_stats(c, &st, &n), 0);
-  assert_true(st[0].checkpoint_lsn > 0); /* the final one of the first */
-  embps_stats_free(st, n);
+  assert_true(checkpoint_lsn(c) > 0); /* the final one of the first */
   embps_client_destroy(c);
   assert_int_equal(finish(&r), 0);
   remove_tree(dir);
@@ -261,12 +273,9 @@ static void test_stop_before_run_and_destroy_unrun(void **state) {
 static void test_create_failures(void **state) {
   (void)state;
   char *dir = make_tmpdir(), path[512], busy[32];
-  embps_server_config_t cfg;
-  config(&cfg, "--data-dir", dir, NULL);
   running_t live;
-  start(&live, &cfg);
-  embps_client_t *c = connect_to(&live);
-  create_and_push(c, "emb");
+  embps_client_t *c = start_pushed(&live, dir);
+  embps_server_config_t cfg;
   snprintf(busy, sizeof busy, "127.0.0.1:%d", embps_server_port(live.srv));
 
   /* the port is taken: before any data dir, and after one was restored */
