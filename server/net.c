@@ -965,7 +965,7 @@ static int listen_on(const embps_server_config_t *cfg, int *port_out) {
     LOG_ERROR("cannot resolve %s: %s", cfg->listen_host, gai_strerror(rc));
     return EMBPS_EINVAL;
   }
-  int fd = -1, err = 0;
+  int fd = -1, err = EADDRNOTAVAIL; /* never left: at least one address */
   for (struct addrinfo *a = res; a; a = a->ai_next) {
     fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                 a->ai_protocol);
