@@ -302,6 +302,10 @@ int embps_cluster_start(embps_server_t *srv) {
   const embps_server_config_t *cfg = &srv->cfg;
   if (!cfg->cluster_servers)
     return 0;
+  if (cl.started) {
+    LOG_ERROR("--cluster-servers: another server of this process runs it");
+    return -1;
+  }
   cl.srv = srv;
   cl.n = cfg->cluster_size;
   cl.self = cfg->cluster_index;
@@ -311,6 +315,10 @@ int embps_cluster_start(embps_server_t *srv) {
   cl.peer = calloc(cl.n, sizeof *cl.peer);
   if (!cl.peer || !cl.servers) {
     LOG_ERROR("--cluster-servers: out of memory");
+    free(cl.peer);
+    free(cl.servers);
+    cl.peer = NULL;
+    cl.servers = NULL;
     return -1;
   }
   const char *p = cl.servers;
@@ -331,7 +339,12 @@ int embps_cluster_start(embps_server_t *srv) {
   if (pthread_create(&cl.tid, NULL, run, NULL)) {
     pthread_mutex_lock(&cl.mu);
     cl.started = 0;
+    free(cl.peer);
+    free(cl.servers);
+    cl.peer = NULL;
+    cl.servers = NULL;
     pthread_mutex_unlock(&cl.mu);
+    pthread_cond_destroy(&cl.wake);
     LOG_ERROR("--cluster-servers: cannot start the cluster thread");
     return -1;
   }

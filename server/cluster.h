@@ -24,7 +24,8 @@
  * with a message in err. Without the flag: sets cluster_size 1 when 0. */
 int embps_cluster_config_check(embps_server_config_t *cfg, char *err,
                                size_t err_len);
-/* Starts the thread when --cluster-servers was given; 0 or -1 (logged). */
+/* Starts the thread when --cluster-servers was given; 0 or -1 (logged;
+ * also when another server of the process runs it: one per process). */
 int embps_cluster_start(embps_server_t *srv);
 /* Stops and joins it; safe without a start. */
 void embps_cluster_stop(void);

@@ -1,5 +1,5 @@
 /* main.c - the embps-server daemon: flags, process set-up, then the server
- * library (net.c) runs until SIGTERM or SIGINT. */
+ * library (net.c): create, run until SIGTERM or SIGINT, destroy. */
 #include <malloc.h>
 #include <omp.h>
 #include <signal.h>
@@ -68,5 +68,11 @@ int main(int argc, char **argv) {
     cfg.omp_threads = cores > 1 ? (uint32_t)cores / 2 : 1;
   if (cfg.omp_threads)
     omp_set_num_threads((int)cfg.omp_threads);
-  return embps_server_run(&cfg);
+  cfg.handle_signals = 1;
+  embps_server_t *srv;
+  if (embps_server_create(&cfg, &srv))
+    return 1;
+  int status = embps_server_run(srv);
+  embps_server_destroy(srv);
+  return status;
 }

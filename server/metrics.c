@@ -517,10 +517,15 @@ static int write_port_file(const char *path, unsigned port) {
 
 int embps_metrics_start(embps_server_t *srv) {
   const embps_server_config_t *cfg = &srv->cfg;
-  m.srv = srv;
-  m.start_s = time(NULL);
   if (!cfg->metrics_host[0])
     return 0;
+  if (m.daemon) {
+    LOG_ERROR("--metrics-listen: another server of this process serves "
+              "/metrics");
+    return -1;
+  }
+  m.srv = srv;
+  m.start_s = time(NULL);
   char port[16];
   snprintf(port, sizeof port, "%d", cfg->metrics_port);
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM,

@@ -6,7 +6,8 @@
  * is a relaxed atomic, per-table figures live in a fixed table of slots
  * claimed once by name (compare-and-swap), so a request costs a hash of its
  * table name and a few atomic adds. The hooks work whether or not the HTTP
- * server was started. One server per process. */
+ * server was started. The counters are the process's (summed over its
+ * servers); one server of a process at a time serves HTTP. */
 #ifndef EMBPS_METRICS_H
 #define EMBPS_METRICS_H
 #include <stddef.h>
@@ -16,7 +17,8 @@ struct embps_server;
 struct embps_request;
 
 /* Starts the HTTP server on cfg->metrics_host:metrics_port (when set) and
- * writes cfg->metrics_port_file. Returns 0 or -1 with a logged reason. */
+ * writes cfg->metrics_port_file. Returns 0 or -1 with a logged reason
+ * (also when another server of the process serves HTTP). */
 int embps_metrics_start(struct embps_server *srv);
 /* Stops the HTTP server; NULL-safe, idempotent. */
 void embps_metrics_stop(void);

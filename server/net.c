@@ -1,4 +1,11 @@
-/* net.c - sockets and event loops (the threading model is in server.h).
+/* net.c - a server's lifecycle, sockets and event loops (the threading
+ * model and the create/run/stop/destroy contract are in server.h).
+ *
+ * Lifecycle: a server is a net_t whose first member is the embps_server_t
+ * callers hold; every handle and thread reaches it through their data
+ * pointers, so a process may hold several. embps_server_create runs
+ * net_start's steps in order and, on a failure, undoes those done with
+ * the same two functions destroy uses (net_stop_threads, net_free).
  *
  * Accepting: the main loop polls a non-blocking listening socket and deals
  * accepted fds round-robin to the I/O threads (Debian's libuv 1.44 has no
@@ -37,8 +44,10 @@
  * not polled for ACCEPT_RETRY_MS (a level-triggered poll would spin), and
  * the warning is logged at most once per LOG_EVERY_MS.
  *
- * Shutdown (SIGTERM/SIGINT): stop accepting and reading, finish every
- * request already read, flush replies, close, stop the apply thread. */
+ * Shutdown (embps_server_stop, an async handle that keeps no loop alive;
+ * the daemon's SIGTERM/SIGINT do the same): stop accepting and reading,
+ * finish every request already read, flush replies, close, take the final
+ * checkpoint, stop the apply thread. */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
 #include <fcntl.h>
@@ -92,6 +101,7 @@ struct embps_conn {
 
 struct io_thread {
   embps_server_t *srv;
+  struct net *net;
   uv_loop_t loop;
   uv_async_t wake;
   uv_timer_t sweep;
@@ -114,22 +124,24 @@ typedef struct {
   uint64_t next_ns, skipped;
 } ratelimit_t;
 
-typedef struct {
+/* A server: the handle callers hold is &net->srv. */
+typedef struct net {
   embps_server_t srv;
   uv_loop_t loop;
   uv_poll_t listen_poll;
   uv_timer_t accept_retry;
-  uv_signal_t sig_term, sig_int;
-  int listen_fd, stopping;
+  uv_signal_t sig_term, sig_int; /* cfg.handle_signals only */
+  uv_async_t stop_async; /* embps_server_stop; open until destroy */
+  int listen_fd, port, stopping;
+  int loop_ready, metrics_started, cluster_started, threads_stopped;
   io_thread_t *io;
+  uint32_t n_io; /* I/O threads started */
   uint32_t next_io;
   atomic_uint open_conns;
   /* bytes held by all connections (see "Budgets") */
   atomic_size_t run_bytes, queued_bytes;
   ratelimit_t accept_log;
 } net_t;
-
-static net_t *the_net; /* one server per process */
 
 typedef struct {
   uv_write_t w;
@@ -138,6 +150,7 @@ typedef struct {
 } write_req_t;
 
 static void conn_close(embps_conn_t *c);
+static void conn_read_stop(embps_conn_t *c);
 static void conn_resume_maybe(embps_conn_t *c);
 static void run_waiting(embps_conn_t *c);
 static void net_complete(embps_request_t *req);
@@ -173,9 +186,9 @@ static size_t conn_held(const embps_conn_t *c) {
   return c->run_bytes + c->write_pending;
 }
 
-static size_t server_bytes(void) {
-  return atomic_load_explicit(&the_net->run_bytes, memory_order_relaxed) +
-         atomic_load_explicit(&the_net->queued_bytes, memory_order_relaxed);
+static size_t server_bytes(const net_t *net) {
+  return atomic_load_explicit(&net->run_bytes, memory_order_relaxed) +
+         atomic_load_explicit(&net->queued_bytes, memory_order_relaxed);
 }
 
 /* Bytes a request will hold while it runs: its body, and for a pull its
@@ -198,20 +211,20 @@ static size_t request_cost(const embps_request_t *req) {
 static int budget_allows(const embps_conn_t *c, const embps_request_t *req) {
   size_t held = conn_held(c);
   return !held ||
-         held + request_cost(req) <= the_net->srv.cfg.max_conn_buffer_bytes;
+         held + request_cost(req) <= c->io->srv->cfg.max_conn_buffer_bytes;
 }
 
 /* Must c stop being read? */
 static int conn_over_budget(const embps_conn_t *c) {
-  const embps_server_config_t *cfg = &the_net->srv.cfg;
+  const embps_server_config_t *cfg = &c->io->srv->cfg;
   return conn_held(c) + c->queued_bytes >= cfg->max_conn_buffer_bytes ||
-         server_bytes() >= cfg->max_buffer_bytes ||
+         server_bytes(c->io->net) >= cfg->max_buffer_bytes ||
          c->in_flight + c->n_waiting > INFLIGHT_MAX;
 }
 
 /* Frees a request that was running on c (or never held a body). */
 static void run_free(embps_conn_t *c, embps_request_t *req) {
-  budget_sub(&c->run_bytes, &the_net->run_bytes, req->body_cap);
+  budget_sub(&c->run_bytes, &c->io->net->run_bytes, req->body_cap);
   embps_request_free(req);
 }
 
@@ -228,7 +241,7 @@ static void stranger_done(embps_conn_t *c) {
 static void on_write(uv_write_t *w, int status) {
   write_req_t *wr = (write_req_t *)w;
   embps_conn_t *c = w->data;
-  budget_sub(&c->write_pending, &the_net->run_bytes, wr->len);
+  budget_sub(&c->write_pending, &c->io->net->run_bytes, wr->len);
   free(wr->buf);
   free(wr);
   if (status < 0 && !c->closing) {
@@ -269,12 +282,12 @@ static void send_reply(embps_conn_t *c, embps_request_t *req) {
   wr->len = len;
   wr->w.data = c;
   uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-  budget_add(&c->write_pending, &the_net->run_bytes, len);
+  budget_add(&c->write_pending, &c->io->net->run_bytes, len);
   atomic_fetch_add_explicit(&c->io->srv->counters.bytes_out, len,
                             memory_order_relaxed);
   int rc = uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, on_write);
   if (rc) {
-    budget_sub(&c->write_pending, &the_net->run_bytes, len);
+    budget_sub(&c->write_pending, &c->io->net->run_bytes, len);
     free(buf);
     free(wr);
     conn_close(c);
@@ -286,8 +299,8 @@ static void send_reply(embps_conn_t *c, embps_request_t *req) {
 /* Runs req, whose body c holds in queued_bytes. */
 static void run_request(embps_conn_t *c, embps_request_t *req) {
   embps_server_t *srv = c->io->srv;
-  budget_sub(&c->queued_bytes, &the_net->queued_bytes, req->body_cap);
-  budget_add(&c->run_bytes, &the_net->run_bytes, req->body_cap);
+  budget_sub(&c->queued_bytes, &c->io->net->queued_bytes, req->body_cap);
+  budget_add(&c->run_bytes, &c->io->net->run_bytes, req->body_cap);
   embps_dispatch_t d = embps_dispatch(srv, req, &c->authed, &c->io->scratch);
   if (c->authed)
     stranger_done(c);
@@ -300,10 +313,7 @@ static void run_request(embps_conn_t *c, embps_request_t *req) {
     break;
   case EMBPS_DISPATCH_CLOSE:
     c->close_after_write = 1;
-    if (c->reading) {
-      uv_read_stop((uv_stream_t *)&c->tcp);
-      c->reading = 0;
-    }
+    conn_read_stop(c);
     send_reply(c, req);
     break;
   case EMBPS_DISPATCH_REPLY:
@@ -376,10 +386,7 @@ static void fail_frame(embps_conn_t *c, const embps_frame_header_t *h,
   embps_request_fail(c->io->srv, req, code, "%s", msg);
   if (!keep) {
     c->close_after_write = 1;
-    if (c->reading) {
-      uv_read_stop((uv_stream_t *)&c->tcp);
-      c->reading = 0;
-    }
+    conn_read_stop(c);
   }
   send_reply(c, req); /* replies carry their request id: no order needed */
 }
@@ -434,7 +441,7 @@ static int start_frame(embps_conn_t *c) {
   req->body = body;
   req->bodies = bodies;
   req->complete = net_complete;
-  budget_add(&c->queued_bytes, &the_net->queued_bytes, req->body_cap);
+  budget_add(&c->queued_bytes, &c->io->net->queued_bytes, req->body_cap);
   c->cur = req;
   c->body_got = 0;
   if (h.body_len == 0)
@@ -511,18 +518,25 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (c->body_got == c->cur->hdr.body_len)
       frame_complete(c);
   }
-  if (c->reading && !c->cur && conn_over_budget(c)) {
-    uv_read_stop(s);
-    c->reading = 0;
-  }
+  if (c->reading && !c->cur && conn_over_budget(c))
+    conn_read_stop(c);
+}
+
+static void conn_read_stop(embps_conn_t *c) {
+  if (!c->reading)
+    return;
+  int rc = uv_read_stop((uv_stream_t *)&c->tcp);
+  if (rc)
+    LOG_DEBUG("cannot stop reading: %s", uv_strerror(rc));
+  c->reading = 0;
 }
 
 static void conn_resume_maybe(embps_conn_t *c) {
   if (c->reading || c->closing || c->close_after_write || c->io->draining)
     return;
-  if (conn_held(c) + c->queued_bytes <=
-          the_net->srv.cfg.max_conn_buffer_bytes / 2 &&
-      server_bytes() < the_net->srv.cfg.max_buffer_bytes &&
+  const embps_server_config_t *cfg = &c->io->srv->cfg;
+  if (conn_held(c) + c->queued_bytes <= cfg->max_conn_buffer_bytes / 2 &&
+      server_bytes(c->io->net) < cfg->max_buffer_bytes &&
       c->in_flight + c->n_waiting <= INFLIGHT_MAX / 2) {
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (rc) {
@@ -550,17 +564,17 @@ static void on_close(uv_handle_t *h) {
     io->conns = c->next;
   if (c->next)
     c->next->prev = c->prev;
-  atomic_fetch_sub(&the_net->open_conns, 1);
+  atomic_fetch_sub(&io->net->open_conns, 1);
   atomic_fetch_sub(&io->srv->counters.connections, 1);
   if (c->cur) {
-    budget_sub(&c->queued_bytes, &the_net->queued_bytes, c->cur->body_cap);
+    budget_sub(&c->queued_bytes, &c->io->net->queued_bytes, c->cur->body_cap);
     embps_request_free(c->cur);
   }
   c->cur = NULL;
   while (c->wait_head) {
     embps_request_t *r = c->wait_head;
     c->wait_head = r->next;
-    budget_sub(&c->queued_bytes, &the_net->queued_bytes, r->body_cap);
+    budget_sub(&c->queued_bytes, &c->io->net->queued_bytes, r->body_cap);
     embps_request_free(r);
   }
   if (c->in_flight)
@@ -580,8 +594,9 @@ static void conn_close(embps_conn_t *c) {
 
 /* Close callback of a handle that never became a connection. */
 static void on_close_unopened(uv_handle_t *h) {
-  conn_free(h->data);
-  atomic_fetch_sub(&the_net->open_conns, 1);
+  embps_conn_t *c = h->data;
+  atomic_fetch_sub(&c->io->net->open_conns, 1);
+  conn_free(c);
 }
 
 static void conn_open(io_thread_t *io, int fd) {
@@ -594,7 +609,7 @@ static void conn_open(io_thread_t *io, int fd) {
     if (c)
       conn_free(c);
     close(fd);
-    atomic_fetch_sub(&the_net->open_conns, 1);
+    atomic_fetch_sub(&io->net->open_conns, 1);
     return;
   }
   c->io = io;
@@ -656,10 +671,7 @@ static void drain_check(io_thread_t *io) {
     return;
   for (embps_conn_t *c = io->conns, *next; c; c = next) {
     next = c->next;
-    if (c->reading) {
-      uv_read_stop((uv_stream_t *)&c->tcp);
-      c->reading = 0;
-    }
+    conn_read_stop(c);
     if (!c->in_flight && !c->wait_head && !c->write_pending)
       conn_close(c);
   }
@@ -699,7 +711,7 @@ static void on_wake(uv_async_t *a) {
   for (size_t i = 0; i < n_fds; i++) {
     if (io->draining) {
       close(fds[i]);
-      atomic_fetch_sub(&the_net->open_conns, 1);
+      atomic_fetch_sub(&io->net->open_conns, 1);
     } else {
       conn_open(io, fds[i]);
     }
@@ -751,7 +763,9 @@ static void io_wake(io_thread_t *io) {
 
 static void *io_main(void *arg) {
   io_thread_t *io = arg;
-  uv_run(&io->loop, UV_RUN_DEFAULT);
+  int rc = uv_run(&io->loop, UV_RUN_DEFAULT); /* until drain_check closes */
+  if (rc)
+    LOG_WARN("an I/O loop stopped with handles active");
   return NULL;
 }
 
@@ -866,8 +880,10 @@ static void on_listen(uv_poll_t *p, int status, int events) {
         LOG_WARN("accept: %s (%llu more since the last warning); pausing "
                  "new connections for %d ms", strerror(err),
                  (unsigned long long)skipped, ACCEPT_RETRY_MS);
-      uv_poll_stop(&net->listen_poll);
-      int rc = uv_timer_start(&net->accept_retry, on_accept_retry,
+      int rc = uv_poll_stop(&net->listen_poll);
+      if (rc)
+        LOG_ERROR("cannot pause the listening socket: %s", uv_strerror(rc));
+      rc = uv_timer_start(&net->accept_retry, on_accept_retry,
                               ACCEPT_RETRY_MS, 0);
       if (rc)
         LOG_ERROR("cannot retry accepting: %s", uv_strerror(rc));
@@ -889,27 +905,54 @@ static void on_listen(uv_poll_t *p, int status, int events) {
   }
 }
 
-static void on_signal(uv_signal_t *s, int signum) {
-  net_t *net = s->data;
-  LOG_INFO("signal %d: finishing in-flight requests, then exiting", signum);
-  if (net->stopping)
-    return;
-  net->stopping = 1;
-  embps_metrics_set_ready(0);
-  uv_poll_stop(&net->listen_poll);
-  uv_close((uv_handle_t *)&net->listen_poll, NULL);
-  uv_close((uv_handle_t *)&net->accept_retry, NULL);
-  uv_close((uv_handle_t *)&net->sig_term, NULL);
-  uv_close((uv_handle_t *)&net->sig_int, NULL);
-  embps_apply_drain(net->srv.apply);
-  for (uint32_t i = 0; i < net->srv.cfg.io_threads; i++) {
-    io_thread_t *io = &net->io[i];
-    atomic_store(&io->draining, 1);
-    io_wake(io);
+/* ------------------------------------------------------------ stopping */
+
+/* /readyz belongs to the server that serves it (metrics.h). */
+static void set_ready(net_t *net, int ready) {
+  if (net->metrics_started)
+    embps_metrics_set_ready(ready);
+}
+
+/* Tells every I/O loop to finish what it holds and end (drain_check). */
+static void io_drain_all(net_t *net) {
+  for (uint32_t i = 0; i < net->n_io; i++) {
+    atomic_store(&net->io[i].draining, 1);
+    io_wake(&net->io[i]);
   }
 }
 
-/* Binds and listens; returns the fd or -1 with a logged reason. */
+/* On the main loop: stop accepting and reading. The I/O loops end once
+ * every request already read is answered, the main loop once its handles
+ * are closed (stop_async does not keep it alive). */
+static void begin_stop(net_t *net) {
+  if (net->stopping)
+    return;
+  net->stopping = 1;
+  set_ready(net, 0);
+  uv_close((uv_handle_t *)&net->listen_poll, NULL);
+  uv_close((uv_handle_t *)&net->accept_retry, NULL);
+  if (net->srv.cfg.handle_signals) {
+    uv_close((uv_handle_t *)&net->sig_term, NULL);
+    uv_close((uv_handle_t *)&net->sig_int, NULL);
+  }
+  embps_apply_drain(net->srv.apply);
+  io_drain_all(net);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  LOG_INFO("signal %d: finishing in-flight requests, then exiting", signum);
+  begin_stop(s->data);
+}
+
+static void on_stop(uv_async_t *a) {
+  net_t *net = a->data;
+  if (!net->stopping)
+    LOG_INFO("stop requested: finishing in-flight requests");
+  begin_stop(net);
+}
+
+/* Binds and listens; returns the fd, or a negative code with a logged
+ * reason. */
 static int listen_on(const embps_server_config_t *cfg, int *port_out) {
   char port[16];
   snprintf(port, sizeof port, "%d", cfg->listen_port);
@@ -920,14 +963,16 @@ static int listen_on(const embps_server_config_t *cfg, int *port_out) {
   int rc = getaddrinfo(cfg->listen_host, port, &hints, &res);
   if (rc) {
     LOG_ERROR("cannot resolve %s: %s", cfg->listen_host, gai_strerror(rc));
-    return -1;
+    return EMBPS_EINVAL;
   }
-  int fd = -1, err = 0;
+  int fd = -1, err = EADDRNOTAVAIL; /* never left: at least one address */
   for (struct addrinfo *a = res; a; a = a->ai_next) {
     fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                 a->ai_protocol);
-    if (fd < 0)
+    if (fd < 0) {
+      err = errno;
       continue;
+    }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 1024) == 0)
@@ -940,11 +985,17 @@ static int listen_on(const embps_server_config_t *cfg, int *port_out) {
   if (fd < 0) {
     LOG_ERROR("cannot listen on %s:%d: %s", cfg->listen_host,
               cfg->listen_port, strerror(err));
-    return -1;
+    return -err;
   }
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
-  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl)) {
+    err = errno;
+    LOG_ERROR("cannot read the port of %s:%d: %s", cfg->listen_host,
+              cfg->listen_port, strerror(err));
+    close(fd);
+    return -err;
+  }
   *port_out = ntohs(ss.ss_family == AF_INET6
                         ? ((struct sockaddr_in6 *)&ss)->sin6_port
                         : ((struct sockaddr_in *)&ss)->sin_port);
@@ -952,40 +1003,70 @@ static int listen_on(const embps_server_config_t *cfg, int *port_out) {
 }
 
 /* Writes the port to path via a temporary file and rename, so a reader
- * never sees a partial number. */
+ * never sees a partial number. 0 or -errno. */
 static int write_port_file(const char *path, int port) {
   char tmp[1100];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
   FILE *f = fopen(tmp, "w");
   if (!f)
-    return -1;
+    return -errno;
   fprintf(f, "%d\n", port);
   if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    int err = errno;
     unlink(tmp);
-    return -1;
+    return -err;
   }
   return 0;
 }
 
+static void close_unclosed(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
+}
+
+/* Closes every handle still open on loop (not running), then loop. */
+static void loop_close(uv_loop_t *loop, const char *what) {
+  uv_walk(loop, close_unclosed, NULL);
+  if (uv_run(loop, UV_RUN_DEFAULT)) /* the close callbacks */
+    LOG_WARN("%s: handles active after closing them all", what);
+  int rc = uv_loop_close(loop);
+  if (rc)
+    LOG_WARN("%s closed with handles open: %s", what, uv_strerror(rc));
+}
+
+/* Frees io, whose thread was joined or never started. */
+static void io_close(io_thread_t *io) {
+  loop_close(&io->loop, "an I/O loop");
+  embps_table_scratch_close(&io->scratch.table);
+  embps_dedup_close(&io->scratch.dedup);
+  pthread_mutex_destroy(&io->mu);
+  free(io->fds);
+}
+
+/* Sets up io's loop and starts its thread: 0, or a negative code with
+ * nothing of io left set up. */
 static int io_start(net_t *net, io_thread_t *io) {
+  io->net = net;
   io->srv = &net->srv;
+  int rc = uv_loop_init(&io->loop);
+  if (rc)
+    return rc;
   pthread_mutex_init(&io->mu, NULL);
   embps_table_scratch_init(&io->scratch.table);
   embps_dedup_init(&io->scratch.dedup);
-  int rc = uv_loop_init(&io->loop);
-  if (!rc)
-    rc = uv_async_init(&io->loop, &io->wake, on_wake);
+  rc = uv_async_init(&io->loop, &io->wake, on_wake);
   io->wake.data = io;
   if (!rc)
     rc = uv_timer_init(&io->loop, &io->sweep);
   io->sweep.data = io;
   if (!rc)
     rc = uv_timer_start(&io->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
-  if (rc) {
-    LOG_ERROR("cannot set up an I/O loop: %s", uv_strerror(rc));
-    return -1;
-  }
-  return pthread_create(&io->tid, NULL, io_main, io) ? -1 : 0;
+  if (!rc)
+    rc = -pthread_create(&io->tid, NULL, io_main, io);
+  if (rc)
+    io_close(io);
+  return rc;
 }
 
 /* Every connection takes a descriptor: make RLIMIT_NOFILE's soft limit
@@ -1020,21 +1101,148 @@ static void check_nofile(const embps_server_config_t *cfg) {
                                       : 0));
 }
 
-static void io_close(io_thread_t *io) {
-  int rc = uv_loop_close(&io->loop);
+/* The main loop's handles: the listener, its retry timer, the stop call
+ * and, for the daemon, SIGTERM and SIGINT. 0 or a negative code (the
+ * handles set up are closed by loop_close). */
+static int loop_start(net_t *net) {
+  int rc = uv_loop_init(&net->loop);
   if (rc)
-    LOG_WARN("an I/O loop closed with handles open: %s", uv_strerror(rc));
-  embps_table_scratch_close(&io->scratch.table);
-  embps_dedup_close(&io->scratch.dedup);
-  pthread_mutex_destroy(&io->mu);
-  free(io->fds);
+    return rc;
+  net->loop_ready = 1;
+  rc = uv_poll_init(&net->loop, &net->listen_poll, net->listen_fd);
+  net->listen_poll.data = net;
+  if (!rc)
+    rc = uv_timer_init(&net->loop, &net->accept_retry);
+  net->accept_retry.data = net;
+  if (!rc)
+    rc = uv_async_init(&net->loop, &net->stop_async, on_stop);
+  net->stop_async.data = net;
+  if (!rc) {
+    uv_unref((uv_handle_t *)&net->stop_async);
+    rc = uv_poll_start(&net->listen_poll, UV_READABLE, on_listen);
+  }
+  if (rc || !net->srv.cfg.handle_signals)
+    return rc;
+  rc = uv_signal_init(&net->loop, &net->sig_term);
+  if (!rc)
+    rc = uv_signal_init(&net->loop, &net->sig_int);
+  net->sig_term.data = net->sig_int.data = net;
+  if (!rc)
+    rc = uv_signal_start(&net->sig_term, on_signal, SIGTERM);
+  if (!rc)
+    rc = uv_signal_start(&net->sig_int, on_signal, SIGINT);
+  return rc;
 }
 
-int embps_server_run(const embps_server_config_t *cfg) {
+/* ------------------------------------------------------------ lifecycle */
+
+static net_t *net_of(embps_server_t *srv) {
+  return (net_t *)((char *)srv - offsetof(net_t, srv));
+}
+
+/* create's steps in order; on failure the caller undoes those done. */
+static int net_start(net_t *net) {
+  embps_server_t *srv = &net->srv;
+  const embps_server_config_t *cfg = &srv->cfg;
+  int rc = embps_apply_start(srv, &srv->apply);
+  if (rc) {
+    LOG_ERROR("cannot start the apply thread");
+    return rc;
+  }
+  if (embps_metrics_start(srv)) /* /healthz answers during the restore */
+    return EMBPS_EINVAL;
+  net->metrics_started = cfg->metrics_host[0] != 0;
+  if (cfg->data_dir[0]) { /* restored before anyone can connect */
+    char err[2048];
+    if (embps_durable_open(srv, err, sizeof err)) {
+      LOG_ERROR("%s", err);
+      return EMBPS_EIO;
+    }
+  }
+  rc = listen_on(cfg, &net->port);
+  if (rc < 0)
+    return rc;
+  net->listen_fd = rc;
+  net->io = calloc(cfg->io_threads, sizeof *net->io);
+  if (!net->io)
+    return EMBPS_ENOMEM;
+  for (; net->n_io < cfg->io_threads; net->n_io++) {
+    rc = io_start(net, &net->io[net->n_io]);
+    if (rc) {
+      LOG_ERROR("cannot start I/O thread %u: %s", net->n_io, uv_strerror(rc));
+      return rc;
+    }
+  }
+  rc = loop_start(net);
+  if (rc) {
+    LOG_ERROR("cannot set up the main loop: %s", uv_strerror(rc));
+    return rc;
+  }
+  if (cfg->port_file[0] &&
+      (rc = write_port_file(cfg->port_file, net->port))) {
+    LOG_ERROR("cannot write --port-file %s: %s", cfg->port_file,
+              strerror(-rc));
+    return rc;
+  }
+  /* The one line scripts wait for; printed whatever the log level. */
+  embps_log_ready("embps-server %s ready on %s:%d (io-threads %u, shards %u, "
+                  "cluster %u/%u)", EMBPS_VERSION_STRING, cfg->listen_host,
+                  net->port, cfg->io_threads, cfg->shards, cfg->cluster_index,
+                  cfg->cluster_size);
+  set_ready(net, 1);
+  if (embps_cluster_start(srv)) /* /readyz: the tables the others hold */
+    return EMBPS_EINVAL;
+  net->cluster_started = cfg->cluster_servers != NULL;
+  return 0;
+}
+
+/* Stops the threads net_start started, in the reverse order, once the
+ * I/O loops have drained (or telling them to, when they never served),
+ * with the final checkpoint. Returns the exit status; runs once. */
+static int net_stop_threads(net_t *net) {
+  embps_server_t *srv = &net->srv;
+  if (net->threads_stopped)
+    return 0;
+  net->threads_stopped = 1;
+  if (net->cluster_started)
+    embps_cluster_stop();
+  if (!net->stopping)
+    io_drain_all(net);
+  for (uint32_t i = 0; i < net->n_io; i++)
+    pthread_join(net->io[i].tid, NULL);
+  int status = 0;
+  if (srv->apply) {
+    status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */
+    embps_apply_stop(srv->apply);
+    srv->apply = NULL;
+  }
+  if (net->metrics_started)
+    embps_metrics_stop(); /* before what it reads goes */
+  embps_durable_close(srv);
+  return status;
+}
+
+/* Frees net once its threads are stopped. */
+static void net_free(net_t *net) {
+  for (uint32_t i = 0; i < net->n_io; i++)
+    io_close(&net->io[i]);
+  free(net->io);
+  if (net->loop_ready) /* before the fd its poll handle watches */
+    loop_close(&net->loop, "the main loop");
+  if (net->listen_fd >= 0)
+    close(net->listen_fd);
+  embps_registry_close(&net->srv.registry);
+  embps_bufpool_close(&net->srv.bodies);
+  free(net);
+}
+
+int embps_server_create(const embps_server_config_t *cfg,
+                        embps_server_t **out) {
+  *out = NULL;
   net_t *net = calloc(1, sizeof *net);
   if (!net)
-    return 1;
-  the_net = net;
+    return EMBPS_ENOMEM;
+  net->listen_fd = -1;
   embps_server_t *srv = &net->srv;
   srv->cfg = *cfg;
   srv->start_ns = embps_now_ns();
@@ -1045,88 +1253,46 @@ int embps_server_run(const embps_server_config_t *cfg) {
              "reach it can read, change and drop every table",
              cfg->listen_host);
   check_nofile(cfg);
-  int port;
-  if (embps_apply_start(srv, &srv->apply)) {
-    LOG_ERROR("cannot start the apply thread");
-    return 1;
-  }
-  if (embps_metrics_start(srv)) /* /healthz answers during the restore */
-    return 1;
-  if (cfg->data_dir[0]) { /* restored before anyone can connect */
-    char err[2048];
-    if (embps_durable_open(srv, err, sizeof err)) {
-      LOG_ERROR("%s", err);
-      return 1;
-    }
-  }
-  net->listen_fd = listen_on(cfg, &port);
-  if (net->listen_fd < 0)
-    return 1;
-  net->io = calloc(cfg->io_threads, sizeof *net->io);
-  if (!net->io)
-    return 1;
-  for (uint32_t i = 0; i < cfg->io_threads; i++) {
-    if (io_start(net, &net->io[i])) {
-      LOG_ERROR("cannot start I/O thread %u", i);
-      return 1;
-    }
-  }
-  int rc = uv_loop_init(&net->loop);
-  if (!rc)
-    rc = uv_poll_init(&net->loop, &net->listen_poll, net->listen_fd);
-  net->listen_poll.data = net;
-  if (!rc)
-    rc = uv_timer_init(&net->loop, &net->accept_retry);
-  net->accept_retry.data = net;
-  if (!rc)
-    rc = uv_poll_start(&net->listen_poll, UV_READABLE, on_listen);
-  if (!rc)
-    rc = uv_signal_init(&net->loop, &net->sig_term);
-  if (!rc)
-    rc = uv_signal_init(&net->loop, &net->sig_int);
-  net->sig_term.data = net->sig_int.data = net;
-  if (!rc)
-    rc = uv_signal_start(&net->sig_term, on_signal, SIGTERM);
-  if (!rc)
-    rc = uv_signal_start(&net->sig_int, on_signal, SIGINT);
+  int rc = net_start(net);
   if (rc) {
-    LOG_ERROR("cannot set up the main loop: %s", uv_strerror(rc));
-    return 1;
+    net_stop_threads(net);
+    net_free(net);
+    return rc;
   }
+  *out = srv;
+  return 0;
+}
 
-  if (cfg->port_file[0] && write_port_file(cfg->port_file, port)) {
-    LOG_ERROR("cannot write --port-file %s: %s", cfg->port_file,
-              strerror(errno));
-    return 1;
+int embps_server_port(const embps_server_t *srv) {
+  return net_of((embps_server_t *)srv)->port;
+}
+
+int embps_server_run(embps_server_t *srv) {
+  net_t *net = net_of(srv);
+  for (;;) {
+    if (uv_run(&net->loop, UV_RUN_DEFAULT))
+      LOG_WARN("the main loop stopped with handles active");
+    if (net->stopping)
+      break;
+    /* nothing polls the listener any more (on_accept_retry failed) */
+    LOG_ERROR("cannot accept connections any more: stopping");
+    begin_stop(net);
   }
-  /* The one line scripts wait for; printed whatever the log level. */
-  embps_log_ready("embps-server %s ready on %s:%d (io-threads %u, shards %u, "
-                  "cluster %u/%u)", EMBPS_VERSION_STRING, cfg->listen_host,
-                  port, cfg->io_threads, cfg->shards, cfg->cluster_index,
-                  cfg->cluster_size);
-  embps_metrics_set_ready(1);
-  if (embps_cluster_start(srv)) /* /readyz: the tables the others hold */
-    return 1;
-
-  uv_run(&net->loop, UV_RUN_DEFAULT);
-  embps_cluster_stop();
-  for (uint32_t i = 0; i < cfg->io_threads; i++)
-    pthread_join(net->io[i].tid, NULL);
-  int status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */
-  embps_apply_stop(srv->apply);
-  embps_metrics_stop(); /* before what it reads goes */
-  embps_durable_close(srv);
-  for (uint32_t i = 0; i < cfg->io_threads; i++)
-    io_close(&net->io[i]);
-  free(net->io);
-  close(net->listen_fd);
-  rc = uv_loop_close(&net->loop);
-  if (rc)
-    LOG_WARN("the main loop closed with handles open: %s", uv_strerror(rc));
-  embps_registry_close(&srv->registry);
-  embps_bufpool_close(&srv->bodies);
+  int status = net_stop_threads(net);
   LOG_INFO("stopped");
-  free(net);
-  the_net = NULL;
   return status;
+}
+
+void embps_server_stop(embps_server_t *srv) {
+  /* 0 on a handle not closed (until destroy); nothing here may log or
+   * lock: a signal handler may call this */
+  (void)uv_async_send(&net_of(srv)->stop_async);
+}
+
+void embps_server_destroy(embps_server_t *srv) {
+  if (!srv)
+    return;
+  net_t *net = net_of(srv);
+  net_stop_threads(net); /* when run was never called */
+  net_free(net);
 }

@@ -1,9 +1,12 @@
-/* server.h - the embps-server process: its configuration, the state every
- * thread shares, and the request object that travels between threads.
+/* server.h - the embps server: its configuration, its lifecycle (create,
+ * run, stop, destroy: a library that main.c and tests embed), the state
+ * every thread shares, and the request object that travels between threads.
  *
  * Threading model:
- *   main thread   libuv loop: accepts connections (round-robin to the I/O
- *                 threads), signals, shutdown.
+ *   main thread   the thread that calls embps_server_run: its libuv loop
+ *                 accepts connections (round-robin to the I/O threads),
+ *                 takes the stop call (and the daemon's signals), shuts
+ *                 down.
  *   I/O threads   one libuv loop each (--io-threads); own their connections
  *                 for life: read frames, decode, validate, serve pulls
  *                 (gather under shard read locks), merge push duplicates in
@@ -57,6 +60,7 @@ typedef struct {
   int log_json; /* --log-format json */
   const char *cluster_servers; /* --cluster-servers (in argv), or NULL */
   int complete_tables;         /* --complete-tables */
+  int handle_signals; /* not a flag: SIGTERM/SIGINT stop it (the daemon) */
 } embps_server_config_t;
 
 /* Largest frame accepted from a connection before its hello succeeds. */
@@ -178,8 +182,31 @@ void embps_apply_stop(embps_apply_t *a);
 void embps_apply_seen_note(embps_apply_t *a, uint64_t client, uint64_t seq);
 void embps_apply_set_lsn(embps_apply_t *a, uint64_t lsn);
 
-/* ---- net.c ---- */
-/* Runs the server until SIGTERM/SIGINT: binds, writes the port file, prints
- * the ready line, serves, drains, and returns the exit status. */
-int embps_server_run(const embps_server_config_t *cfg);
+/* ---- net.c: a server's lifecycle, in libuv's shape ----
+ * create   (cfg is copied) restores --data-dir, starts the apply, metrics,
+ *          checkpoint and I/O threads, listens, writes --port-file and
+ *          prints the ready line. 0 with *out set, or a negative code
+ *          (-errno, EMBPS_EIO for the data dir, EMBPS_EINVAL when
+ *          --metrics-listen or --cluster-servers cannot be served; the
+ *          reason is logged) with everything it did undone and *out NULL.
+ * port     the port it listens on (the one bound for --listen port 0).
+ * run      serves, on the calling thread, until stopped; then finishes
+ *          every request already read, takes the final checkpoint (with
+ *          --data-dir) and stops the threads. Called at most once. Returns
+ *          the exit status: 0, or 1 when the final checkpoint failed.
+ * stop     from any thread or a signal handler, any number of times
+ *          before destroy (before run too): run drains and returns, as on
+ *          SIGTERM.
+ * destroy  stops what run did not, frees everything; NULL-safe.
+ * Process-wide rather than per server: the log level and format, the
+ *   /metrics counters (summed over the process's servers), and the table
+ *   bytes --max-memory limits (likewise summed); at most one server of a
+ *   process may serve --metrics-listen, and one --cluster-servers, at a
+ *   time. The process must ignore SIGPIPE (main.c does). */
+int embps_server_create(const embps_server_config_t *cfg,
+                        embps_server_t **out);
+int embps_server_port(const embps_server_t *srv);
+int embps_server_run(embps_server_t *srv);
+void embps_server_stop(embps_server_t *srv);
+void embps_server_destroy(embps_server_t *srv);
 #endif
