@@ -1044,9 +1044,10 @@ PREFETCH_HELPER prefetch_known(const embps_table_t *t,
 
 /* Reads the ids in request order, so `out` is written front to back (the
  * rows' loads get the memory's parallelism, not scattered stores), with
- * every shard's read lock held: each row is read whole between two
- * pushes. Pushes wait for at most one pull's reads, as they would shard by
- * shard. */
+ * every shard's read lock held for the whole gather: each row is read
+ * whole between two pushes. A push to a shard waits for the pulls holding
+ * its lock (they read concurrently: about one pull's length), and pulls
+ * that come meanwhile wait for the push. */
 void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
                         float *out) {
   const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
