@@ -175,27 +175,31 @@ int embps_hstore_reserve(embps_hstore_t *hs, uint32_t n_slots,
   int rc = add_chunks(hs, chunks_for(hs, n_slots), lock, bytes_added);
   if (!rc && n_slots > max_slots(hs->cap))
     rc = grow_map(hs, cap_for(hs->cap, n_slots), lock, bytes_added);
-  assert(rc || (n_slots <= max_slots(hs->cap) &&
-                chunks_for(hs, n_slots) <= hs->n_chunks));
+  if (!rc && n_slots > hs->room)
+    hs->room = n_slots;
+  assert(rc || (hs->room <= max_slots(hs->cap) &&
+                chunks_for(hs, hs->room) <= hs->n_chunks));
   return rc;
 }
 
 /* ------------------------------------------------------------ rows */
 
-uint32_t embps_hstore_insert_locked(embps_hstore_t *hs, int64_t id) {
-  uint32_t slot;
+unsigned char *embps_hstore_insert_locked(embps_hstore_t *hs, int64_t id,
+                                          uint32_t *slot) {
+  unsigned char *rec;
   if (hs->free_head) {
-    slot = hs->free_head - 1;
-    memcpy(&hs->free_head, embps_hstore_rec(hs, slot), sizeof hs->free_head);
+    *slot = hs->free_head - 1;
+    rec = embps_hstore_rec(hs, *slot);
+    memcpy(&hs->free_head, rec, sizeof hs->free_head);
     hs->n_free--;
   } else {
-    assert(hs->n_slots < max_slots(hs->cap) &&
-           chunks_for(hs, hs->n_slots + 1) <= hs->n_chunks); /* reserved */
-    slot = hs->n_slots++;
+    assert(hs->n_slots < hs->room);
+    *slot = hs->n_slots++;
+    rec = embps_hstore_rec(hs, *slot);
   }
-  memcpy(embps_hstore_rec(hs, slot), &id, sizeof id);
-  map_put(hs->map, hs->cap, hs->tag_mask, embps_hstore_hash(id), slot);
-  return slot;
+  memcpy(rec, &id, sizeof id);
+  map_put(hs->map, hs->cap, hs->tag_mask, embps_hstore_hash(id), *slot);
+  return rec;
 }
 
 uint32_t embps_hstore_remove_locked(embps_hstore_t *hs, int64_t id,

@@ -30,8 +30,8 @@
  *    map or chunk index aside and takes the lock for writing only to swap
  *    it in.
  *
- * Invariants: n_slots <= 0.8 cap (every slot + 1 fits below the tag
- * bits); the chunks cover slots 0..n_slots-1; every live slot has exactly
+ * Invariants: n_slots <= room <= 0.8 cap (every slot + 1 fits below the
+ * tag bits); the chunks cover slots 0..room-1; every live slot has exactly
  * one map entry, a free slot none; n_free slots are on the free list. */
 #ifndef EMBPS_HSTORE_H
 #define EMBPS_HSTORE_H
@@ -53,6 +53,7 @@ typedef struct {
   uint32_t *map;           /* cap entries: 0, or tag | (slot + 1) */
   uint32_t cap, tag_mask;  /* cap 0: no map yet */
   uint32_t n_slots;        /* slots handed out, live or free */
+  uint32_t room;           /* slots reserved: n_slots <= room */
   uint32_t free_head;      /* free list: slot + 1 (0: empty) */
   uint32_t n_free;         /* slots on the free list */
   unsigned char **chunks;  /* n_chunks of chunks_cap pointers in use */
@@ -92,8 +93,10 @@ int embps_hstore_reserve(embps_hstore_t *hs, uint32_t n_slots,
 
 /* Inserts id, which must not be in the store, into a free slot or the
  * next new one (room reserved), and writes id at the head of its record.
- * Returns the slot; the rest of the record is the caller's to write. */
-uint32_t embps_hstore_insert_locked(embps_hstore_t *hs, int64_t id);
+ * Returns the record, *slot its slot; the rest of the record is the
+ * caller's to write. */
+unsigned char *embps_hstore_insert_locked(embps_hstore_t *hs, int64_t id,
+                                          uint32_t *slot);
 
 /* Removes id, which must be in the store: its map entry goes (backward
  * shift) and its slot onto the free list, whose link overwrites the

@@ -388,8 +388,8 @@ static void meta_on_insert(const embps_table_t *t, shard_t *sh, uint32_t slot,
 static unsigned char *hashed_insert_locked(const embps_table_t *t,
                                            shard_t *sh, int64_t id,
                                            float *wide, uint64_t step) {
-  const uint32_t slot = embps_hstore_insert_locked(&sh->hs, id);
-  unsigned char *rec = embps_hstore_rec(&sh->hs, slot);
+  uint32_t slot;
+  unsigned char *rec = embps_hstore_insert_locked(&sh->hs, id, &slot);
   if (wide != RAW_ROW)
     init_record(t, id, rec, wide);
   if (t->has_meta)

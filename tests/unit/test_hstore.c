@@ -59,10 +59,13 @@ static void reserve(store_t *st, uint32_t fresh) {
 
 /* Inserts id (absent, room reserved) with its payload; returns its slot. */
 static uint32_t put(store_t *st, int64_t id) {
-  const uint32_t slot = embps_hstore_insert_locked(&st->hs, id);
+  uint32_t slot;
+  unsigned char *rec = embps_hstore_insert_locked(&st->hs, id, &slot);
   assert_true(slot < st->hs.n_slots);
+  assert_true(st->hs.n_slots <= st->hs.room);
+  assert_ptr_equal(rec, embps_hstore_rec(&st->hs, slot));
   uint64_t p = payload(id);
-  memcpy(embps_hstore_rec(&st->hs, slot) + 8, &p, sizeof p);
+  memcpy(rec + 8, &p, sizeof p);
   return slot;
 }
 
