@@ -132,20 +132,14 @@ static int grow_map(embps_hstore_t *hs, uint32_t cap, pthread_rwlock_t *lock,
   if (!m)
     return -ENOMEM;
   const uint32_t tag_mask = tag_mask_for(cap), old_cap = hs->cap;
-  if (!hs->n_free) {
-    for (uint32_t slot = 0; slot < hs->n_slots; slot++)
-      map_put(m, cap, tag_mask,
-              embps_hstore_hash(embps_hstore_rec_id(embps_hstore_rec(hs, slot))),
-              slot);
-  } else {
-    for (uint32_t i = 0; i < old_cap; i++) {
-      if (!old[i])
-        continue;
-      const uint32_t slot = embps_hstore_entry_slot(hs, old[i]);
-      map_put(m, cap, tag_mask,
-              embps_hstore_hash(embps_hstore_rec_id(embps_hstore_rec(hs, slot))),
-              slot);
-    }
+  const int by_map = hs->n_free != 0; /* else every slot is live */
+  const uint32_t end = by_map ? old_cap : hs->n_slots;
+  for (uint32_t i = 0; i < end; i++) {
+    if (by_map && !old[i])
+      continue;
+    const uint32_t slot = by_map ? embps_hstore_entry_slot(hs, old[i]) : i;
+    const int64_t id = embps_hstore_rec_id(embps_hstore_rec(hs, slot));
+    map_put(m, cap, tag_mask, embps_hstore_hash(id), slot);
   }
   pthread_rwlock_wrlock(lock);
   hs->map = m;

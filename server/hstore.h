@@ -50,17 +50,19 @@
 /* One store. Users read the fields, never write them. Zeroed: empty, and
  * fine to close (a store of an array table is never initialised). */
 typedef struct {
+  /* what a lookup reads, together */
   uint32_t *map;           /* cap entries: 0, or tag | (slot + 1) */
+  unsigned char **chunks;  /* n_chunks of chunks_cap pointers in use */
   uint32_t cap, tag_mask;  /* cap 0: no map yet */
+  uint32_t row_bytes;      /* record size, at least 8 */
+  uint32_t r0_shift;       /* log2 of R0, rows of a level-0 chunk */
+  uint32_t max_level;      /* log2 of R_max / R0 */
+  /* the writer's */
   uint32_t n_slots;        /* slots handed out, live or free */
   uint32_t room;           /* slots reserved: n_slots <= room */
   uint32_t free_head;      /* free list: slot + 1 (0: empty) */
   uint32_t n_free;         /* slots on the free list */
-  unsigned char **chunks;  /* n_chunks of chunks_cap pointers in use */
   uint32_t n_chunks, chunks_cap;
-  uint32_t row_bytes;      /* record size, at least 8 */
-  uint32_t r0_shift;       /* log2 of R0, rows of a level-0 chunk */
-  uint32_t max_level;      /* log2 of R_max / R0 */
 } embps_hstore_t;
 
 /* An empty store of records of row_bytes (>= 8) bytes; allocates nothing. */

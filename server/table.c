@@ -390,6 +390,7 @@ static unsigned char *hashed_insert_locked(const embps_table_t *t,
                                            float *wide, uint64_t step) {
   uint32_t slot;
   unsigned char *rec = embps_hstore_insert_locked(&sh->hs, id, &slot);
+  assert(!t->has_meta || slot < sh->meta_cap); /* meta room reserved */
   if (wide != RAW_ROW)
     init_record(t, id, rec, wide);
   if (t->has_meta)
@@ -583,7 +584,8 @@ static int admits(const embps_table_t *t, const shard_t *sh, int64_t id) {
 }
 
 /* find_all for a table with a policy: the fate of every position of shard
- * k (s->what, s->slot), judged at table step `now` (before the push). */
+ * k (s->what, s->slot), judged at table step `now` (before the push). The
+ * applying thread, no lock (as find_all). */
 static uint32_t find_shard_policy(const embps_table_t *t,
                                   embps_table_scratch_t *s, uint32_t k,
                                   const int64_t *ids, uint64_t now) {
@@ -984,7 +986,7 @@ int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
 }
 
 /* The stored record of id in shard sh, or NULL if never pushed (or
- * expired at step `now`). */
+ * expired at step `now`). sh's read lock held, or the applying thread. */
 static inline unsigned char *find_rec(const embps_table_t *t,
                                       const shard_t *sh, int64_t id,
                                       uint64_t now) {
@@ -1015,7 +1017,7 @@ PREFETCH_HELPER prefetch_rec(const unsigned char *rec, uint32_t bytes) {
  * (array storage: its address; hashed: through its home map entry, when
  * that entry is near's, which the prefetch of `far`'s entry a loop earlier
  * makes likely to be in cache). Every row in flight keeps the memory busy
- * while this one is converted. */
+ * while this one is converted. Read locks held (gather). */
 PREFETCH_HELPER prefetch_ids(const embps_table_t *t, int64_t near,
                              const int64_t *far, uint32_t bytes) {
   if (!t->hashed) {
@@ -1183,7 +1185,8 @@ static uint64_t apply_shard(embps_table_t *t, const embps_table_scratch_t *s,
 
 /* apply_shard for a table with a policy, the push being table step `now`:
  * each position's fate (find_shard_policy), then the reclaiming and
- * eviction it calls for, timed as the shard's eviction stall. */
+ * eviction it calls for, timed as the shard's eviction stall. Write lock
+ * held; room reserved. */
 static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
                                uint32_t k, const int64_t *ids, const float *g,
                                uint64_t now, dyn_count_t *c) {
