@@ -8,7 +8,7 @@
  * without one; it takes a shard's write lock for every change a reader
  * could see: writing rows, inserting into the map, swapping in a grown map
  * or chunk index. Rows never move. Functions named _locked expect the
- * shard's write lock held.
+ * shard's lock held (the write lock unless their contract says read).
  *
  * Hashed storage: per shard, an hstore (hstore.h: the map, the row chunks,
  * slot allocation) whose records are this file's records, id first.
