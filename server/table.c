@@ -1,29 +1,21 @@
 /* table.c - row storage (see table.h for the design and the record).
  *
- * Locking: every shard has a writer-preferring rwlock. A gather groups its
- * ids by shard and holds one shard's read lock at a time. Only one thread
- * applies to a table at a time, and nothing else writes to it, so the
- * applying thread reads the table's structures without a lock and builds
- * new ones (a grown map, a grown chunk index) without one; it takes a
- * shard's write lock for every change a reader could see: writing rows,
- * inserting into the map, swapping in a grown map or chunk index. Rows
- * never move.
+ * Locking: every shard has a writer-preferring rwlock. A gather takes
+ * every shard's read lock, in shard order, and holds them all for its
+ * whole length. Only one thread applies to a table at a time, and nothing
+ * else writes to it, so the applying thread reads the table's structures
+ * without a lock and builds new ones (a grown map, a grown chunk index)
+ * without one; it takes a shard's write lock for every change a reader
+ * could see: writing rows, inserting into the map, swapping in a grown map
+ * or chunk index. Rows never move. Functions named _locked expect the
+ * shard's lock held (the write lock unless their contract says read).
  *
- * Hashed storage, per shard:
- *  - rows are slots 0..n_rows-1 in chunks that grow geometrically: level 0
- *    is 2G chunks of R0 rows (R0 x row_bytes about 4 KiB), level L >= 1 is
- *    G chunks of R0 << L rows, up to R_max rows (2 MiB) a chunk, which then
- *    repeats. A new chunk is never more than 1/G of the rows before it, or
- *    R0 rows: chunks hold at most ~3% (G = 32) more than the rows.
- *  - the map is a linear-probing array of uint32 at load <= 0.8, grown by
- *    1.5x: 5 to 7.5 bytes a row. Entry 0 is empty; otherwise its low bits
- *    are slot + 1 and its high bits a tag from the id's hash (as many bits
- *    as the capacity leaves free). The id itself is the first 8 bytes of
- *    the record, so a probe reads a record only when the tag matches - at
- *    most one record in ~64 probes at capacities below 2^26.
+ * Hashed storage: per shard, an hstore (hstore.h: the map, the row chunks,
+ * slot allocation) whose records are this file's records, id first.
  */
 #include "table.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <omp.h>
 #include <pthread.h>
@@ -35,19 +27,15 @@
 
 #include "admit.h"
 #include "dtype.h"
+#include "hstore.h"
 #include "init.h"
 #include "optim.h"
 #include "route.h"
 
-#define CHUNK_BYTES (2u << 20)     /* largest row chunk */
-#define FIRST_CHUNK_BYTES 4096u    /* smallest row chunk, rounded up to rows */
-#define LEVEL_SHIFT 5              /* G = 32 chunks per size level */
+#define HUGE_PAGE_BYTES (2u << 20) /* array storage: madvise from this size */
 #define PARALLEL_MIN_ROWS 4096 /* below this, OpenMP costs more than it gains */
 #define PARALLEL_MIN_BYTES (256u << 10) /* the same for copying rows in */
-#define MAP_MIN_CAP 32u
-#define MAX_SHARD_ROWS (1u << 31)  /* slots are uint32 */
 #define ID_BYTES 8u                /* the id heading a hashed record */
-#define MAP_SEED 0x2545f4914f6cdd1dULL /* map hash != shard and server hash */
 #define PREFETCH_AHEAD 16          /* rows */
 #define PREFETCH_MAX 512u          /* bytes of a record prefetched */
 #define SKETCH_DEFAULT_BYTES (1u << 20) /* --admit-sketch-bytes 0 */
@@ -62,7 +50,7 @@ typedef struct {
   int64_t id;
   uint64_t last_step;  /* table step of the row's last push */
   uint32_t freq;       /* pushes since it was made; 0: the slot is free */
-  uint32_t prev, next; /* recency list, slot + 1 (0: none); free list: next */
+  uint32_t prev, next; /* recency list, slot + 1 (0: none) */
   uint32_t heap;       /* LFU: position in the shard's heap */
 } row_meta_t;
 
@@ -73,15 +61,9 @@ typedef struct {
   row_meta_t *meta;      /* meta_cap slots; NULL without eviction */
   uint32_t meta_cap;
   uint32_t lru_head, lru_tail; /* slot + 1, least recently pushed first */
-  uint32_t free_head, n_free;  /* evicted slots, reused first */
   uint32_t *heap, heap_n, heap_cap; /* LFU min-heap of slots */
   uint64_t cnt[N_CNT];   /* this shard's part of the table's counters */
-  /* hashed storage only */
-  uint32_t *map;       /* map_cap entries: 0, or tag | (slot + 1) */
-  uint32_t map_cap, tag_mask;
-  uint32_t n_rows;     /* slots in use */
-  uint32_t n_chunks, chunks_cap;
-  unsigned char **chunks;
+  embps_hstore_t hs;    /* hashed storage only */
   uint64_t lsn;        /* log position of the last push applied here */
   char pad[64];
 } shard_t;
@@ -96,8 +78,6 @@ struct embps_table {
   uint32_t row_bytes;       /* record size, a multiple of 16 */
   uint32_t w_off, state_off; /* byte offsets of weights and state */
   uint32_t w_bytes;         /* bytes of the stored weights */
-  uint32_t r0_shift;        /* hashed: log2 of R0, rows of a level-0 chunk */
-  uint32_t max_level;       /* hashed: log2 of R_max / R0 */
   unsigned char *rows;      /* array: mmap'd records */
   size_t rows_len;
   _Atomic uint64_t *live;   /* array: bitmap of materialised rows */
@@ -258,12 +238,6 @@ static inline int is_padding(const embps_table_t *t, int64_t id) {
   return t->spec.has_padding && id == t->spec.padding_id;
 }
 
-static inline int64_t rec_id(const unsigned char *rec) {
-  int64_t id;
-  memcpy(&id, rec, sizeof id);
-  return id;
-}
-
 /* Widens the stored weights of rec into dst (float32). */
 static inline void read_weights(const embps_table_t *t,
                                 const unsigned char *rec, float *dst) {
@@ -343,216 +317,10 @@ static unsigned char *array_materialise(const embps_table_t *t, int64_t id,
   return rec;
 }
 
-/* ------------------------------------------------------------ chunks */
-
-/* The size level of slot's chunk (see the top of the file). */
-static inline uint32_t slot_level(const embps_table_t *t, uint32_t slot) {
-  uint32_t q = (slot >> (t->r0_shift + LEVEL_SHIFT)) | 1;
-  uint32_t level = 31 - (uint32_t)__builtin_clz(q);
-  return level < t->max_level ? level : t->max_level;
-}
-
-/* The record in slot of shard sh (its chunk must exist). Level L starts at
- * slot G R0 2^L (L >= 1) and chunk G (L + 1), so slot's chunk is
- * G L + slot / (R0 2^L) at every level, level 0 included. */
-static inline unsigned char *slot_rec(const embps_table_t *t,
-                                      const shard_t *sh, uint32_t slot) {
-  uint32_t level = slot_level(t, slot), shift = t->r0_shift + level;
-  uint32_t c = (level << LEVEL_SHIFT) + (slot >> shift);
-  return sh->chunks[c] + (size_t)(slot & ((1u << shift) - 1)) * t->row_bytes;
-}
-
-/* Chunks holding slots 0..rows-1. */
-static uint32_t chunks_for(const embps_table_t *t, uint32_t rows) {
-  if (!rows)
-    return 0;
-  uint32_t last = rows - 1, level = slot_level(t, last);
-  return (level << LEVEL_SHIFT) + (last >> (t->r0_shift + level)) + 1;
-}
-
-/* Bytes of chunk c: level 0 is chunks [0, 2G), level L >= 1 chunks
- * [G (L + 1), G (L + 2)). */
-static size_t chunk_bytes(const embps_table_t *t, uint32_t c) {
-  uint32_t level = c < (2u << LEVEL_SHIFT) ? 0 : (c >> LEVEL_SHIFT) - 1;
-  if (level > t->max_level)
-    level = t->max_level;
-  return ((size_t)1 << (t->r0_shift + level)) * t->row_bytes;
-}
-
-/* Sets the chunk geometry: R_max the largest power of two of rows within
- * CHUNK_BYTES, R0 the smallest reaching FIRST_CHUNK_BYTES (both >= 1). */
-static void chunk_geometry(embps_table_t *t) {
-  uint32_t max_shift = 0, r0_shift = 0;
-  while (((size_t)2 << max_shift) * t->row_bytes <= CHUNK_BYTES)
-    max_shift++;
-  while (r0_shift < max_shift &&
-         ((size_t)1 << r0_shift) * t->row_bytes < FIRST_CHUNK_BYTES)
-    r0_shift++;
-  t->r0_shift = r0_shift;
-  t->max_level = max_shift - r0_shift;
-}
-
-/* Gives sh chunks up to index want - 1. A grown chunk index is swapped in
- * under the write lock; new chunk pointers go past every index a map entry
- * names, so readers never see them until a row there is inserted (under
- * the write lock). 0 or -ENOMEM (rows unchanged). */
-static int add_chunks(embps_table_t *t, shard_t *sh, uint32_t want) {
-  if (want > sh->chunks_cap) {
-    uint32_t cap = sh->chunks_cap ? sh->chunks_cap : 16;
-    while (cap < want)
-      cap *= 2;
-    unsigned char **index = malloc(cap * sizeof *index), **old = sh->chunks;
-    if (!index)
-      return -ENOMEM;
-    if (sh->n_chunks)
-      memcpy(index, old, sh->n_chunks * sizeof *index);
-    pthread_rwlock_wrlock(&sh->lock);
-    sh->chunks = index;
-    pthread_rwlock_unlock(&sh->lock);
-    free(old);
-    sh->chunks_cap = cap;
-  }
-  while (sh->n_chunks < want) {
-    size_t bytes = chunk_bytes(t, sh->n_chunks);
-    unsigned char *c = malloc(bytes);
-    if (!c)
-      return -ENOMEM;
-    sh->chunks[sh->n_chunks++] = c;
-    add_bytes(t, (int64_t)bytes);
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------ map */
-
-static inline uint64_t map_hash(int64_t id) {
-  return embps_mix64((uint64_t)id ^ MAP_SEED);
-}
-
-/* Home position: the hash's upper half scaled to [0, cap). */
-static inline uint32_t map_home(uint64_t h, uint32_t cap) {
-  return (uint32_t)(((h >> 32) * (uint64_t)cap) >> 32);
-}
-
-/* Rows a map of cap entries may hold: load <= 0.8. */
-static inline uint32_t map_max_rows(uint32_t cap) {
-  return (uint32_t)((uint64_t)cap * 4 / 5);
-}
-
-/* The tag bits of an entry: those above the ones slot + 1 needs. */
-static uint32_t map_tag_mask(uint32_t cap) {
-  uint32_t bits = 32 - (uint32_t)__builtin_clz(map_max_rows(cap));
-  return bits >= 32 ? 0 : ~0u << bits;
-}
-
-/* The smallest capacity of the growth sequence (x1.5 from cap, at least
- * MAP_MIN_CAP) that holds rows. rows <= MAX_SHARD_ROWS, so it fits 32 bits. */
-static uint32_t map_cap_for(uint32_t cap, uint32_t rows) {
-  uint64_t c = cap > MAP_MIN_CAP ? cap : MAP_MIN_CAP;
-  while (map_max_rows((uint32_t)c) < rows)
-    c += c / 2;
-  return (uint32_t)c;
-}
-
-/* Records slot under hash h in map m (the id must not be there yet). */
-static inline void map_put(uint32_t *m, uint32_t cap, uint32_t tag_mask,
-                           uint64_t h, uint32_t slot) {
-  uint32_t i = map_home(h, cap);
-  while (m[i])
-    if (++i == cap)
-      i = 0;
-  m[i] = ((uint32_t)h & tag_mask) | (slot + 1);
-}
-
-#define NO_SLOT UINT32_MAX
-
-/* The map position of id in shard sh, or NO_SLOT. */
-static inline uint32_t map_find_pos(const embps_table_t *t, const shard_t *sh,
-                                    int64_t id) {
-  const uint32_t cap = sh->map_cap, tag_mask = sh->tag_mask;
-  if (!cap)
-    return NO_SLOT;
-  const uint64_t h = map_hash(id);
-  const uint32_t tag = (uint32_t)h & tag_mask;
-  for (uint32_t i = map_home(h, cap);;) {
-    uint32_t e = sh->map[i];
-    if (!e)
-      return NO_SLOT;
-    if ((e & tag_mask) == tag &&
-        rec_id(slot_rec(t, sh, (e & ~tag_mask) - 1)) == id)
-      return i;
-    if (++i == cap)
-      i = 0;
-  }
-}
-
-/* The slot of id in shard sh, or NO_SLOT. */
-static inline uint32_t map_find_slot(const embps_table_t *t,
-                                     const shard_t *sh, int64_t id) {
-  uint32_t i = map_find_pos(t, sh, id);
-  return i == NO_SLOT ? NO_SLOT : (sh->map[i] & ~sh->tag_mask) - 1;
-}
-
-/* The record of id in shard sh, or NULL. */
-static inline unsigned char *map_find(const embps_table_t *t,
-                                      const shard_t *sh, int64_t id) {
-  uint32_t slot = map_find_slot(t, sh, id);
-  return slot == NO_SLOT ? NULL : slot_rec(t, sh, slot);
-}
-
-/* Removes the entry of id (present) from sh's map by backward shifting:
- * every later entry of the probe run that may move into the hole does, so
- * lookups never need tombstones. Write lock held. */
-static void map_remove(const embps_table_t *t, shard_t *sh, int64_t id) {
-  const uint32_t cap = sh->map_cap, tag_mask = sh->tag_mask;
-  uint32_t hole = map_find_pos(t, sh, id);
-  for (uint32_t j = hole;;) {
-    if (++j == cap)
-      j = 0;
-    const uint32_t e = sh->map[j];
-    if (!e)
-      break;
-    const uint32_t slot = (e & ~tag_mask) - 1; /* meta: denser than rows */
-    const int64_t eid =
-        t->has_meta ? sh->meta[slot].id : rec_id(slot_rec(t, sh, slot));
-    const uint32_t home = map_home(map_hash(eid), cap);
-    /* e stays if its home lies cyclically in (hole, j] */
-    int stays = hole <= j ? (home > hole && home <= j)
-                          : (home > hole || home <= j);
-    if (!stays) {
-      sh->map[hole] = e;
-      hole = j;
-    }
-  }
-  sh->map[hole] = 0;
-}
-
 /* Whether slot of sh holds a row (evicted slots wait on the free list). */
 static inline int slot_live(const embps_table_t *t, const shard_t *sh,
                             uint32_t slot) {
   return !t->has_meta || sh->meta[slot].freq != 0;
-}
-
-/* Replaces sh's map with one of cap entries holding every row. Built
- * without a lock (reading the ids from the records, in slot order), then
- * swapped in under the write lock. 0 or -ENOMEM (map unchanged). */
-static int grow_map(embps_table_t *t, shard_t *sh, uint32_t cap) {
-  uint32_t *m = calloc(cap, sizeof *m), *old = sh->map;
-  if (!m)
-    return -ENOMEM;
-  const uint32_t tag_mask = map_tag_mask(cap), old_cap = sh->map_cap;
-  for (uint32_t slot = 0; slot < sh->n_rows; slot++)
-    if (slot_live(t, sh, slot))
-      map_put(m, cap, tag_mask, map_hash(rec_id(slot_rec(t, sh, slot))),
-              slot);
-  pthread_rwlock_wrlock(&sh->lock);
-  sh->map = m;
-  sh->map_cap = cap;
-  sh->tag_mask = tag_mask;
-  pthread_rwlock_unlock(&sh->lock);
-  free(old);
-  add_bytes(t, ((int64_t)cap - old_cap) * (int64_t)sizeof *m);
-  return 0;
 }
 
 /* Slot bookkeeping capacity for `rows` slots (doubling). */
@@ -560,7 +328,7 @@ static uint32_t meta_cap_for(uint32_t cap, uint32_t rows) {
   uint64_t c = cap ? cap : 64;
   while (c < rows)
     c *= 2;
-  return c > MAX_SHARD_ROWS ? MAX_SHARD_ROWS : (uint32_t)c;
+  return c > EMBPS_HSTORE_MAX_SLOTS ? EMBPS_HSTORE_MAX_SLOTS : (uint32_t)c;
 }
 
 /* Bytes of bookkeeping a slot costs: meta, and the LFU heap entry. */
@@ -571,19 +339,13 @@ static size_t meta_slot_bytes(const embps_table_t *t) {
               : 0);
 }
 
-/* Bytes that room for `rows` rows in sh would add (chunks and map). */
+/* Bytes that room for `rows` slots in sh would add (store and meta). */
 static uint64_t growth_bytes(const embps_table_t *t, const shard_t *sh,
                              uint32_t rows) {
-  uint64_t bytes = 0;
+  uint64_t bytes = embps_hstore_growth_bytes(&sh->hs, rows);
   if (t->has_meta && rows > sh->meta_cap)
     bytes += (uint64_t)(meta_cap_for(sh->meta_cap, rows) - sh->meta_cap) *
              meta_slot_bytes(t);
-  const uint32_t want = chunks_for(t, rows);
-  for (uint32_t c = sh->n_chunks; c < want; c++)
-    bytes += chunk_bytes(t, c);
-  if (rows > map_max_rows(sh->map_cap))
-    bytes += (uint64_t)(map_cap_for(sh->map_cap, rows) - sh->map_cap) *
-             sizeof *sh->map;
   return bytes;
 }
 
@@ -620,24 +382,17 @@ static int grow_meta(embps_table_t *t, shard_t *sh, uint32_t rows) {
 static void meta_on_insert(const embps_table_t *t, shard_t *sh, uint32_t slot,
                            int64_t id, uint64_t step);
 
-/* The record of a new id in sh: a free slot or the next one, id, initial
- * row, map entry, and for tables with eviction its bookkeeping (pushed at
- * `step`, once). Write lock held; room reserved. */
-static unsigned char *hashed_insert(const embps_table_t *t, shard_t *sh,
-                                    int64_t id, float *wide, uint64_t step) {
+/* The record of a new id in sh (a free slot or the next one): id, initial
+ * row, and for tables with eviction its bookkeeping (pushed at `step`,
+ * once). Write lock held; room reserved. */
+static unsigned char *hashed_insert_locked(const embps_table_t *t,
+                                           shard_t *sh, int64_t id,
+                                           float *wide, uint64_t step) {
   uint32_t slot;
-  if (sh->free_head) {
-    slot = sh->free_head - 1;
-    sh->free_head = sh->meta[slot].next;
-    sh->n_free--;
-  } else {
-    slot = sh->n_rows++;
-  }
-  unsigned char *rec = slot_rec(t, sh, slot);
-  memcpy(rec, &id, sizeof id);
+  unsigned char *rec = embps_hstore_insert_locked(&sh->hs, id, &slot);
+  assert(!t->has_meta || slot < sh->meta_cap); /* meta room reserved */
   if (wide != RAW_ROW)
     init_record(t, id, rec, wide);
-  map_put(sh->map, sh->map_cap, sh->tag_mask, map_hash(id), slot);
   if (t->has_meta)
     meta_on_insert(t, sh, slot, id, step);
   return rec;
@@ -801,18 +556,21 @@ static inline int expired_at(const embps_table_t *t, uint64_t last_step,
          now - last_step >= t->spec.ttl_steps;
 }
 
-/* Evicts the row in slot: out of the map, the list, the heap; onto the free
- * list. Write lock held. */
-static void evict_slot(const embps_table_t *t, shard_t *sh, uint32_t slot) {
+/* Evicts the row in slot: out of the list, the heap, the store (onto its
+ * free list). Write lock held. */
+static void evict_slot_locked(const embps_table_t *t, shard_t *sh,
+                              uint32_t slot) {
   row_meta_t *m = meta_of(sh, slot);
-  map_remove(t, sh, m->id);
+  assert(m->freq != 0); /* live */
+  /* the store reads the ids of the probe run from meta: denser than rows */
+  const uint32_t freed =
+      embps_hstore_remove_locked(&sh->hs, m->id, &sh->meta->id, sizeof *m);
+  assert(freed == slot);
+  (void)freed;
   list_unlink(sh, slot);
   if (uses_heap(t))
     heap_remove(sh, slot);
   m->freq = 0;
-  m->next = sh->free_head;
-  sh->free_head = slot + 1;
-  sh->n_free++;
 }
 
 /* Whether a push admits id, which has no row (or an expired one). */
@@ -826,7 +584,8 @@ static int admits(const embps_table_t *t, const shard_t *sh, int64_t id) {
 }
 
 /* find_all for a table with a policy: the fate of every position of shard
- * k (s->what, s->slot), judged at table step `now` (before the push). */
+ * k (s->what, s->slot), judged at table step `now` (before the push). The
+ * applying thread, no lock (as find_all). */
 static uint32_t find_shard_policy(const embps_table_t *t,
                                   embps_table_scratch_t *s, uint32_t k,
                                   const int64_t *ids, uint64_t now) {
@@ -835,14 +594,14 @@ static uint32_t find_shard_policy(const embps_table_t *t,
   for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
     const int64_t id = ids[s->order[p]];
     s->rec[p] = NULL;
-    s->slot[p] = NO_SLOT;
+    s->slot[p] = EMBPS_HSTORE_NONE;
     if (is_padding(t, id)) {
       s->what[p] = W_SKIP;
       continue;
     }
-    uint32_t slot = map_find_slot(t, sh, id);
-    if (slot != NO_SLOT) {
-      s->rec[p] = slot_rec(t, sh, slot);
+    uint32_t slot = embps_hstore_find_slot(&sh->hs, id);
+    if (slot != EMBPS_HSTORE_NONE) {
+      s->rec[p] = embps_hstore_rec(&sh->hs, slot);
       s->slot[p] = slot;
       if (s->raw || !t->has_meta ||
           !expired_at(t, sh->meta[slot].last_step, now))
@@ -887,13 +646,13 @@ static void shard_evict_after_push(embps_table_t *t, shard_t *sh,
     uint32_t slot = sh->lru_head - 1;
     if (!expired_at(t, sh->meta[slot].last_step, now))
       break;
-    evict_slot(t, sh, slot);
+    evict_slot_locked(t, sh, slot);
     c->evicted[WHY_TTL]++;
   }
   if (!t->cap_shard)
     return;
   uint32_t aside = 0; /* LFU: rows of this push popped, put back after */
-  while ((uint64_t)(sh->n_rows - sh->n_free) > t->cap_shard) {
+  while ((uint64_t)embps_hstore_n_live(&sh->hs) > t->cap_shard) {
     uint32_t slot;
     if (uses_heap(t)) {
       if (!sh->heap_n)
@@ -911,7 +670,7 @@ static void shard_evict_after_push(embps_table_t *t, shard_t *sh,
       if (sh->meta[slot].last_step == now)
         break;
     }
-    evict_slot(t, sh, slot);
+    evict_slot_locked(t, sh, slot);
     c->evicted[WHY_CAP]++;
   }
   while (aside) {
@@ -994,11 +753,11 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
         uint32_t slot = next - 1;
         next = sh->meta[slot].next;
         if (expired_at(t, sh->meta[slot].last_step, now)) {
-          evict_slot(t, sh, slot);
+          evict_slot_locked(t, sh, slot);
           c.evicted[WHY_TTL]++;
         } else if (l2_below > 0 &&
-                   rec_norm2(t, slot_rec(t, sh, slot)) < below2) {
-          evict_slot(t, sh, slot);
+                   rec_norm2(t, embps_hstore_rec(&sh->hs, slot)) < below2) {
+          evict_slot_locked(t, sh, slot);
           c.evicted[WHY_L2]++;
         }
       }
@@ -1015,8 +774,8 @@ int embps_table_row_live(embps_table_t *t, int64_t id) {
     return array_live(t, id);
   shard_t *sh = &t->shards[embps_route_shard(id, t->n_shards)];
   pthread_rwlock_rdlock(&sh->lock);
-  uint32_t slot = map_find_slot(t, sh, id);
-  int live = slot != NO_SLOT &&
+  uint32_t slot = embps_hstore_find_slot(&sh->hs, id);
+  int live = slot != EMBPS_HSTORE_NONE &&
              !(t->has_meta && expired_at(t, sh->meta[slot].last_step,
                                          atomic_load(&t->visible_step)));
   pthread_rwlock_unlock(&sh->lock);
@@ -1052,7 +811,7 @@ static int create_array(embps_table_t *t) {
   if (p == MAP_FAILED)
     return -ENOMEM;
   t->rows = p;
-  if (t->rows_len >= CHUNK_BYTES)
+  if (t->rows_len >= HUGE_PAGE_BYTES)
     madvise(p, t->rows_len, MADV_HUGEPAGE);
   t->live_words = (t->spec.rows + 63) / 64;
   t->live = calloc(t->live_words, sizeof *t->live);
@@ -1119,9 +878,9 @@ int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
   for (uint32_t k = 0; k < t->n_shards; k++)
     pthread_rwlock_init(&t->shards[k].lock, &attr);
   pthread_rwlockattr_destroy(&attr);
-  if (t->hashed)
-    chunk_geometry(t);
-  else if (create_array(t))
+  for (uint32_t k = 0; t->hashed && k < t->n_shards; k++)
+    embps_hstore_init(&t->shards[k].hs, t->row_bytes);
+  if (!t->hashed && create_array(t))
     goto fail;
   if (setup_policy(t, cluster_size))
     goto fail;
@@ -1138,10 +897,7 @@ void embps_table_destroy(embps_table_t *t) {
   if (t->shards) {
     for (uint32_t k = 0; k < t->n_shards; k++) {
       shard_t *sh = &t->shards[k];
-      for (uint32_t c = 0; c < sh->n_chunks; c++)
-        free(sh->chunks[c]);
-      free(sh->chunks);
-      free(sh->map);
+      embps_hstore_close(&sh->hs);
       free(sh->meta);
       free(sh->heap);
       embps_sketch_free(&sh->sketch);
@@ -1230,18 +986,18 @@ int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
 }
 
 /* The stored record of id in shard sh, or NULL if never pushed (or
- * expired at step `now`). */
+ * expired at step `now`). sh's read lock held, or the applying thread. */
 static inline unsigned char *find_rec(const embps_table_t *t,
                                       const shard_t *sh, int64_t id,
                                       uint64_t now) {
   if (!t->hashed)
     return array_live(t, id) ? array_rec(t, id) : NULL;
   if (!t->spec.ttl_steps)
-    return map_find(t, sh, id);
-  uint32_t slot = map_find_slot(t, sh, id);
-  if (slot == NO_SLOT || expired_at(t, sh->meta[slot].last_step, now))
+    return embps_hstore_find(&sh->hs, id);
+  uint32_t slot = embps_hstore_find_slot(&sh->hs, id);
+  if (slot == EMBPS_HSTORE_NONE || expired_at(t, sh->meta[slot].last_step, now))
     return NULL;
-  return slot_rec(t, sh, slot);
+  return embps_hstore_rec(&sh->hs, slot);
 }
 
 /* The prefetch helpers must be inlined early: gcc 12 otherwise finds them
@@ -1261,25 +1017,20 @@ PREFETCH_HELPER prefetch_rec(const unsigned char *rec, uint32_t bytes) {
  * (array storage: its address; hashed: through its home map entry, when
  * that entry is near's, which the prefetch of `far`'s entry a loop earlier
  * makes likely to be in cache). Every row in flight keeps the memory busy
- * while this one is converted. */
+ * while this one is converted. Read locks held (gather). */
 PREFETCH_HELPER prefetch_ids(const embps_table_t *t, int64_t near,
                              const int64_t *far, uint32_t bytes) {
   if (!t->hashed) {
     prefetch_rec(array_rec(t, near), bytes);
     return;
   }
-  if (far) {
-    const shard_t *fs = &t->shards[embps_route_shard(*far, t->n_shards)];
-    if (fs->map_cap)
-      __builtin_prefetch(&fs->map[map_home(map_hash(*far), fs->map_cap)]);
-  }
-  const shard_t *sh = &t->shards[embps_route_shard(near, t->n_shards)];
-  if (!sh->map_cap)
-    return;
-  const uint64_t h = map_hash(near);
-  const uint32_t e = sh->map[map_home(h, sh->map_cap)];
-  if (e && (e & sh->tag_mask) == ((uint32_t)h & sh->tag_mask))
-    prefetch_rec(slot_rec(t, sh, (e & ~sh->tag_mask) - 1), bytes);
+  if (far)
+    embps_hstore_prefetch_home(
+        &t->shards[embps_route_shard(*far, t->n_shards)].hs, *far);
+  const unsigned char *rec = embps_hstore_home_guess(
+      &t->shards[embps_route_shard(near, t->n_shards)].hs, near);
+  if (rec)
+    prefetch_rec(rec, bytes);
 }
 
 /* Prefetching for apply: the record at order position p, known from
@@ -1295,9 +1046,10 @@ PREFETCH_HELPER prefetch_known(const embps_table_t *t,
 
 /* Reads the ids in request order, so `out` is written front to back (the
  * rows' loads get the memory's parallelism, not scattered stores), with
- * every shard's read lock held: each row is read whole between two
- * pushes. Pushes wait for at most one pull's reads, as they would shard by
- * shard. */
+ * every shard's read lock held for the whole gather: each row is read
+ * whole between two pushes. A push to a shard waits for the pulls holding
+ * its lock (they read concurrently: about one pull's length), and pulls
+ * that come meanwhile wait for the push. */
 void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
                         float *out) {
   const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
@@ -1360,17 +1112,12 @@ static void find_all(const embps_table_t *t, embps_table_scratch_t *s,
     uint32_t fresh = 0;
     for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
       int64_t id = ids[s->order[p]];
-      unsigned char *rec = is_padding(t, id) ? NULL : map_find(t, sh, id);
+      unsigned char *rec = is_padding(t, id) ? NULL : embps_hstore_find(&sh->hs, id);
       s->rec[p] = rec;
       fresh += !rec && !is_padding(t, id);
     }
     s->fresh[k] = fresh;
   }
-}
-
-/* Slots that `fresh` new rows of sh take beyond its free list. */
-static inline uint32_t new_slots(const shard_t *sh, uint32_t fresh) {
-  return fresh > sh->n_free ? fresh - sh->n_free : 0;
 }
 
 /* Hashed storage: finds every id's record, then makes room for exactly
@@ -1383,8 +1130,9 @@ static int reserve_hashed(embps_table_t *t, embps_table_scratch_t *s,
   uint64_t extra = 0;
   for (uint32_t k = 0; k < t->n_shards; k++) {
     const shard_t *sh = &t->shards[k];
-    uint64_t rows = (uint64_t)sh->n_rows + new_slots(sh, s->fresh[k]);
-    if (rows > MAX_SHARD_ROWS)
+    uint64_t rows =
+        (uint64_t)sh->hs.n_slots + embps_hstore_new_slots(&sh->hs, s->fresh[k]);
+    if (rows > EMBPS_HSTORE_MAX_SLOTS)
       return EMBPS_ELIMIT;
     if (s->fresh[k])
       extra += growth_bytes(t, sh, (uint32_t)rows);
@@ -1393,14 +1141,15 @@ static int reserve_hashed(embps_table_t *t, embps_table_scratch_t *s,
     return EMBPS_ELIMIT;
   for (uint32_t k = 0; k < t->n_shards; k++) {
     shard_t *sh = &t->shards[k];
-    uint32_t rows = sh->n_rows + new_slots(sh, s->fresh[k]);
+    uint32_t rows =
+        sh->hs.n_slots + embps_hstore_new_slots(&sh->hs, s->fresh[k]);
     if (!s->fresh[k])
       continue;
-    int rc = add_chunks(t, sh, chunks_for(t, rows));
+    int64_t added;
+    int rc = embps_hstore_reserve(&sh->hs, rows, &sh->lock, &added);
+    add_bytes(t, added);
     if (!rc)
       rc = grow_meta(t, sh, rows);
-    if (!rc && rows > map_max_rows(sh->map_cap))
-      rc = grow_map(t, sh, map_cap_for(sh->map_cap, rows));
     if (rc)
       return rc;
   }
@@ -1426,7 +1175,7 @@ static uint64_t apply_shard(embps_table_t *t, const embps_table_scratch_t *s,
     if (!t->hashed)
       rec = array_materialise(t, id, wide, &created);
     else if (!(rec = s->rec[p])) {
-      rec = hashed_insert(t, sh, id, wide, 0);
+      rec = hashed_insert_locked(t, sh, id, wide, 0);
       created++;
     }
     apply_record(t, rec, g + (size_t)i * t->dim, wide);
@@ -1436,7 +1185,8 @@ static uint64_t apply_shard(embps_table_t *t, const embps_table_scratch_t *s,
 
 /* apply_shard for a table with a policy, the push being table step `now`:
  * each position's fate (find_shard_policy), then the reclaiming and
- * eviction it calls for, timed as the shard's eviction stall. */
+ * eviction it calls for, timed as the shard's eviction stall. Write lock
+ * held; room reserved. */
 static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
                                uint32_t k, const int64_t *ids, const float *g,
                                uint64_t now, dyn_count_t *c) {
@@ -1450,7 +1200,7 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
     if (p + PREFETCH_AHEAD < b) {
       const uint32_t ahead = s->slot[p + PREFETCH_AHEAD];
       prefetch_known(t, s, ids, p + PREFETCH_AHEAD);
-      if (t->has_meta && ahead != NO_SLOT)
+      if (t->has_meta && ahead != EMBPS_HSTORE_NONE)
         __builtin_prefetch(&sh->meta[ahead]);
     }
     switch (s->what[p]) {
@@ -1459,7 +1209,7 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
         meta_on_push(t, sh, s->slot[p], now, 0);
       break;
     case W_NEW:
-      rec = hashed_insert(t, sh, id, wide, now);
+      rec = hashed_insert_locked(t, sh, id, wide, now);
       c->created++;
       c->admitted++;
       c->pending -= t->admit_count;
@@ -1472,7 +1222,7 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
       c->admitted++;
       break;
     case W_DROP:
-      evict_slot(t, sh, s->slot[p]);
+      evict_slot_locked(t, sh, s->slot[p]);
       c->evicted[WHY_TTL]++;
       rec = NULL;
       if (t->admit_count)
@@ -1640,14 +1390,14 @@ static int visit_shard_locked(const embps_table_t *t, uint32_t k,
   if (t->hashed) {
     const shard_t *sh = &t->shards[k];
     const uint64_t now = atomic_load(&t->visible_step);
-    for (; *pos < sh->n_rows; (*pos)++) {
+    for (; *pos < sh->hs.n_slots; (*pos)++) {
       if (!slot_live(t, sh, (uint32_t)*pos) ||
           (t->has_meta && expired_at(t, sh->meta[*pos].last_step, now)))
         continue; /* evicted or expired (issue 12) */
       if (seen++ == max_rows)
         return 0;
-      const unsigned char *rec = slot_rec(t, sh, (uint32_t)*pos);
-      int rc = visit(ctx, t, rec_id(rec), rec);
+      const unsigned char *rec = embps_hstore_rec(&sh->hs, (uint32_t)*pos);
+      int rc = visit(ctx, t, embps_hstore_rec_id(rec), rec);
       if (rc)
         return rc;
     }
@@ -1721,7 +1471,7 @@ static int snap_state(const embps_table_t *t, const shard_t *sh,
   *bytes = 0;
   if (!t->policy)
     return 0;
-  const uint32_t rows = t->has_meta ? sh->n_rows - sh->n_free : 0;
+  const uint32_t rows = t->has_meta ? embps_hstore_n_live(&sh->hs) : 0;
   const uint32_t width = t->admit_count ? sh->sketch.width : 0;
   const size_t counters = (size_t)width * EMBPS_SKETCH_DEPTH;
   const size_t len = STATE_HEAD + (size_t)rows * STATE_ROW + counters * 2;
@@ -1772,15 +1522,15 @@ int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
   uint64_t pos = 0;
   pthread_rwlock_rdlock(&sh->lock);
   const uint64_t t0 = now_ns();
-  int rc = t->hashed && sh->n_rows > b.cap
-               ? snap_reserve(t, &b.buf, &b.cap, sh->n_rows)
+  int rc = t->hashed && sh->hs.n_slots > b.cap
+               ? snap_reserve(t, &b.buf, &b.cap, sh->hs.n_slots)
                : 0;
   if (!rc && state)
     rc = snap_state(t, sh, state, state_bytes);
   if (!rc && t->has_meta) /* live rows, least recently pushed first */
     for (uint32_t next = sh->lru_head; !rc && next;
          next = sh->meta[next - 1].next)
-      rc = snap_push(&b, t, sh->meta[next - 1].id, slot_rec(t, sh, next - 1));
+      rc = snap_push(&b, t, sh->meta[next - 1].id, embps_hstore_rec(&sh->hs, next - 1));
   else if (!rc)
     rc = visit_shard_locked(t, k, &pos, SIZE_MAX, SIZE_MAX, snap_push, &b);
   *lsn = sh->lsn;
@@ -1886,7 +1636,7 @@ static void place_rows(embps_table_t *t, embps_table_scratch_t *s,
       if (!t->hashed)
         rec = array_materialise(t, ids[i], RAW_ROW, &created);
       else if (!(rec = s->rec[p])) {
-        rec = hashed_insert(t, sh, ids[i], RAW_ROW, now);
+        rec = hashed_insert_locked(t, sh, ids[i], RAW_ROW, now);
         created++;
       } else if (t->has_meta) {
         meta_on_push(t, sh, s->slot[p], now,
@@ -2097,8 +1847,8 @@ int embps_table_restore_meta(embps_table_t *t, uint32_t format,
     shard_t *sh = &t->shards[embps_route_shard(ids[i], t->n_shards)];
     const unsigned char *p = state + h.head + (first + i) * STATE_ROW;
     pthread_rwlock_wrlock(&sh->lock);
-    uint32_t slot = map_find_slot(t, sh, ids[i]);
-    if (slot != NO_SLOT) {
+    uint32_t slot = embps_hstore_find_slot(&sh->hs, ids[i]);
+    if (slot != EMBPS_HSTORE_NONE) {
       row_meta_t *m = meta_of(sh, slot);
       memcpy(&m->last_step, p, 8);
       memcpy(&m->freq, p + 8, 4);

@@ -1,9 +1,13 @@
 /* table.h - one embedding table inside a server: rows sharded by id hash
- * into n_shards shards, each behind its own reader-writer lock. A push
- * writes one shard at a time under its write lock; a pull reads its rows in
- * request order under every shard's read lock. So pulls run concurrently
- * with each other, interleave with pushes shard by shard, and never see a
- * torn row.
+ * into n_shards shards, each behind its own writer-preferring
+ * reader-writer lock. A push writes one shard at a time under its write
+ * lock; a pull takes every shard's read lock, in shard order, and holds
+ * them all while it reads its rows in request order. So pulls run
+ * concurrently with each other and never see a torn row, but a pull does
+ * not interleave with pushes: for pushes it is one table lock taken S
+ * times. A push to a shard waits for the pulls holding it; a pull that
+ * comes while a push waits for (or holds) a shard waits at that shard,
+ * holding the shards before it.
  *
  * Two storages:
  *  - array: dense tables on a single server keep every row in one array
@@ -12,7 +16,7 @@
  *  - hashed: dynamic tables, and dense tables of a cluster (whose ids are
  *    spread over the whole range by the cluster hash, so an array would get
  *    pages touched everywhere), keep per shard an open-addressing map to
- *    slots, and the rows by slot in chunks that never move.
+ *    slots, and the rows by slot in chunks that never move (hstore.h).
  * Either way a pull of a row never pushed computes its initial value and
  * allocates nothing; the first push materialises the row with its initial
  * weights (rounded to the storage type) and optimizer state.
@@ -124,8 +128,9 @@ size_t embps_table_file_record_bytes(const embps_table_t *t);
  * state too, under the same lock, into *state (malloc'd; NULL and 0 for a
  * table without a policy): each record's recency and pushes, in the order
  * of the records (least recently pushed first), and the admission sketch.
- * *held_ns = how long the lock was held. Pulls go on; a push to that shard
- * waits for the copy. 0, -ENOMEM. */
+ * *held_ns = how long the lock was held. Pulls go on until a push to that
+ * shard comes: the push waits for the copy, and pulls that come after it
+ * wait for the push. 0, -ENOMEM. */
 int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
                                      unsigned char **buf, size_t *cap,
                                      size_t *rows, uint64_t *lsn,
