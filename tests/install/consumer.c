@@ -10,7 +10,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s ADDR TABLE\n", argv[0]);
     return 2;
   }
-  embps_client_options_t opts = {.servers = argv[1], .timeout_ms = 10000};
+  embps_client_options_t opts = {
+      .size = sizeof opts, .servers = argv[1], .timeout_ms = 10000};
   embps_client_t *c;
   char err[256];
   int rc = embps_client_create(&opts, &c, err, sizeof err);
