@@ -171,7 +171,7 @@ static int all_zero(const uint64_t *w, size_t n) {
   return 1;
 }
 #define RESERVED_ZERO(s)                                                       \
-  assert_true(all_zero((s).reserved, sizeof (s).reserved / sizeof *(s).reserved))
+  assert_true(all_zero((s).reserved, sizeof(s).reserved / 8))
 
 static void test_reserved_written_zero(void **state) {
   (void)state;

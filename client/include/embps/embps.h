@@ -323,7 +323,7 @@ typedef struct {
   EMBPS_SERVER_STATS_FIELDS(EMBPS_MEMBER_)
 #undef EMBPS_MEMBER_
   size_t n_tables;
-  embps_table_info_t *tables; /* owned by the embps_stats_t */
+  embps_table_info_t *tables; /* released by embps_stats_free */
   /* durability: empty without --data-dir */
   char data_dir[256];
   char fsync[16];              /* always, everysec, never */
