@@ -385,7 +385,7 @@ void embps_policy_add_counts_locked(embps_table_t *t, shard_t *sh,
   atomic_fetch_sub(&t->rows_allocated, evicted);
 }
 
-/* ------------------------------------------------- table.h's, eviction */
+/* ---------------------------------- embps_table_evict, _row_live (table.h) */
 
 /* Squared L2 norm of the stored weights of rec (widened one by one). */
 static double rec_norm2(const embps_table_t *t, const unsigned char *rec) {
