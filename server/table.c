@@ -27,6 +27,8 @@
 #include "table_impl.h"
 
 #define HUGE_PAGE_BYTES (2u << 20) /* array storage: madvise from this size */
+#define PARALLEL_MIN_ROWS 4096 /* below this, OpenMP costs more than it gains */
+#define PARALLEL_MIN_BYTES (256u << 10) /* the same for copying rows in */
 #define PREFETCH_AHEAD 16          /* rows */
 #define PREFETCH_MAX 512u          /* bytes of a record prefetched */
 

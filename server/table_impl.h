@@ -38,8 +38,6 @@
 #include "table.h"
 
 #define ID_BYTES 8u /* the id heading a hashed record */
-#define PARALLEL_MIN_ROWS 4096 /* below this, OpenMP costs more than it gains */
-#define PARALLEL_MIN_BYTES (256u << 10) /* the same for copying rows in */
 
 /* Counters of admission and eviction (issue 12), kept per shard under its
  * lock, so a shard's snapshot holds the counts of exactly the pushes it
