@@ -11,6 +11,7 @@ set -u
 ROOT=$1
 SERVER=${2:-}
 TMP=$(mktemp -d /tmp/embps-configs-test.XXXXXX)
+mkdir "$TMP/token"
 trap 'rm -rf "$TMP"' EXIT
 . "$(dirname "$0")/tap.sh"
 PY=/usr/bin/python3
@@ -117,15 +118,41 @@ fi
 
 UNIT=$ROOT/server/embps-server.service
 missing=
-for want in 'LimitNOFILE=' 'NoNewPrivileges=yes' 'ProtectSystem=strict' \
-            'StateDirectory=embps' '--data-dir %S/embps/data' '--metrics-listen'; do
+for want in 'Type=notify' 'LimitNOFILE=' 'NoNewPrivileges=yes' 'ProtectSystem=strict' \
+            'StateDirectory=embps' '--data-dir %S/embps/data' '--metrics-listen' \
+            '--checkpoint-every ' 'UMask=0077' 'SystemCallFilter=@system-service' \
+            'MemoryDenyWriteExecute=yes' 'ProtectClock=yes' 'ProtectKernelLogs=yes' \
+            'ProtectHostname=yes' 'ProtectProc=invisible' 'ProcSubset=pid' \
+            'RestrictRealtime=yes' '#LoadCredential=token:' '--auth-token-file %d/token' \
+            'ExecStart=/opt/embps/bin/embps-server'; do
   grep -qF -- "$want" "$UNIT" || missing="$missing $want"
 done
 [ -z "$missing" ] && ok "systemd unit has its settings" || bad "systemd unit has its settings" "missing:$missing"
 if command -v systemd-analyze >/dev/null && [ -n "$SERVER" ]; then
-  sed "s|/usr/local/bin/embps-server|$SERVER|" "$UNIT" >"$TMP/embps-server.service"
+  sed "s|/opt/embps/bin/embps-server|$SERVER|" "$UNIT" >"$TMP/embps-server.service"
   check "systemd-analyze verify embps-server.service" \
-    systemd-analyze verify "$TMP/embps-server.service"
+    systemd-analyze verify --man=no "$TMP/embps-server.service"
+  # the token variant its comments describe: LoadCredential= and the
+  # commented ExecStart= in place of the first
+  $PY - "$TMP/embps-server.service" >"$TMP/token/embps-server.service" 2>"$TMP/out" <<'PY'
+import re, sys
+s = open(sys.argv[1]).read()
+first = re.search(r"^ExecStart=.*?[^\\]\n", s, re.M | re.S)
+s = s[:first.start()] + s[first.end():]
+s = re.sub(r"^#(LoadCredential=.*\n)", r"\1", s, flags=re.M)
+s = re.sub(r"^#(ExecStart=.*?\n)((?:#  .*\n)*)",
+           lambda m: m.group(1) + re.sub(r"^#", "", m.group(2), flags=re.M),
+           s, flags=re.M)
+assert s.count("\nExecStart=") == 1 and "\nLoadCredential=token:" in s, s
+print(s, end="")
+PY
+  check "systemd-analyze verify: the LoadCredential= variant" \
+    systemd-analyze verify --man=no "$TMP/token/embps-server.service"
+  exposure=$(systemd-analyze security --offline=yes "$TMP/embps-server.service" 2>/dev/null |
+             sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+  awk -v e="${exposure:-99}" 'BEGIN { exit !(e <= 2.0) }' &&
+    ok "systemd-analyze security: exposure $exposure (at most 2.0)" ||
+    bad "systemd-analyze security: exposure at most 2.0" "${exposure:-none}"
 fi
 
 # the formula: the fenced lines after "Bytes per row" in each README
