@@ -15,6 +15,7 @@
 #include "server.h"
 #include "token.h"
 #include "util.h"
+#include "version.h"
 #include "wal.h"
 
 static const char usage[] =
@@ -155,8 +156,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       return 1;
     }
     if (!strcmp(a, "--version")) {
-      printf("embps-server %s (protocol %d)\n", EMBPS_VERSION_STRING,
-             EMBPS_PROTOCOL_VERSION);
+      embps_server_version_print(stdout);
       return 1;
     }
     if (strncmp(a, "--", 2) != 0)
