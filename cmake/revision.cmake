@@ -2,7 +2,7 @@
 # revision a binary is built from. Run as a script (cmake -DSRC=... -DOUT=...
 # -P revision.cmake) at configure time and at every build, and rewrites OUT
 # only when the revision changed, so a build recompiles the one file that
-# prints it (version.c, cli.c) after a commit, and nothing otherwise.
+# prints it (about.c, cli.c) after a commit, and nothing otherwise.
 #   a git checkout:  `git describe --always --dirty --abbrev=12` (a release
 #                    tag v* when one is reachable, else the commit)
 #   no .git (a `git archive` tarball): SRC/.revision, which export-subst

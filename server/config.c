@@ -15,7 +15,7 @@
 #include "server.h"
 #include "token.h"
 #include "util.h"
-#include "version.h"
+#include "about.h"
 #include "wal.h"
 
 static const char usage[] =

@@ -18,7 +18,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 "$SERVER" --version >"$TMP/server" 2>&1
 "$CLI" --version >"$TMP/cli" 2>&1
-release=$(sed -n 's/.*EMBPS_VERSION_STRING "\(.*\)"/\1/p' "$ROOT/client/include/embps/embps.h")
+release=$(sed -n 's/^project(embps VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")
 ckpt=$(sed -n 's/^#define EMBPS_CKPT_FORMAT \([0-9]*\)u/\1/p' "$ROOT/server/ckpt.h")
 oldest=$(sed -n 's/^#define EMBPS_CKPT_FORMAT_OLDEST \([0-9]*\)u/\1/p' "$ROOT/server/ckpt.h")
 wal=$(sed -n 's/^#define EMBPS_WAL_FORMAT \([0-9]*\)u/\1/p' "$ROOT/server/wal.h")

@@ -1,6 +1,6 @@
-/* version.h - what `embps-server --version` prints. */
-#ifndef EMBPS_VERSION_H
-#define EMBPS_VERSION_H
+/* about.h - what `embps-server --version` prints. */
+#ifndef EMBPS_ABOUT_H
+#define EMBPS_ABOUT_H
 #include <stdio.h>
 
 /* Writes the release, the source revision it was built from, the protocol
