@@ -11,11 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "about.h"
 #include "cluster.h"
 #include "server.h"
 #include "token.h"
 #include "util.h"
-#include "about.h"
 #include "wal.h"
 
 static const char usage[] =
