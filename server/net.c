@@ -66,6 +66,7 @@
 
 #include "cluster.h"
 #include "durable.h"
+#include "notify.h"
 #include "server.h"
 
 #define STAGE_LEN (32u << 10)
@@ -929,6 +930,7 @@ static void begin_stop(net_t *net) {
     return;
   net->stopping = 1;
   set_ready(net, 0);
+  embps_notify_stopping();
   uv_close((uv_handle_t *)&net->listen_poll, NULL);
   uv_close((uv_handle_t *)&net->accept_retry, NULL);
   if (net->srv.cfg.handle_signals) {
@@ -1190,6 +1192,7 @@ static int net_start(net_t *net) {
                   net->port, cfg->io_threads, cfg->shards, cfg->cluster_index,
                   cfg->cluster_size);
   set_ready(net, 1);
+  embps_notify_ready(cfg->listen_host, net->port); /* systemd Type=notify */
   if (embps_cluster_start(srv)) /* /readyz: the tables the others hold */
     return EMBPS_EINVAL;
   net->cluster_started = cfg->cluster_servers != NULL;

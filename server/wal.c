@@ -25,7 +25,7 @@
 
 #define SEG_MAGIC "EMBPSLOG"
 #define REC_MAGIC 0x52534245u /* "EBSR" */
-#define VERSION 1u
+#define VERSION EMBPS_WAL_FORMAT
 #define UNSAFE_DELAY_MS 200   /* test-only late writes */
 
 typedef struct deferred {

@@ -28,6 +28,9 @@ enum { EMBPS_WAL_ALTER = 5 };
  * table's evict_l2_below at that step */
 enum { EMBPS_WAL_EVICT = 6 };
 
+/* The format of the log segments written and read (--version prints it). */
+#define EMBPS_WAL_FORMAT 1u
+
 #define EMBPS_WAL_HEADER_BYTES 32
 
 typedef struct embps_wal embps_wal_t;
