@@ -7,9 +7,9 @@
  * WRITE_ROWS (kind 11) sets rows and, if given, their optimizer state
  * (otherwise their initial state): validated whole here (dims, counts,
  * ranges, ownership, distinct ids, finite values, non-negative
- * accumulators) before anything changes, then applied by the apply thread
- * as one mutation in order with the pushes and, with --data-dir, logged
- * first (EMBPS_WAL_ROWS, durable.c). */
+ * accumulators) on the I/O thread before anything changes, then run by
+ * the apply thread (embps_rows_run) as one mutation in order with the
+ * pushes and, with --data-dir, logged first (EMBPS_WAL_ROWS, redo.h). */
 #include "rows.h"
 
 #include <math.h>

@@ -54,6 +54,8 @@ static int grow(embps_seen_t *s) {
 }
 
 void embps_seen_record(embps_seen_t *s, uint64_t client, uint64_t seq) {
+  if (!client) /* 0 marks an empty slot */
+    return;
   if (s->n + 1 > s->cap / 2 && grow(s)) {
     LOG_WARN("no memory to remember client %llx",
              (unsigned long long)client);

@@ -28,8 +28,9 @@ void embps_seen_close(embps_seen_t *s);
 /* 1 when seq of client was applied already (at or below its highest);
  * 0 when not, or when client or seq is 0 (no exactly-once asked). */
 int embps_seen_applied(const embps_seen_t *s, uint64_t client, uint64_t seq);
-/* seq is client's highest applied now. On allocation failure exactly-once
- * degrades to at-least-once for that client, which the log says. */
+/* seq is client's highest applied now (client 0: nothing kept). On
+ * allocation failure exactly-once degrades to at-least-once for that
+ * client, which the log says. */
 void embps_seen_record(embps_seen_t *s, uint64_t client, uint64_t seq);
 /* Restore: as record, unless a higher seq of client is known already. */
 void embps_seen_note(embps_seen_t *s, uint64_t client, uint64_t seq);
