@@ -20,17 +20,18 @@
  *   log thread, checkpoint thread   with --data-dir (durable.h).
  * A request crosses threads only through those queues.
  *
- * Files, by layer (each calls only files below it; tests/ops/
- * test_layers.sh checks it from the object files):
- *   net.c        lifecycle, listener, connections, event loops
- *   dispatch.c   each request kind on its I/O thread
- *   apply.c      the apply thread: runs req->run in order
- *   push.c rows.c ddl.c evict.c   handlers run there (and rows' reads)
- *   durable.c    --data-dir: log records, acks, checkpoints, restore
- *   redo.c       one log record applied to the tables
- *   wal.c ckpt.c the log's segments; checkpoint directories
- *   sync.c seen.c request.c metrics.c cluster.c   helpers of the above
- *   registry.c table.c hstore.c ...   the tables */
+ * Files, top down: each calls only files after it (no two call each
+ * other, directly or around a loop: tests/ops/test_layers.sh checks it
+ * from the object files):
+ *   net.c          lifecycle, listener, connections, event loops
+ *   dispatch.c     each request kind on its I/O thread
+ *   apply.c        the apply thread: runs req->run, in order
+ *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
+ *   durable.c      --data-dir: log records, acks, checkpoints, restore
+ *   redo.c         one log record applied to the tables
+ *   ckpt.c dio.c wal.c   checkpoint directories; the log's segments
+ *   sync.c request.c metrics.c seen.c cluster.c   helpers of the above
+ *   registry.c table_io.c table.c policy.c hstore.c ...   the tables */
 #ifndef EMBPS_SERVER_H
 #define EMBPS_SERVER_H
 #include <stdatomic.h>
