@@ -154,6 +154,7 @@ struct embps_client {
   embps_dedup_t dedup;
   embps_bufpool_t pool; /* the buffers of finished pulls, for the next */
   uint32_t member; /* < n: whole-cluster requests ask this server alone */
+  int peer; /* embps_client_create_peer_: any place in any cluster */
 };
 
 /* ------------------------------------------------------------ errors */
@@ -260,7 +261,7 @@ static void part_done(part_t *p) { p->t->n_done++; }
  * server's answer (or ours) and final. */
 static int code_retryable(int code) {
   return code == EMBPS_ECONN || code == EMBPS_ETIMEDOUT ||
-         code == EMBPS_ESHUTDOWN;
+         code == EMBPS_ESHUTDOWN || code == EMBPS_ENOREPLICAS;
 }
 
 static void pending_append(conn_t *k, part_t *p) {
@@ -559,12 +560,16 @@ static int end_body(conn_t *k) {
     }
     const char *bad = reply_mismatch(p, &m, in_place);
     if (bad || (m.kind == EMBPS_KIND_ERROR &&
-                m.u.error.code == EMBPS_ESHUTDOWN)) {
-      /* a lying server is dropped; one going away is retried elsewhere */
+                (m.u.error.code == EMBPS_ESHUTDOWN ||
+                 (m.u.error.code == EMBPS_ENOREPLICAS &&
+                  p->t->retry_until_ns > embps_now_ns())))) {
+      /* a lying server is dropped; one going away is retried elsewhere,
+       * as is a write it could not get enough followers for (the same
+       * bytes: exactly once, whether it was applied or not) */
       char why[EMBPS_MESSAGE_MAX + 64];
       snprintf(why, sizeof why, "%s", bad ? bad : m.u.error.message);
       embps_msg_free(&m);
-      conn_fail(k, bad ? EMBPS_EPROTO : EMBPS_ESHUTDOWN, why);
+      conn_fail(k, bad ? EMBPS_EPROTO : m.u.error.code, why);
       return -1;
     }
     unlink_part(k, p);
@@ -833,7 +838,7 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   if (!rc) {
     const embps_hello_reply_t *r = &p->reply.u.hello_reply;
     k->max_frame = r->max_frame_bytes;
-    if (r->cluster_size != c->n || r->cluster_index != index) {
+    if (!c->peer && (r->cluster_size != c->n || r->cluster_index != index)) {
       rc = EMBPS_EWRONGSERVER;
       snprintf(t->error, sizeof t->error, "%s is server %u of a cluster of "
                "%u, but the client lists it as server %u of %u", k->addr,
@@ -2018,4 +2023,90 @@ int embps_write_rows(embps_client_t *c, const char *table,
   static const bulk_ops_t rows_ops = {push_bulk_len, rows_borrow, rows_fill};
   send_parts(c, t, &m, &rows_ops, &src, set_step);
   return embps_wait(c, t);
+}
+
+/* ------------------------------------------------------------ peers */
+
+int embps_client_create_peer_(const char *addr, const char *token,
+                              size_t token_len, int timeout_ms,
+                              embps_client_t **out, char *err,
+                              size_t err_len) {
+  *out = NULL;
+  if (token_len > EMBPS_TOKEN_MAX || strchr(addr, ',')) {
+    snprintf(err, err_len, "bad peer \"%s\" or token", addr);
+    return EMBPS_EINVAL;
+  }
+  embps_client_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    snprintf(err, err_len, "out of memory");
+    return -ENOMEM;
+  }
+  embps_dedup_init(&c->dedup);
+  embps_bufpool_init(&c->pool, 64 << 10, (size_t)16 << 20);
+  c->peer = 1;
+  c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+  c->retry_ms = -1;
+  c->member = UINT32_MAX;
+  memcpy(c->token, token, token_len);
+  c->token_len = token_len;
+  int rc = parse_servers(c, addr, err, err_len);
+  if (!rc && ensure_conn(c, 0))
+    rc = c->conns[0].down_code ? c->conns[0].down_code : EMBPS_ECONN;
+  if (rc) {
+    if (!err[0] || c->last_error[0])
+      snprintf(err, err_len, "%s", c->last_error);
+    embps_client_destroy(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+int embps_client_send_(embps_client_t *c, const embps_msg_t *m,
+                       embps_ticket_t **out) {
+  embps_ticket_t *t = ticket_new(OP_SIMPLE, 1);
+  *out = NULL;
+  if (!t)
+    return set_error(c, -ENOMEM, "out of memory");
+  int rc = send_msg(c, 0, &t->parts[0], m);
+  if (rc) {
+    ticket_free(t);
+    return rc;
+  }
+  t->sent_ns = embps_now_ns();
+  *out = t;
+  return 0;
+}
+
+int embps_client_wait_(embps_client_t *c, embps_ticket_t *t,
+                       embps_msg_t *reply, uint8_t **bulk, size_t *bulk_len,
+                       uint64_t *err_lsn) {
+  part_t *p = &t->parts[0];
+  int rc = ticket_run(c, t);
+  memset(reply, 0, sizeof *reply);
+  *bulk = NULL;
+  *bulk_len = 0;
+  if (err_lsn)
+    *err_lsn = p->has_reply && p->reply.kind == EMBPS_KIND_ERROR
+                   ? p->reply.u.error.lsn
+                   : 0;
+  if (rc) {
+    set_error(c, rc, "%s", t->error[0] ? t->error : embps_strerror(rc));
+  } else {
+    *reply = p->reply;
+    p->has_reply = 0;
+    *bulk = p->rbulk;
+    *bulk_len = p->rbulk_len;
+    p->rbulk = NULL;
+  }
+  ticket_free(t);
+  return rc;
+}
+
+void embps_client_cancel_(embps_client_t *c, embps_ticket_t *t) {
+  if (!t)
+    return;
+  if (c && t->n_done < t->n_parts)
+    ticket_cancel(c, t, EMBPS_ECONN);
+  ticket_free(t);
 }

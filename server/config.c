@@ -13,6 +13,7 @@
 
 #include "about.h"
 #include "cluster.h"
+#include "feed.h"
 #include "server.h"
 #include "token.h"
 #include "util.h"
@@ -58,6 +59,15 @@ static const char usage[] =
     "  --metrics-listen HOST:PORT  serve Prometheus /metrics, /healthz and\n"
     "                            /readyz over HTTP (default: off)\n"
     "  --metrics-port-file FILE  write the bound metrics port to FILE\n"
+    "  --follow HOST:PORT        follow that primary: apply its log, serve\n"
+    "                            reads, refuse writes (default: a primary)\n"
+    "  --sync-followers N        acknowledge a write once N followers have\n"
+    "                            its record (default 0: asynchronous)\n"
+    "  --sync-timeout-ms MS      how long a write waits for them (default\n"
+    "                            5000), then is refused\n"
+    "  --repl-backlog-bytes N    log records kept for followers (default 256M)\n"
+    "  --max-lag-ms MS           a follower is ready within MS of its\n"
+    "                            primary (default 5000)\n"
     "  --version, --help\n"
     "Sizes take K, M or G suffixes.\n";
 
@@ -148,6 +158,9 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   cfg->log_level = EMBPS_LOG_INFO;
   cfg->fsync = EMBPS_FSYNC_EVERYSEC;
   cfg->hello_timeout_s = 5;
+  cfg->sync_timeout_ms = 5000;
+  cfg->repl_backlog_bytes = 256ULL << 20;
+  cfg->max_lag_ms = 5000;
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -196,6 +209,10 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     NUM_("--max-buffer-bytes", 1ULL << 20, UINT64_MAX, max_buffer_bytes)
     NUM_("--max-conn-buffer-bytes", 1ULL << 16, UINT64_MAX,
          max_conn_buffer_bytes)
+    NUM_("--sync-followers", 0, EMBPS_FEED_FOLLOWERS_MAX, sync_followers)
+    NUM_("--sync-timeout-ms", 1, 3600 * 1000, sync_timeout_ms)
+    NUM_("--repl-backlog-bytes", 1ULL << 20, 1ULL << 40, repl_backlog_bytes)
+    NUM_("--max-lag-ms", 1, 86400 * 1000, max_lag_ms)
 #undef NUM_
     if (!strcmp(a, "--listen")) {
       if (embps_parse_hostport(v, cfg->listen_host, sizeof cfg->listen_host,
@@ -223,6 +240,13 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
                            err, err_len))
         return -1;
       cfg->has_token = 1;
+    } else if (!strcmp(a, "--follow")) {
+      char host[256];
+      int port;
+      if (embps_parse_hostport(v, host, sizeof host, &port) || !port ||
+          strlen(v) >= sizeof cfg->follow)
+        return fail(err, err_len, "--follow: \"%s\" is not HOST:PORT", v);
+      snprintf(cfg->follow, sizeof cfg->follow, "%s", v);
     } else if (!strcmp(a, "--cluster-servers")) {
       cfg->cluster_servers = v;
     } else if (!strcmp(a, "--metrics-listen")) {

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "durable.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "failpoint.h"
+#include "feed.h"
 #include "optim.h"
 #include "redo.h"
 
@@ -55,30 +57,73 @@ static const char *fsync_name(embps_fsync_t m) {
          : m == EMBPS_FSYNC_NEVER ? "never" : "everysec";
 }
 
-/* ------------------------------------------------------------ logging */
+/* ------------------------------------------------------------ records */
 
 const char *embps_durable_failed(embps_durable_t *d) {
-  return embps_wal_failed(d->wal);
+  return d ? embps_wal_failed(d->wal) : NULL;
 }
 
-static int log_record(embps_durable_t *d, uint32_t type, uint64_t lsn,
-                      const struct iovec *parts, int n, char *msg,
-                      size_t msg_len) {
-  const char *failed = embps_wal_failed(d->wal);
-  if (failed) {
-    snprintf(msg, msg_len, "%s", failed);
-    return EMBPS_EIO;
+int embps_durable_syncs(const embps_durable_t *d) {
+  return d && d->srv->cfg.fsync == EMBPS_FSYNC_ALWAYS && !d->unsafe_ack;
+}
+
+uint64_t embps_durable_lsn(embps_durable_t *d) {
+  return embps_durable_syncs(d) ? embps_wal_synced(d->wal)
+                                : embps_wal_written(d->wal);
+}
+
+int embps_durable_wait(embps_durable_t *d, uint64_t lsn, char *err,
+                       size_t err_len) {
+  return embps_wal_sync(d->wal, lsn, err, err_len);
+}
+
+/* Whether a record must be built: for the log or for the feed. Otherwise
+ * the mutation only takes its LSN (no copy, no checksum). */
+static int record_wanted(const embps_apply_ctx_t *ctx) {
+  return ctx->srv->dur || embps_feed_active(ctx->srv->feed);
+}
+
+/* Makes the record of type and payload parts at ctx->lsn + 1: the log,
+ * the feed, then ctx->lsn. 0, or EMBPS_EIO with msg. */
+static int emit(embps_apply_ctx_t *ctx, uint32_t type,
+                const struct iovec *parts, int n, char *msg, size_t msg_len) {
+  embps_server_t *srv = ctx->srv;
+  embps_durable_t *d = srv->dur;
+  const uint64_t lsn = ctx->lsn + 1;
+  const int feed = embps_feed_active(srv->feed);
+  if (d || feed) {
+    const char *failed = embps_durable_failed(d);
+    if (failed) {
+      snprintf(msg, msg_len, "%s", failed);
+      return EMBPS_EIO;
+    }
+    uint8_t head[EMBPS_WAL_HEADER_BYTES];
+    if (embps_wal_head(head, type, lsn, ctx->epoch, parts, n, msg, msg_len))
+      return EMBPS_EIO;
+    if (d && embps_wal_append(d->wal, head, parts, n, msg, msg_len))
+      return EMBPS_EIO;
+    if (feed)
+      embps_feed_append(srv->feed, head, parts, n);
   }
-  if (embps_wal_append(d->wal, type, lsn, parts, n, msg, msg_len))
-    return EMBPS_EIO;
+  embps_apply_logged(ctx, lsn);
   return 0;
 }
 
-int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, uint64_t step,
-                           const embps_request_t *reqs, const int64_t *idx,
-                           const float *vals, size_t n, char *msg,
-                           size_t msg_len) {
+/* The mutation needs no record: it only takes its LSN. (A feed made
+ * active meanwhile misses it: its backlog starts after it.) */
+static int emit_bare(embps_apply_ctx_t *ctx, char *msg, size_t msg_len) {
+  (void)msg;
+  (void)msg_len;
+  embps_apply_logged(ctx, ctx->lsn + 1);
+  return 0;
+}
+
+int embps_durable_log_push(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           uint64_t step, const embps_request_t *reqs,
+                           const int64_t *idx, const float *vals, size_t n,
+                           char *msg, size_t msg_len) {
+  if (!record_wanted(ctx))
+    return emit_bare(ctx, msg, msg_len);
   uint64_t pairs_small[2 * 8], *pairs = pairs_small;
   uint32_t n_pairs = 0;
   for (const embps_request_t *r = reqs; r; r = r->next)
@@ -106,19 +151,20 @@ int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
       {(void *)idx, n * sizeof *idx},
       {(void *)vals, n * dim * sizeof *vals},
   };
-  int rc = log_record(d, EMBPS_WAL_PUSH, lsn, parts, 4, msg, msg_len);
+  int rc = emit(ctx, EMBPS_WAL_PUSH, parts, 4, msg, msg_len);
   if (pairs != pairs_small)
     free(pairs);
-  if (!rc)
+  if (!rc && ctx->srv->dur)
     embps_failpoint("log-after-write");
   return rc;
 }
 
-int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, const int64_t *ids,
-                           const float *w, const float *state, size_t n,
-                           int set_step, uint64_t step, char *msg,
-                           size_t msg_len) {
+int embps_durable_log_rows(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           const int64_t *ids, const float *w,
+                           const float *state, size_t n, int set_step,
+                           uint64_t step, char *msg, size_t msg_len) {
+  if (!record_wanted(ctx))
+    return emit_bare(ctx, msg, msg_len);
   const embps_table_spec_t *s = embps_table_spec(table);
   uint8_t head[EMBPS_REDO_ROWS_HEAD] = {0};
   uint64_t inc = embps_table_incarnation(table);
@@ -137,13 +183,15 @@ int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
       {(void *)w, n * dim * sizeof *w},
       {(void *)state, n * sf * dim * sizeof *w},
   };
-  return log_record(d, EMBPS_WAL_ROWS, lsn, parts, 4, msg, msg_len);
+  return emit(ctx, EMBPS_WAL_ROWS, parts, 4, msg, msg_len);
 }
 
 /* A CREATE or ALTER record: the incarnation, then spec packed. */
-static int log_spec(embps_durable_t *d, uint32_t type, uint64_t lsn,
+static int log_spec(embps_apply_ctx_t *ctx, uint32_t type,
                     embps_table_t *table, const embps_table_spec_t *spec,
                     char *msg, size_t msg_len) {
+  if (!record_wanted(ctx))
+    return emit_bare(ctx, msg, msg_len);
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   m.kind = EMBPS_KIND_CREATE;
@@ -158,40 +206,68 @@ static int log_spec(embps_durable_t *d, uint32_t type, uint64_t lsn,
   memcpy(buf, &inc, 8);
   embps_msg_pack(&m, buf + 8);
   struct iovec part = {buf, 8 + len};
-  int rc = log_record(d, type, lsn, &part, 1, msg, msg_len);
+  int rc = emit(ctx, type, &part, 1, msg, msg_len);
   free(buf);
   return rc;
 }
 
-int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
-                             embps_table_t *table, char *msg,
-                             size_t msg_len) {
-  return log_spec(d, EMBPS_WAL_CREATE, lsn, table, embps_table_spec(table),
-                  msg, msg_len);
+int embps_durable_log_create(embps_apply_ctx_t *ctx, embps_table_t *table,
+                             char *msg, size_t msg_len) {
+  return log_spec(ctx, EMBPS_WAL_CREATE, table, embps_table_spec(table), msg,
+                  msg_len);
 }
 
-int embps_durable_log_alter(embps_durable_t *d, uint64_t lsn,
-                            embps_table_t *table,
+int embps_durable_log_alter(embps_apply_ctx_t *ctx, embps_table_t *table,
                             const embps_table_spec_t *spec, char *msg,
                             size_t msg_len) {
-  return log_spec(d, EMBPS_WAL_ALTER, lsn, table, spec, msg, msg_len);
+  return log_spec(ctx, EMBPS_WAL_ALTER, table, spec, msg, msg_len);
 }
 
-int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, char *msg, size_t msg_len) {
+int embps_durable_log_drop(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           char *msg, size_t msg_len) {
   uint64_t inc = embps_table_incarnation(table);
   struct iovec part = {&inc, 8};
-  return log_record(d, EMBPS_WAL_DROP, lsn, &part, 1, msg, msg_len);
+  return emit(ctx, EMBPS_WAL_DROP, &part, 1, msg, msg_len);
 }
 
-int embps_durable_log_evict(embps_durable_t *d, uint64_t lsn,
-                            embps_table_t *table, char *msg,
-                            size_t msg_len) {
+int embps_durable_log_evict(embps_apply_ctx_t *ctx, embps_table_t *table,
+                            char *msg, size_t msg_len) {
   embps_table_info_t info;
   embps_table_info(table, &info);
   uint64_t v[2] = {embps_table_incarnation(table), info.step};
   struct iovec part = {v, sizeof v};
-  return log_record(d, EMBPS_WAL_EVICT, lsn, &part, 1, msg, msg_len);
+  return emit(ctx, EMBPS_WAL_EVICT, &part, 1, msg, msg_len);
+}
+
+int embps_durable_log_copy(embps_apply_ctx_t *ctx, const embps_wal_rec_t *rec,
+                           const uint8_t head[EMBPS_WAL_HEADER_BYTES],
+                           char *msg, size_t msg_len) {
+  embps_server_t *srv = ctx->srv;
+  embps_durable_t *d = srv->dur;
+  struct iovec part = {(void *)rec->payload, rec->len};
+  assert(rec->lsn == ctx->lsn + 1);
+  if (d) {
+    const char *failed = embps_durable_failed(d);
+    if (failed) {
+      snprintf(msg, msg_len, "%s", failed);
+      return EMBPS_EIO;
+    }
+    if (embps_wal_append(d->wal, head, &part, 1, msg, msg_len))
+      return EMBPS_EIO;
+  }
+  if (embps_feed_active(srv->feed))
+    embps_feed_append(srv->feed, head, &part, 1);
+  embps_apply_logged(ctx, rec->lsn);
+  ctx->epoch = rec->epoch;
+  return 0;
+}
+
+/* After the log: the followers' acknowledgement, then the reply. */
+static void ack_after_log(embps_server_t *srv, embps_request_t *req) {
+  if (req->ack_lsn && embps_feed_syncs(srv->feed))
+    embps_feed_wait(srv->feed, req, req->ack_lsn);
+  else
+    req->complete(req);
 }
 
 /* The log's completion of a request waiting in it (req->wal): an error
@@ -200,24 +276,34 @@ static void wal_done(void *ctx, embps_wal_waiter_t *waiter, const char *err) {
   embps_durable_t *d = ctx;
   embps_request_t *req =
       (embps_request_t *)((char *)waiter - offsetof(embps_request_t, wal));
-  if (err)
+  if (err) {
     embps_request_fail(d->srv, req, EMBPS_EIO, "%s", err);
-  req->complete(req);
+    req->complete(req);
+    return;
+  }
+  ack_after_log(d->srv, req);
 }
 
-void embps_durable_ack(embps_durable_t *d, embps_request_t *reqs,
+void embps_durable_ack(embps_apply_ctx_t *ctx, embps_request_t *reqs,
                        uint64_t lsn) {
-  int wait = d && lsn && d->srv->cfg.fsync == EMBPS_FSYNC_ALWAYS &&
-             !d->unsafe_ack;
+  embps_server_t *srv = ctx->srv;
+  embps_durable_t *d = srv->dur;
+  const int wait = lsn && embps_durable_syncs(d);
   while (reqs) {
     embps_request_t *req = reqs;
     reqs = req->next;
     req->next = NULL;
+    req->ack_lsn = lsn;
     if (wait)
       embps_wal_wait(d->wal, &req->wal, lsn);
     else
-      req->complete(req);
+      ack_after_log(srv, req);
   }
+}
+
+int embps_durable_save_history(embps_durable_t *d, const embps_history_t *h,
+                               char *err, size_t err_len) {
+  return d ? embps_history_save(d->dir, h, err, err_len) : 0;
 }
 
 /* ------------------------------------------------------------ checkpoints */
@@ -486,6 +572,70 @@ static int restore(embps_durable_t *d, uint64_t *last, embps_seen_t *seen,
   return rc ? -1 : 0;
 }
 
+/* Before the restore: DIR/HISTORY into h (a log from before epochs is
+ * epoch 1's) and, for a follower (hooks.join), its log cut where it leaves
+ * its primary's history, the history with it. 0, or -1 with err. */
+static int prepare_history(embps_durable_t *d, embps_history_t *h, char *err,
+                           size_t err_len) {
+  if (embps_history_load(d->dir, h, err, err_len))
+    return -1;
+  uint64_t ck = 0, wlast = 0;
+  uint32_t wepoch;
+  int rc = embps_ckpt_latest(d->dir, &ck, err, err_len);
+  if (rc < 0)
+    return -1;
+  if (rc == 0)
+    ck = 0;
+  if (embps_wal_last(d->log_dir, &wlast, &wepoch, err, err_len))
+    return -1;
+  const uint64_t last = wlast > ck ? wlast : ck;
+  if (!h->n && last && embps_history_add(h, 1, 1)) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  if (!d->hooks.join)
+    return 0;
+  uint64_t keep = last, cut;
+  if (d->hooks.join(d->hooks.ctx, h, last, &keep, err, err_len))
+    return -1;
+  if (keep >= last)
+    return 0;
+  if (keep < ck) {
+    snprintf(err, err_len, "data dir %s: its checkpoint at LSN %" PRIu64
+             " holds records after LSN %" PRIu64 ", where its log leaves its "
+             "primary's history: it needs a snapshot of the primary (start "
+             "it with an empty --data-dir)", d->dir, ck, keep);
+    return -1;
+  }
+  if (embps_wal_cut_after(d->log_dir, keep, &cut, err, err_len))
+    return -1;
+  LOG_WARN("data dir %s: cut %" PRIu64 " records (LSN %" PRIu64 " to %"
+           PRIu64 ") that are not on the primary's history: they were never "
+           "acknowledged with --sync-followers >= 1", d->dir, cut, keep + 1,
+           last);
+  while (h->n && h->v[h->n - 1].start > keep)
+    h->n--;
+  return embps_history_save(d->dir, h, err, err_len);
+}
+
+/* After the restore up to LSN last: the epoch records are made in now. A
+ * primary starts a new one at every start (recorded first), so a
+ * follower can tell its log from the records this start makes; a
+ * follower goes on in its last record's. 0, or -1 with err. */
+static int start_epoch(embps_durable_t *d, embps_history_t *h, uint64_t last,
+                       uint32_t *epoch, char *err, size_t err_len) {
+  if (d->hooks.join) {
+    *epoch = embps_history_epoch_at(h, last);
+    return 0;
+  }
+  *epoch = embps_history_epoch(h) + 1;
+  if (embps_history_add(h, *epoch, last + 1)) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  return embps_history_save(d->dir, h, err, err_len);
+}
+
 /* flock on DIR/LOCK; the holder's pid is in the file. */
 static int lock_dir(embps_durable_t *d, char *err, size_t err_len) {
   char path[1100];
@@ -559,12 +709,22 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
   omp_set_num_threads(omp_get_num_procs());
   embps_seen_t seen;
   embps_seen_init(&seen);
-  int restored =
-      !lock_dir(d, err, err_len) && !restore(d, &last, &seen, err, err_len);
+  embps_history_t hist;
+  embps_history_init(&hist);
+  uint32_t epoch = 0;
+  int restored = !lock_dir(d, err, err_len) &&
+                 !prepare_history(d, &hist, err, err_len) &&
+                 !restore(d, &last, &seen, err, err_len) &&
+                 !start_epoch(d, &hist, last, &epoch, err, err_len);
   omp_set_num_threads(team);
+  if (restored && embps_feed_set_history(srv->feed, &hist)) {
+    snprintf(err, err_len, "out of memory");
+    restored = 0;
+  }
   if (restored)
-    d->hooks.restored(d->hooks.ctx, last, &seen);
+    d->hooks.restored(d->hooks.ctx, last, epoch, &seen);
   embps_seen_close(&seen);
+  embps_history_close(&hist);
   if (!restored)
     goto fail;
   if (embps_wal_open(d->log_dir, last + 1, srv->cfg.fsync, d->unsafe_ack,
@@ -580,8 +740,8 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
     goto fail;
   }
   d->thread_started = 1;
-  LOG_INFO("data dir %s: --fsync %s, next LSN %" PRIu64, d->dir,
-           fsync_name(srv->cfg.fsync), last + 1);
+  LOG_INFO("data dir %s: --fsync %s, next LSN %" PRIu64 ", epoch %u",
+           d->dir, fsync_name(srv->cfg.fsync), last + 1, epoch);
   return 0;
 fail:
   embps_wal_close(d->wal);

@@ -68,6 +68,8 @@
 #include "cluster.h"
 #include "durable.h"
 #include "evict.h"
+#include "feed.h"
+#include "follow.h"
 #include "notify.h"
 #include "server.h"
 
@@ -940,6 +942,7 @@ static void begin_stop(net_t *net) {
     uv_close((uv_handle_t *)&net->sig_int, NULL);
   }
   embps_apply_drain(net->srv.apply);
+  embps_feed_drain(net->srv.feed);
   io_drain_all(net);
 }
 
@@ -1157,9 +1160,27 @@ static void durable_submit(void *ctx, embps_request_t *req) {
   embps_apply_submit(srv->apply, req);
 }
 
-static void durable_restored(void *ctx, uint64_t lsn, embps_seen_t *seen) {
+static void durable_restored(void *ctx, uint64_t lsn, uint32_t epoch,
+                             embps_seen_t *seen) {
   embps_server_t *srv = ctx;
-  embps_apply_restore(srv->apply, lsn, seen);
+  embps_apply_restore(srv->apply, lsn, epoch, seen);
+}
+
+/* Without --data-dir: a primary begins epoch 1 at LSN 1; a follower
+ * starts empty, its history its primary's. 0 or -ENOMEM. */
+static int start_memory_only(embps_server_t *srv) {
+  embps_history_t h;
+  embps_history_init(&h);
+  embps_seen_t seen;
+  embps_seen_init(&seen);
+  int rc = srv->cfg.follow[0] ? 0 : embps_history_add(&h, 1, 1);
+  if (!rc)
+    rc = embps_feed_set_history(srv->feed, &h);
+  if (!rc)
+    embps_apply_restore(srv->apply, 0, srv->cfg.follow[0] ? 0 : 1, &seen);
+  embps_history_close(&h);
+  embps_seen_close(&seen);
+  return rc;
 }
 
 /* create's steps in order; on failure the caller undoes those done. */
@@ -1171,6 +1192,15 @@ static int net_start(net_t *net) {
     LOG_ERROR("cannot start the apply thread");
     return rc;
   }
+  rc = embps_feed_create(srv, &srv->feed);
+  if (rc) {
+    LOG_ERROR("cannot start the replication feed");
+    return rc;
+  }
+  atomic_store(&srv->role, cfg->follow[0] ? EMBPS_ROLE_FOLLOWER
+                                          : EMBPS_ROLE_PRIMARY);
+  if (cfg->follow[0] && embps_follow_create(srv))
+    return EMBPS_EINVAL;
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;
@@ -1181,12 +1211,15 @@ static int net_start(net_t *net) {
         .submit = durable_submit,
         .restored = durable_restored,
         .at_marker = embps_evict_at_checkpoint,
+        .join = cfg->follow[0] ? embps_follow_join : NULL,
         .ctx = srv,
     };
     if (embps_durable_open(srv, &hooks, err, sizeof err)) {
       LOG_ERROR("%s", err);
       return EMBPS_EIO;
     }
+  } else if (start_memory_only(srv)) {
+    return EMBPS_ENOMEM;
   }
   rc = listen_on(cfg, &net->port);
   if (rc < 0)
@@ -1223,6 +1256,8 @@ static int net_start(net_t *net) {
   if (embps_cluster_start(srv)) /* /readyz: the tables the others hold */
     return EMBPS_EINVAL;
   net->cluster_started = cfg->cluster_servers != NULL;
+  if (srv->follow && embps_follow_run(srv, net->port))
+    return EMBPS_EINVAL;
   return 0;
 }
 
@@ -1236,8 +1271,11 @@ static int net_stop_threads(net_t *net) {
   net->threads_stopped = 1;
   if (net->cluster_started)
     embps_cluster_stop();
-  if (!net->stopping)
+  embps_follow_destroy(srv); /* hands the apply thread nothing more */
+  if (!net->stopping) {
+    embps_feed_drain(srv->feed);
     io_drain_all(net);
+  }
   for (uint32_t i = 0; i < net->n_io; i++)
     pthread_join(net->io[i].tid, NULL);
   int status = 0;
@@ -1248,6 +1286,8 @@ static int net_stop_threads(net_t *net) {
   }
   if (net->metrics_started)
     embps_metrics_stop(); /* before what it reads goes */
+  embps_feed_destroy(srv->feed);
+  srv->feed = NULL;
   embps_durable_close(srv);
   return status;
 }

@@ -406,6 +406,7 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
     return;
   const uint64_t now = atomic_load(&t->step);
   const double below2 = l2_below * l2_below;
+  change_begin(t);
   for (uint32_t k = 0; k < t->n_shards; k++) {
     shard_t *sh = &t->shards[k];
     if (shard_lsn && lsn <= shard_lsn[k])
@@ -438,6 +439,7 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
       *evicted += c.evicted[WHY_TTL] + c.evicted[WHY_L2];
     }
   }
+  change_end(t, lsn);
 }
 
 int embps_table_row_live(embps_table_t *t, int64_t id) {

@@ -48,6 +48,8 @@ typedef struct embps_request {
   void (*complete)(struct embps_request *req);
   void *owner;
   embps_wal_waiter_t wal; /* while it waits for the log (durable.c) */
+  uint64_t ack_lsn;       /* its reply waits until this LSN is durable */
+  uint64_t deadline_ns;   /* parked or held: when it gives up (monotonic) */
 } embps_request_t;
 
 /* Frees req and what it owns, and lets go of req->table; NULL-safe. */

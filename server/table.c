@@ -17,9 +17,11 @@
 #include <assert.h>
 #include <errno.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "init.h"
 #include "policy.h"
@@ -490,11 +492,47 @@ PREFETCH_HELPER prefetch_known(const embps_table_t *t,
  * whole between two pushes. A push to a shard waits for the pulls holding
  * its lock (they read concurrently: about one pull's length), and pulls
  * that come meanwhile wait for the push. */
-void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
-                        float *out) {
-  const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
+/* Takes every shard's read lock, in shard order, at a moment no change of
+ * rows is under way (the writer's wseq even): a change that began waits
+ * for the locks, one under way is let finish (the locks dropped, taken
+ * again once it has). Returns the LSN of the last change. */
+static uint64_t lock_whole(embps_table_t *t) {
+  for (unsigned spins = 0;; spins++) {
+    for (uint32_t k = 0; k < t->n_shards; k++)
+      pthread_rwlock_rdlock(&t->shards[k].lock);
+    const uint64_t seq = atomic_load(&t->wseq);
+    if (!(seq & 1))
+      return atomic_load(&t->lsn_at);
+    for (uint32_t k = t->n_shards; k > 0; k--)
+      pthread_rwlock_unlock(&t->shards[k - 1].lock);
+    while (atomic_load(&t->wseq) == seq) {
+      if (spins < 64) {
+        sched_yield();
+      } else {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+      }
+    }
+  }
+}
+
+/* Takes every shard's read lock, in shard order; returns the LSN of the
+ * last change done (one may be under way). */
+static uint64_t lock_all(embps_table_t *t) {
   for (uint32_t k = 0; k < t->n_shards; k++)
     pthread_rwlock_rdlock(&t->shards[k].lock);
+  return atomic_load(&t->lsn_at);
+}
+
+uint64_t embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
+                            float *out) {
+  return embps_table_gather_at(t, ids, n, out, 0);
+}
+
+uint64_t embps_table_gather_at(embps_table_t *t, const int64_t *ids,
+                               size_t n, float *out, int whole) {
+  const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
+  const uint64_t lsn = whole ? lock_whole(t) : lock_all(t);
   const uint64_t now = atomic_load(&t->visible_step);
   for (size_t i = 0; i < n; i++) {
     if (i + PREFETCH_AHEAD < n)
@@ -516,6 +554,7 @@ void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
   for (uint32_t k = t->n_shards; k > 0; k--)
     pthread_rwlock_unlock(&t->shards[k - 1].lock);
   atomic_fetch_add(&t->pulls, 1);
+  return lsn;
 }
 
 /* ------------------------------------------------------------ apply */
@@ -721,17 +760,30 @@ static void commit_policy(embps_table_t *t, embps_table_scratch_t *s,
   atomic_fetch_add(&t->pushes, 1);
 }
 
+static void commit_plain(embps_table_t *t, embps_table_scratch_t *s,
+                         const int64_t *ids, const float *g, size_t n,
+                         uint64_t lsn, uint64_t t_step);
+
 void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, const float *g, size_t n,
                         uint64_t lsn) {
-  const uint32_t S = t->n_shards;
   uint64_t t_step = atomic_fetch_add(&t->step, 1) + 1;
   embps_optim_begin_step(&t->optim, t_step);
-  uint64_t created_total = 0;
-  if (t->policy) {
+  change_begin(t);
+  if (t->policy)
     commit_policy(t, s, ids, g, n, lsn, t_step);
-    return;
-  }
+  else
+    commit_plain(t, s, ids, g, n, lsn, t_step);
+  change_end(t, lsn);
+}
+
+/* embps_table_commit for a table without admission or eviction. */
+static void commit_plain(embps_table_t *t, embps_table_scratch_t *s,
+                         const int64_t *ids, const float *g, size_t n,
+                         uint64_t lsn, uint64_t t_step) {
+  const uint32_t S = t->n_shards;
+  uint64_t created_total = 0;
+  (void)t_step;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created_total) \
     if (n >= PARALLEL_MIN_ROWS && S > 1)
   for (uint32_t k = 0; k < S; k++) {
@@ -770,6 +822,7 @@ uint64_t embps_table_incarnation(const embps_table_t *t) {
 
 void embps_table_set_incarnation(embps_table_t *t, uint64_t incarnation) {
   t->incarnation = incarnation;
+  atomic_store(&t->lsn_at, incarnation); /* it exists from there on */
 }
 
 uint32_t embps_table_n_shards(const embps_table_t *t) { return t->n_shards; }
@@ -783,6 +836,7 @@ void embps_table_place_rows(embps_table_t *t, embps_table_scratch_t *s,
   uint64_t created = 0;
   const uint32_t S = t->n_shards;
   const size_t n = s->start[S];
+  change_begin(t);
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created) \
     if (n * t->row_bytes >= PARALLEL_MIN_BYTES && S > 1)
   for (uint32_t k = 0; k < S; k++) {
@@ -812,6 +866,7 @@ void embps_table_place_rows(embps_table_t *t, embps_table_scratch_t *s,
       sh->lsn = lsn;
     pthread_rwlock_unlock(&sh->lock);
   }
+  change_end(t, lsn);
   atomic_fetch_add(&t->rows_allocated, created);
   if (!t->hashed)
     embps_table_add_bytes(t, (int64_t)(created * t->row_bytes));

@@ -91,9 +91,19 @@ int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
                           uint32_t cluster_index, size_t *bad);
 
 /* Copies the weights of ids[i] into out[i*dim..] (checked ids). Padding
- * ids read as zeros, rows never pushed as their initial value. */
-void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
-                        float *out);
+ * ids read as zeros, rows never pushed as their initial value. Returns
+ * the LSN of the table's last change of rows (0: none). Each row is read
+ * whole, but a change under way (a push's commit goes shard by shard)
+ * may be seen in part. */
+uint64_t embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
+                            float *out);
+/* The same; with `whole`, the read never sees part of a change (commit,
+ * write_rows, evict: it lets one under way finish first, and blocks the
+ * next while it reads), so every row is the table's at one LSN: the one
+ * returned, or any later one up to the table's next change. A follower's
+ * reads (issue 21): they say the LSN they saw. */
+uint64_t embps_table_gather_at(embps_table_t *t, const int64_t *ids,
+                               size_t n, float *out, int whole);
 
 /* Applies one optimizer step to n distinct, checked rows with merged
  * gradients g (n x dim). Padding ids are skipped. All memory the step

@@ -86,14 +86,67 @@ static void seg_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint64_t first) {
 }
 
 static void rec_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint32_t type,
-                       uint64_t lsn, uint32_t len, uint32_t crc) {
+                       uint64_t lsn, uint32_t epoch, uint32_t len,
+                       uint32_t crc) {
   memset(h, 0, EMBPS_WAL_HEADER_BYTES);
   embps_put32(h, REC_MAGIC);
   embps_put32(h + 4, type);
   embps_put64(h + 8, lsn);
   embps_put32(h + 16, len);
   embps_put32(h + 20, crc);
+  embps_put32(h + 24, epoch);
   embps_put32(h + 28, embps_crc32c(0, h, 28));
+}
+
+int embps_wal_head(uint8_t head[EMBPS_WAL_HEADER_BYTES], uint32_t type,
+                   uint64_t lsn, uint32_t epoch, const struct iovec *parts,
+                   int n_parts, char *err, size_t err_len) {
+  uint64_t len = 0;
+  uint32_t crc = 0;
+  if (n_parts > EMBPS_WAL_PARTS_MAX) {
+    snprintf(err, err_len, "log record of %d parts", n_parts);
+    return -EINVAL;
+  }
+  for (int i = 0; i < n_parts; i++) {
+    len += parts[i].iov_len;
+    crc = embps_crc32c(crc, parts[i].iov_base, parts[i].iov_len);
+  }
+  if (len > UINT32_MAX) {
+    snprintf(err, err_len, "log record of %" PRIu64 " bytes is too large",
+             len);
+    return -EFBIG;
+  }
+  rec_header(head, type, lsn, epoch, (uint32_t)len, crc);
+  return 0;
+}
+
+size_t embps_wal_parse(const uint8_t *p, size_t avail, embps_wal_rec_t *r,
+                       char *err, size_t err_len) {
+  if (avail < EMBPS_WAL_HEADER_BYTES) {
+    snprintf(err, err_len, "record header cut short (%zu bytes)", avail);
+    return 0;
+  }
+  if (embps_get32(p) != REC_MAGIC ||
+      embps_get32(p + 28) != embps_crc32c(0, p, 28)) {
+    snprintf(err, err_len, "record header checksum mismatch");
+    return 0;
+  }
+  r->type = embps_get32(p + 4);
+  r->lsn = embps_get64(p + 8);
+  r->len = embps_get32(p + 16);
+  r->epoch = embps_get32(p + 24);
+  r->payload = p + EMBPS_WAL_HEADER_BYTES;
+  if (avail - EMBPS_WAL_HEADER_BYTES < r->len) {
+    snprintf(err, err_len, "record LSN %" PRIu64 " of %u bytes cut short",
+             r->lsn, r->len);
+    return 0;
+  }
+  if (embps_crc32c(0, r->payload, r->len) != embps_get32(p + 20)) {
+    snprintf(err, err_len, "record LSN %" PRIu64 ": checksum mismatch",
+             r->lsn);
+    return 0;
+  }
+  return EMBPS_WAL_HEADER_BYTES + (size_t)r->len;
 }
 
 typedef struct {
@@ -212,7 +265,9 @@ static int replay_segment(const char *path, uint64_t first, int last,
              "mismatch or bad magic", path);
     goto out;
   }
-  if (embps_get32(m + 8) != VERSION || embps_get64(m + 16) != first) {
+  const uint32_t version = embps_get32(m + 8);
+  if (version < EMBPS_WAL_FORMAT_OLDEST || version > VERSION ||
+      embps_get64(m + 16) != first) {
     snprintf(err, err_len, "log %s: segment header at offset 0: version %u, "
              "first LSN %" PRIu64 " (name says %" PRIu64 ")", path,
              embps_get32(m + 8), embps_get64(m + 16), first);
@@ -245,8 +300,10 @@ static int replay_segment(const char *path, uint64_t first, int last,
                "checksum mismatch", path, off);
       goto out;
     }
+    /* format 1 wrote no epoch: its records are epoch 1's */
     embps_wal_rec_t r = {.type = embps_get32(h + 4), .lsn = embps_get64(h + 8),
-                         .len = embps_get32(h + 16)};
+                         .len = embps_get32(h + 16),
+                         .epoch = version < 2 ? 1 : embps_get32(h + 24)};
     if (r.lsn != lsn_next) {
       snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": LSN %"
                PRIu64 " where %" PRIu64 " was expected", path, off, r.lsn,
@@ -277,7 +334,7 @@ static int replay_segment(const char *path, uint64_t first, int last,
         goto out;
       }
       char why[400];
-      if (visit(ctx, &r, why, sizeof why)) {
+      if (visit && visit(ctx, &r, why, sizeof why)) {
         snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": %s",
                  path, off, why);
         goto out;
@@ -585,29 +642,21 @@ const char *embps_wal_failed(embps_wal_t *w) {
   return f;
 }
 
-int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
+int embps_wal_append(embps_wal_t *w, const uint8_t head[EMBPS_WAL_HEADER_BYTES],
                      const struct iovec *parts, int n_parts, char *err,
                      size_t err_len) {
-  struct iovec iov[8];
+  struct iovec iov[EMBPS_WAL_PARTS_MAX + 1];
   uint8_t h[EMBPS_WAL_HEADER_BYTES];
-  uint64_t len = 0;
-  uint32_t crc = 0;
+  const uint64_t lsn = embps_get64(head + 8);
+  const uint64_t len = embps_get32(head + 16);
   assert(lsn == w->appended + 1); /* replay refuses a gap */
-  if (n_parts > 7) {
+  if (n_parts > EMBPS_WAL_PARTS_MAX) {
     snprintf(err, err_len, "log record of %d parts", n_parts);
     return -EINVAL;
   }
-  for (int i = 0; i < n_parts; i++) {
-    len += parts[i].iov_len;
-    crc = embps_crc32c(crc, parts[i].iov_base, parts[i].iov_len);
+  memcpy(h, head, sizeof h);
+  for (int i = 0; i < n_parts; i++)
     iov[i + 1] = parts[i];
-  }
-  if (len > UINT32_MAX) {
-    snprintf(err, err_len, "log record of %" PRIu64 " bytes is too large",
-             len);
-    return -EFBIG;
-  }
-  rec_header(h, type, lsn, (uint32_t)len, crc);
   iov[0].iov_base = h;
   iov[0].iov_len = sizeof h;
   if (w->unsafe_ack) { /* test only: written later by the log thread */
@@ -728,6 +777,126 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
   }
   pthread_mutex_unlock(&w->def_mu);
   return rc;
+}
+
+static int note_last(void *ctx, const embps_wal_rec_t *r, char *err,
+                     size_t err_len) {
+  *(uint32_t *)ctx = r->epoch;
+  return 0;
+}
+
+int embps_wal_last(const char *log_dir, uint64_t *lsn, uint32_t *epoch,
+                   char *err, size_t err_len) {
+  seg_t *segs;
+  size_t n;
+  int rc = list_segments(log_dir, &segs, &n);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  uint64_t after = n ? segs[0].first - 1 : 0;
+  free(segs);
+  *epoch = 0;
+  return embps_wal_replay(log_dir, after, note_last, epoch, lsn, err,
+                          err_len);
+}
+
+uint64_t embps_wal_synced(embps_wal_t *w) {
+  pthread_mutex_lock(&w->mu);
+  uint64_t v = w->synced;
+  pthread_mutex_unlock(&w->mu);
+  return v;
+}
+
+uint64_t embps_wal_written(embps_wal_t *w) {
+  pthread_mutex_lock(&w->mu);
+  uint64_t v = w->written;
+  pthread_mutex_unlock(&w->mu);
+  return v;
+}
+
+/* The byte offset in the segment at path (first LSN first) of the record
+ * lsn + 1, or of the end when the segment ends at or before it; -1 with
+ * err when the segment does not read. */
+static int64_t offset_after(const char *path, uint64_t first, uint64_t lsn,
+                            char *err, size_t err_len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    snprintf(err, err_len, "log %s: %s", path, strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  uint64_t size = (uint64_t)st.st_size, off = EMBPS_WAL_HEADER_BYTES;
+  uint8_t *m = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (m == MAP_FAILED) {
+    snprintf(err, err_len, "log %s: mmap: %s", path, strerror(errno));
+    return -1;
+  }
+  for (uint64_t at = first; at <= lsn && off < size; at++) {
+    embps_wal_rec_t r;
+    char why[256];
+    size_t n = embps_wal_parse(m + off, size - off, &r, why, sizeof why);
+    if (!n || r.lsn != at) {
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": %s", path,
+               off, n ? "LSN out of sequence" : why);
+      munmap(m, size);
+      return -1;
+    }
+    off += n;
+  }
+  if (m)
+    munmap(m, size);
+  return (int64_t)(off < size ? off : size);
+}
+
+int embps_wal_cut_after(const char *log_dir, uint64_t lsn, uint64_t *cut,
+                        char *err, size_t err_len) {
+  seg_t *segs;
+  size_t n;
+  uint64_t last;
+  *cut = 0;
+  int rc = list_segments(log_dir, &segs, &n);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  /* what is there (a torn tail cut first): the records above lsn */
+  uint32_t epoch;
+  rc = embps_wal_last(log_dir, &last, &epoch, err, err_len);
+  if (!rc && last > lsn)
+    *cut = last - lsn;
+  for (size_t i = n; !rc && i-- > 0;) {
+    char path[1100];
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    if (segs[i].first > lsn + 1 || (segs[i].first == lsn + 1 && i > 0)) {
+      if (unlink(path)) {
+        snprintf(err, err_len, "log %s: cannot delete: %s", path,
+                 strerror(errno));
+        rc = -1;
+      }
+      continue;
+    }
+    int64_t off = offset_after(path, segs[i].first, lsn, err, err_len);
+    int fd = off < 0 ? -1 : open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, off) || fsync(fd)) {
+      if (off >= 0)
+        snprintf(err, err_len, "log %s: cannot cut at offset %" PRId64 ": %s",
+                 path, off, strerror(errno));
+      rc = -1;
+    }
+    if (fd >= 0)
+      close(fd);
+    break;
+  }
+  free(segs);
+  if (!rc && embps_fsync_dir(log_dir)) {
+    snprintf(err, err_len, "log %s: cannot sync the directory", log_dir);
+    rc = -1;
+  }
+  return rc ? -1 : 0;
 }
 
 void embps_wal_delete_upto(const char *log_dir, uint64_t lsn) {

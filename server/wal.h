@@ -2,7 +2,11 @@
  *
  * DIR/log/<first LSN %016llx>.log segments: a 32-byte segment header, then
  * records of a 32-byte header {u32 magic, u32 type, u64 lsn, u32
- * payload_len, u32 payload_crc, u32 reserved, u32 header_crc} and payload.
+ * payload_len, u32 payload_crc, u32 epoch, u32 header_crc} and payload.
+ * The epoch (issue 21) is the primary's term the record was made in
+ * (history.h); format 1 segments wrote 0 there, read as epoch 1. A record
+ * is the same bytes in the log, in the primary's replication feed and in
+ * a follower's log.
  * The apply thread appends (writev straight from the caller's arrays); a
  * log thread fdatasyncs: once per batch of waiting acknowledgements
  * (always, group commit), every second (everysec) or only at rotation and
@@ -34,8 +38,10 @@ enum { EMBPS_WAL_ALTER = 5 };
  * table's evict_l2_below at that step */
 enum { EMBPS_WAL_EVICT = 6 };
 
-/* The format of the log segments written and read (--version prints it). */
-#define EMBPS_WAL_FORMAT 1u
+/* The format of the log segments written (--version prints it); replay
+ * reads this one and EMBPS_WAL_FORMAT_OLDEST (no epochs) on. */
+#define EMBPS_WAL_FORMAT 2u
+#define EMBPS_WAL_FORMAT_OLDEST 1u
 
 #define EMBPS_WAL_HEADER_BYTES 32
 
@@ -57,6 +63,7 @@ typedef void (*embps_wal_done_fn)(void *ctx, embps_wal_waiter_t *waiter,
 /* One record as the reader hands it out (payload valid during the call). */
 typedef struct {
   uint32_t type;
+  uint32_t epoch;
   uint64_t lsn;
   const uint8_t *payload;
   uint32_t len;
@@ -64,8 +71,9 @@ typedef struct {
 typedef int (*embps_wal_visit_fn)(void *ctx, const embps_wal_rec_t *r,
                                   char *err, size_t err_len);
 
-/* Reads every segment of log_dir in LSN order and calls visit for each
- * record with lsn > after (records must follow after + 1 without a gap).
+/* Reads every segment of log_dir in LSN order and calls visit (may be
+ * NULL: the log is only checked) for each record with lsn > after
+ * (records must follow after + 1 without a gap).
  * A torn tail of the last segment is cut off with a WARN; anything else
  * wrong fails with a message naming the file and offset. *last = the
  * last LSN read (or after). 0, or -1 with err. */
@@ -81,12 +89,25 @@ int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
 /* Syncs, stops the log thread (completing every waiter) and closes. */
 void embps_wal_close(embps_wal_t *w);
 
-/* Appends a record whose payload is the concatenation of parts (apply
- * thread); lsn must follow the last one appended (or next_lsn - 1) by one.
- * On a write error the segment is cut back to the record's start:
- * returns -errno with a message and nothing was logged; if even that fails
- * the log is failed for good (embps_wal_failed). */
-int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
+/* Fills head with the header of a record of type at lsn in epoch whose
+ * payload is the concatenation of parts (at most EMBPS_WAL_PARTS_MAX).
+ * 0, or -EFBIG / -EINVAL with err. */
+#define EMBPS_WAL_PARTS_MAX 7
+int embps_wal_head(uint8_t head[EMBPS_WAL_HEADER_BYTES], uint32_t type,
+                   uint64_t lsn, uint32_t epoch, const struct iovec *parts,
+                   int n_parts, char *err, size_t err_len);
+/* Checks the record at p (avail bytes there): magic, header and payload
+ * checksums, length. Returns its size (header and payload), with *r
+ * pointing into p, or 0 with err. Any thread. */
+size_t embps_wal_parse(const uint8_t *p, size_t avail, embps_wal_rec_t *r,
+                       char *err, size_t err_len);
+/* Appends the record of header head (embps_wal_head's, or one parsed from
+ * a primary's feed) and payload parts (apply thread); its LSN must follow
+ * the last one appended (or next_lsn - 1) by one. On a write error the
+ * segment is cut back to the record's start: returns -errno with a
+ * message and nothing was logged; if even that fails the log is failed for
+ * good (embps_wal_failed). */
+int embps_wal_append(embps_wal_t *w, const uint8_t head[EMBPS_WAL_HEADER_BYTES],
                      const struct iovec *parts, int n_parts, char *err,
                      size_t err_len);
 /* Hands waiter to the done callback once the log is durable up to lsn
@@ -103,6 +124,19 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
                      size_t err_len);
 /* The failure message if the log can no longer be made durable, or NULL. */
 const char *embps_wal_failed(embps_wal_t *w);
+/* The last LSN known durable (synced), and the last written. Any thread. */
+uint64_t embps_wal_synced(embps_wal_t *w);
+uint64_t embps_wal_written(embps_wal_t *w);
+/* Before the log is opened: the last LSN of log_dir and its record's
+ * epoch (0 and 0 for an empty log), a torn tail cut as replay cuts it. 0,
+ * or -1 with err. */
+int embps_wal_last(const char *log_dir, uint64_t *lsn, uint32_t *epoch,
+                   char *err, size_t err_len);
+/* Before the log is opened: removes every record of log_dir above lsn
+ * (cutting the segment that holds lsn + 1, deleting those after), synced.
+ * *cut = records removed. 0, or -1 with err. */
+int embps_wal_cut_after(const char *log_dir, uint64_t lsn, uint64_t *cut,
+                        char *err, size_t err_len);
 /* Deletes the segments whose records are all <= lsn (a later segment
  * starts at or below lsn + 1). */
 void embps_wal_delete_upto(const char *log_dir, uint64_t lsn);

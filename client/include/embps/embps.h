@@ -104,7 +104,11 @@ EMBPS_EXTERN size_t embps_abi_size(const char *type_name);
   X(EINTERNAL, -30021, "internal error")                                      \
   X(EIO, -30022, "data dir I/O error")                                         \
   X(ENODATADIR, -30023, "server has no --data-dir")                           \
-  X(EBADFILE, -30024, "bad export/import file")
+  X(EBADFILE, -30024, "bad export/import file")                               \
+  X(ENOTPRIMARY, -30025, "not the primary: writes go to its primary")          \
+  X(ENOREPLICAS, -30026, "not enough followers in sync")                      \
+  X(EDIVERGED, -30027, "log diverged from the primary's history")             \
+  X(ESNAPSHOT, -30028, "records no longer held: a snapshot is needed")
 
 enum embps_errno {
 #define EMBPS_ERRNO_ENUM_(name, code, msg) EMBPS_##name = (code),
@@ -316,6 +320,21 @@ typedef struct {
   X(uint64_t, checkpoint_lsn, DURABLE, "the log position it covers")           \
   X(uint64_t, log_bytes, DURABLE, "log written since then")
 
+/*
+ * Replication figures (issue 21), X(type, name, doc), after the durability
+ * fields (they took reserved words). A primary's lag figures are the
+ * largest of its followers' (each follower's own: /metrics).
+ */
+#define EMBPS_SERVER_REPL_FIELDS(X)                                            \
+  X(uint32_t, role, "0 primary (or alone), 1 follower")                        \
+  X(uint32_t, epoch, "the epoch its log is in")                                \
+  X(uint64_t, applied_lsn, "the LSN of the last record applied")              \
+  X(uint32_t, followers, "primary: followers fetching")                        \
+  X(uint32_t, followers_in_sync, "primary: of them, caught up")                \
+  X(uint64_t, lag_records, "records a follower is behind its primary")        \
+  X(uint64_t, lag_ms, "how long a follower is behind its primary")            \
+  X(uint64_t, bytes_shipped, "log bytes sent to followers (or received)")
+
 typedef struct {
   char address[64]; /* host:port of the server these come from */
   char version[32];
@@ -328,7 +347,12 @@ typedef struct {
   char data_dir[256];
   char fsync[16];              /* always, everysec, never */
   char durability_failed[256]; /* why pushes are refused, or empty */
-  uint64_t reserved[16];       /* zero */
+  /* replication: zero on a server that neither follows nor is followed */
+#define EMBPS_MEMBER_(type, name, doc) type name;
+  EMBPS_SERVER_REPL_FIELDS(EMBPS_MEMBER_)
+#undef EMBPS_MEMBER_
+  char primary[64];      /* a follower's primary (host:port), else empty */
+  uint64_t reserved[2];  /* zero */
 } embps_server_stats_t;
 
 /* What one server's checkpoint covers (embps_checkpoint), X(name, doc). */
