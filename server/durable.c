@@ -137,21 +137,36 @@ int embps_durable_log_push(embps_apply_ctx_t *ctx, embps_table_t *table,
     pairs[2 * i] = r->msg.u.push.client_id;
     pairs[2 * i + 1] = r->msg.u.push.seq;
   }
+  const embps_table_spec_t *spec = embps_table_spec(table);
   uint8_t head[EMBPS_REDO_PUSH_HEAD] = {0};
   uint64_t inc = embps_table_incarnation(table);
-  uint32_t rows = (uint32_t)n, dim = embps_table_spec(table)->dim;
+  uint32_t rows = (uint32_t)n, dim = spec->dim, flags = 0, ev[2] = {0, 0};
+  const int64_t *evicted = NULL;
+  if (spec->ttl_steps || spec->max_rows) { /* the evictions it decided */
+    flags |= EMBPS_REDO_PUSH_EVICTIONS;
+    if (embps_table_planned(table, &ctx->scratch, &evicted, &ev[0],
+                            &ev[1])) {
+      if (pairs != pairs_small)
+        free(pairs);
+      snprintf(msg, msg_len, "out of memory logging a push");
+      return EMBPS_EIO;
+    }
+  }
   memcpy(head, &inc, 8);
   memcpy(head + 8, &step, 8);
   memcpy(head + 16, &n_pairs, 4);
   memcpy(head + 20, &rows, 4);
   memcpy(head + 24, &dim, 4);
-  struct iovec parts[4] = {
+  memcpy(head + 28, &flags, 4);
+  struct iovec parts[6] = {
       {head, sizeof head},
       {pairs, (size_t)n_pairs * 16},
       {(void *)idx, n * sizeof *idx},
       {(void *)vals, n * dim * sizeof *vals},
+      {ev, flags ? sizeof ev : 0},
+      {(void *)evicted, ((size_t)ev[0] + ev[1]) * sizeof *evicted},
   };
-  int rc = emit(ctx, EMBPS_WAL_PUSH, parts, 4, msg, msg_len);
+  int rc = emit(ctx, EMBPS_WAL_PUSH, parts, 6, msg, msg_len);
   if (pairs != pairs_small)
     free(pairs);
   if (!rc && ctx->srv->dur)

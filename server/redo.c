@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "redo.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,38 @@ static int keep_rows(embps_redo_t *r, const embps_redo_table_t *k, uint64_t lsn,
   return 0;
 }
 
+/* The evictions a PUSH record carries (n_ttl then n_cap ids at ev), but
+ * those of shards whose snapshot already holds the record, made the plan
+ * of the push just prepared in r->scratch. 0, EMBPS_EINVAL with err (an
+ * id without a row here: this is not the state the record followed) or
+ * -ENOMEM. */
+static int given_evictions(embps_redo_t *r, const embps_redo_table_t *k,
+                           uint64_t lsn, const uint8_t *ev, uint64_t n_ttl,
+                           uint64_t n_cap, char *err, size_t err_len) {
+  const uint64_t n = n_ttl + n_cap;
+  int64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (!ids)
+    return -ENOMEM;
+  size_t kept = 0, kept_ttl = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    int64_t id;
+    memcpy(&id, ev + i * 8, 8);
+    if (k->file_shards &&
+        lsn <= k->shard_lsn[embps_route_shard(id, k->file_shards)])
+      continue; /* already in that shard's snapshot */
+    ids[kept++] = id;
+    kept_ttl += i < n_ttl;
+  }
+  int64_t bad = 0;
+  int rc = embps_table_plan_given(k->table, &r->scratch, ids, kept_ttl,
+                                  ids + kept_ttl, kept - kept_ttl, &bad);
+  if (rc == EMBPS_EINVAL)
+    snprintf(err, err_len, "push record evicts row %lld, which is not here",
+             (long long)bad);
+  free(ids);
+  return rc;
+}
+
 static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
                      size_t err_len) {
   const uint8_t *p = rec->payload;
@@ -105,13 +138,22 @@ static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
   }
   uint64_t inc = embps_get64(p), step = embps_get64(p + 8);
   uint64_t n_pairs = embps_get32(p + 16), rows = embps_get32(p + 20),
-           dim = embps_get32(p + 24);
-  if (rec->len !=
-      EMBPS_REDO_PUSH_HEAD + n_pairs * 16 + rows * 8 + rows * dim * 4) {
+           dim = embps_get32(p + 24), flags = embps_get32(p + 28);
+  const uint64_t body =
+      EMBPS_REDO_PUSH_HEAD + n_pairs * 16 + rows * 8 + rows * dim * 4;
+  uint64_t n_ttl = 0, n_cap = 0;
+  if ((flags & EMBPS_REDO_PUSH_EVICTIONS) && rec->len >= body + 8) {
+    n_ttl = embps_get32(p + body);
+    n_cap = embps_get32(p + body + 4);
+  }
+  if ((flags & ~(uint64_t)EMBPS_REDO_PUSH_EVICTIONS) ||
+      rec->len != body + ((flags & EMBPS_REDO_PUSH_EVICTIONS)
+                              ? 8 + (n_ttl + n_cap) * 8
+                              : 0)) {
     snprintf(err, err_len,
              "push record of %u bytes does not match its "
-             "%" PRIu64 " rows of dim %" PRIu64,
-             rec->len, rows, dim);
+             "%" PRIu64 " rows of dim %" PRIu64 " (flags %" PRIx64 ")",
+             rec->len, rows, dim, flags);
     return -1;
   }
   embps_redo_table_t *k = table_of(r, inc);
@@ -136,8 +178,15 @@ static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
                 err_len))
     return -1;
   embps_table_set_step(t, step - 1);
-  if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
-    snprintf(err, err_len, "out of memory replaying a push");
+  r->scratch.given = (flags & EMBPS_REDO_PUSH_EVICTIONS) != 0;
+  int rc = embps_table_prepare(t, &r->scratch, r->ids, m, 0);
+  if (!rc && r->scratch.given)
+    rc = given_evictions(r, k, rec->lsn, p + body + 8, n_ttl, n_cap, err,
+                         err_len);
+  r->scratch.given = 0;
+  if (rc) {
+    if (rc != EMBPS_EINVAL)
+      snprintf(err, err_len, "out of memory replaying a push");
     return -1;
   }
   embps_table_commit(t, &r->scratch, r->ids, r->g, m, rec->lsn);

@@ -5,8 +5,13 @@
  *
  * Payloads (little-endian; the record types are wal.h's):
  *   PUSH   u64 incarnation, u64 step after the push, u32 pairs, u32 rows,
- *          u32 dim, u32 0, pairs x {u64 client, u64 seq}, rows x int64 id,
- *          rows x dim x float32 (the merged gradient, sync: averaged)
+ *          u32 dim, u32 flags, pairs x {u64 client, u64 seq}, rows x int64
+ *          id, rows x dim x float32 (the merged gradient, sync: averaged);
+ *          with flags & EVICTIONS (every push to a table with ttl_steps or
+ *          max_rows, since log format 2): u32 n_ttl, u32 n_cap, then
+ *          n_ttl + n_cap int64 ids, the rows the push's commit evicted
+ *          (TTL reclaims, then capacity), evicted again exactly so.
+ *          Without the flag (older logs) the replay decides them again.
  *   CREATE u64 incarnation, packed TableSpec
  *   ALTER  u64 incarnation, packed TableSpec (the spec after the alter)
  *   DROP   u64 incarnation
@@ -31,6 +36,7 @@
 #include "wal.h"
 
 #define EMBPS_REDO_PUSH_HEAD 32
+#define EMBPS_REDO_PUSH_EVICTIONS 1u
 #define EMBPS_REDO_ROWS_HEAD 32
 #define EMBPS_REDO_ROWS_SET_STEP 1u
 

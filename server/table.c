@@ -58,6 +58,11 @@ void embps_table_scratch_close(embps_table_scratch_t *s) {
   free(s->wide);
   free(s->what);
   free(s->slot);
+  free(s->plan_slot);
+  free(s->plan_start);
+  free(s->plan_ttl);
+  free(s->mark);
+  free(s->plan_ids);
   embps_table_scratch_init(s);
 }
 
@@ -92,6 +97,9 @@ static int scratch_reserve(embps_table_scratch_t *s, size_t n, uint32_t S) {
     }
     free(s->start);
     free(s->fresh);
+    free(s->plan_start); /* sized with shard_cap, on demand (apply only) */
+    free(s->plan_ttl);
+    s->plan_start = s->plan_ttl = NULL;
     s->start = st;
     s->fresh = fr;
     s->shard_cap = S + 1;
@@ -146,6 +154,16 @@ static int scratch_reserve_apply(const embps_table_t *t,
       free(s->slot);
       s->what = NULL;
       s->slot = NULL;
+      return -ENOMEM;
+    }
+  }
+  if (t->has_meta && !s->plan_start) {
+    s->plan_start = calloc(s->shard_cap, sizeof *s->plan_start);
+    s->plan_ttl = calloc(s->shard_cap, sizeof *s->plan_ttl);
+    if (!s->plan_start || !s->plan_ttl) {
+      free(s->plan_start);
+      free(s->plan_ttl);
+      s->plan_start = s->plan_ttl = NULL;
       return -ENOMEM;
     }
   }
@@ -721,7 +739,26 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
       apply_record(t, rec, g + (size_t)i * t->dim, wide);
   }
   if (t->has_meta)
-    embps_policy_after_push_locked(t, sh, now, b - s->start[k], c);
+    embps_policy_evict_planned_locked(t, sh, s, k, c);
+}
+
+/* The evictions of the push grouped in s (policy.h), shard by shard; or
+ * none yet when they will be given (s->given). 0 or -ENOMEM. */
+static int plan_evictions(const embps_table_t *t, embps_table_scratch_t *s) {
+  const uint64_t now = atomic_load(&t->step) + 1; /* the push's step */
+  s->plan_n = 0;
+  for (uint32_t k = 0; k < t->n_shards; k++) {
+    if (s->given) {
+      s->plan_start[k] = 0;
+      s->plan_ttl[k] = 0;
+      continue;
+    }
+    int rc = embps_policy_plan_shard(t, s, k, now);
+    if (rc)
+      return rc;
+  }
+  s->plan_start[t->n_shards] = (uint32_t)s->plan_n;
+  return 0;
 }
 
 int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
@@ -732,7 +769,89 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
   if (!rc)
     rc = t->hashed ? reserve_hashed(t, s, ids, n, max_bytes)
                    : reserve_array(t, ids, n, max_bytes);
+  if (!rc && t->has_meta)
+    rc = plan_evictions(t, s);
   return rc;
+}
+
+int embps_table_planned(const embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t **ids, uint32_t *n_ttl,
+                        uint32_t *n_cap) {
+  *ids = NULL;
+  *n_ttl = *n_cap = 0;
+  if (!t->has_meta || !s->plan_n)
+    return 0;
+  if (s->plan_n > s->plan_ids_cap) {
+    int64_t *v = malloc(s->plan_n * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    free(s->plan_ids);
+    s->plan_ids = v;
+    s->plan_ids_cap = s->plan_n;
+  }
+  size_t at = 0;
+  for (int pass = 0; pass < 2; pass++) /* TTL reclaims, then capacity */
+    for (uint32_t k = 0; k < t->n_shards; k++) {
+      const shard_t *sh = &t->shards[k];
+      const uint32_t a = s->plan_start[k], b = s->plan_start[k + 1];
+      const uint32_t mid = a + s->plan_ttl[k];
+      for (uint32_t i = pass ? mid : a; i < (pass ? b : mid); i++)
+        s->plan_ids[at++] = sh->meta[s->plan_slot[i]].id;
+      if (!pass)
+        *n_ttl = (uint32_t)at;
+    }
+  *n_cap = (uint32_t)(at - *n_ttl);
+  *ids = s->plan_ids;
+  return 0;
+}
+
+int embps_table_plan_given(embps_table_t *t, embps_table_scratch_t *s,
+                           const int64_t *ttl, size_t n_ttl,
+                           const int64_t *cap, size_t n_cap, int64_t *bad) {
+  const uint32_t S = t->n_shards;
+  if (!t->has_meta || !s->plan_start)
+    return n_ttl + n_cap ? EMBPS_EINVAL : 0;
+  const size_t n = n_ttl + n_cap;
+  if (n > s->plan_cap) {
+    uint32_t *v = realloc(s->plan_slot, n * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    s->plan_slot = v;
+    s->plan_cap = n;
+  }
+  /* counted per shard, then placed: each shard's TTL ids first */
+  memset(s->plan_start, 0, (S + 1) * sizeof *s->plan_start);
+  memset(s->plan_ttl, 0, S * sizeof *s->plan_ttl);
+  for (size_t i = 0; i < n; i++) {
+    const int64_t id = i < n_ttl ? ttl[i] : cap[i - n_ttl];
+    const uint32_t k = embps_route_shard(id, S);
+    s->plan_start[k + 1]++;
+    s->plan_ttl[k] += i < n_ttl;
+  }
+  for (uint32_t k = 0; k < S; k++)
+    s->plan_start[k + 1] += s->plan_start[k];
+  uint32_t *fill = malloc(S * sizeof *fill);
+  if (!fill)
+    return -ENOMEM;
+  for (uint32_t k = 0; k < S; k++)
+    fill[k] = s->plan_start[k];
+  for (size_t i = 0; i < n; i++) {
+    const int64_t id = i < n_ttl ? ttl[i] : cap[i - n_ttl];
+    const uint32_t k = embps_route_shard(id, S);
+    const shard_t *sh = &t->shards[k];
+    const uint32_t slot = embps_hstore_find_slot(&sh->hs, id);
+    if (slot == EMBPS_HSTORE_NONE || !slot_live(t, sh, slot)) {
+      *bad = id;
+      s->plan_n = 0;
+      memset(s->plan_start, 0, (S + 1) * sizeof *s->plan_start);
+      free(fill);
+      return EMBPS_EINVAL;
+    }
+    s->plan_slot[fill[k]++] = slot;
+  }
+  free(fill);
+  s->plan_n = n;
+  return 0;
 }
 
 /* embps_table_commit for a table with a policy, the push being step

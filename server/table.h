@@ -54,6 +54,16 @@ typedef struct {
   uint32_t *slot;       /* ... and its slot */
   int raw;              /* restore: no admission, no expiry */
   size_t cap, shard_cap, wide_floats;
+  /* The evictions a push's commit makes (tables with ttl or max_rows):
+   * decided at prepare (policy.h), or given by a log record (replay, a
+   * follower: embps_table_plan_given), never decided again. Shard k's
+   * are plan_slot[plan_start[k] .. plan_start[k + 1]), its TTL reclaims
+   * (the first plan_ttl[k]) then its capacity evictions. */
+  uint32_t *plan_slot, *plan_start, *plan_ttl, *mark;
+  size_t plan_cap, plan_n, mark_cap;
+  int64_t *plan_ids; /* embps_table_planned's answer */
+  size_t plan_ids_cap;
+  int given; /* the next prepare plans nothing: plan_given follows */
 } embps_table_scratch_t;
 
 void embps_table_scratch_init(embps_table_scratch_t *s);
@@ -125,6 +135,21 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
 void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, const float *g, size_t n,
                         uint64_t lsn);
+/* After embps_table_prepare (a table with eviction): the evictions its
+ * commit will make, as row ids in *ids (scratch memory, valid until the
+ * next prepare): *n_ttl TTL reclaims, then *n_cap capacity evictions.
+ * Other tables: 0 and 0. 0 or -ENOMEM. */
+int embps_table_planned(const embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t **ids, uint32_t *n_ttl,
+                        uint32_t *n_cap);
+/* Replay of a push whose record carries its evictions: after
+ * embps_table_prepare with s->given set, the commit evicts exactly these
+ * rows (ttl[n_ttl] as TTL reclaims, cap[n_cap] as capacity evictions:
+ * rows this table holds, not of the push) and decides nothing. 0,
+ * EMBPS_EINVAL (*bad: an id without a row here) or -ENOMEM. */
+int embps_table_plan_given(embps_table_t *t, embps_table_scratch_t *s,
+                           const int64_t *ttl, size_t n_ttl,
+                           const int64_t *cap, size_t n_cap, int64_t *bad);
 /* Replay: the table's step counter (the next commit makes it step + 1). */
 void embps_table_set_step(embps_table_t *t, uint64_t step);
 /* A number naming this table's life across restarts (its CREATE's LSN). */
