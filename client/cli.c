@@ -44,6 +44,8 @@ static const char usage[] =
     "  import NAME --from DIR [--with-state] [--create]\n"
     "  evict NAME           evict expired rows and those of L2 norm below\n"
     "                       --evict-l2-below now\n"
+    "  promote              the follower addressed (its only server, or\n"
+    "                       --member I) becomes a primary of a new epoch\n"
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
@@ -759,6 +761,41 @@ static void print_durability(const embps_server_stats_t *x, int json) {
     printf("  DURABILITY FAILED: %s\n", x->durability_failed);
 }
 
+/* Replication (issue 21): who the server follows, its epoch, LSN, lag. */
+static void print_replication(const embps_server_stats_t *x, int json) {
+  if (json) {
+#define FIGURE_(type, f, doc) printf(", \"" #f "\": %" PRIu64, (uint64_t)x->f);
+    EMBPS_SERVER_REPL_FIELDS(FIGURE_)
+#undef FIGURE_
+    printf(", \"primary\": ");
+    print_json_string(x->primary);
+    return;
+  }
+  if (x->role == 1)
+    printf("  follower of %s  epoch %u  applied LSN %" PRIu64 "  lag %" PRIu64
+           " records, %" PRIu64 " ms  received %" PRIu64 " bytes\n",
+           x->primary, x->epoch, x->applied_lsn, x->lag_records, x->lag_ms,
+           x->bytes_shipped);
+  else
+    printf("  primary  epoch %u  applied LSN %" PRIu64 "  followers %u (%u "
+           "in sync)  lag up to %" PRIu64 " records, %" PRIu64 " ms  shipped %"
+           PRIu64 " bytes\n", x->epoch, x->applied_lsn, x->followers,
+           x->followers_in_sync, x->lag_records, x->lag_ms, x->bytes_shipped);
+}
+
+static int cmd_promote(cmd_t *cmd) {
+  if (cmd->argc)
+    return usage_error("unknown option %s for promote", cmd->argv[0]);
+  uint32_t epoch;
+  uint64_t lsn;
+  int rc = embps_promote(cmd->client, &epoch, &lsn);
+  if (rc)
+    return server_error(cmd->client, rc);
+  printf("promoted: primary of epoch %u from LSN %" PRIu64 "\n", epoch,
+         lsn + 1);
+  return 0;
+}
+
 static int cmd_checkpoint(cmd_t *cmd) {
   if (cmd->argc)
     return usage_error("unknown option %s for checkpoint", cmd->argv[0]);
@@ -857,6 +894,7 @@ static int cmd_stats(cmd_t *cmd) {
       }
       printf("]");
       print_durability(x, 1);
+      print_replication(x, 1);
       printf(", \"missing_tables\": [");
       int any = 0;
       for (size_t t = 0; t < n_names; t++)
@@ -876,6 +914,7 @@ static int cmd_stats(cmd_t *cmd) {
       printf("  bytes in %" PRIu64 "  out %" PRIu64 "\n", x->bytes_in,
              x->bytes_out);
       print_durability(x, 0);
+      print_replication(x, 0);
       for (size_t t = 0; t < x->n_tables; t++) {
         printf("  table %-20s dim %-5u %-8s %-5s rows %" PRIu64
                "  bytes %" PRIu64 "  step %" PRIu64 "\n",
@@ -917,7 +956,7 @@ static const command_t commands[] = {
     {"checkpoint", cmd_checkpoint},
     {"alter", cmd_alter},
     {"export", cmd_export},       {"import", cmd_import},
-    {"evict", cmd_evict},
+    {"evict", cmd_evict},         {"promote", cmd_promote},
 };
 
 int main(int argc, char **argv) {

@@ -2025,6 +2025,25 @@ int embps_write_rows(embps_client_t *c, const char *table,
   return embps_wait(c, t);
 }
 
+int embps_promote(embps_client_t *c, uint32_t *epoch, uint64_t *lsn) {
+  if (c->member >= c->n && c->n != 1)
+    return set_error(c, EMBPS_EINVAL, "promote addresses one server: give "
+                     "the follower alone, or its member (--member I)");
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PROMOTE;
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, c->member < c->n ? c->member : 0, &t);
+  if (rc)
+    return rc;
+  if (epoch)
+    *epoch = t->parts[0].reply.u.promote.epoch;
+  if (lsn)
+    *lsn = t->parts[0].reply.u.promote.lsn;
+  ticket_free(t);
+  return 0;
+}
+
 /* ------------------------------------------------------------ peers */
 
 int embps_client_create_peer_(const char *addr, const char *token,

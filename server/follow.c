@@ -207,8 +207,10 @@ static int adopt_history(embps_follow_t *fw, const embps_fetch_reply_t *r) {
                                   .cap = r->n_history};
   if (embps_feed_history(fw->srv->feed, &mine))
     return -1;
-  int same = mine.n == theirs.n &&
-             (!mine.n || !memcmp(mine.v, theirs.v, mine.n * sizeof *mine.v));
+  int same = mine.n == theirs.n;
+  for (size_t i = 0; same && i < mine.n; i++)
+    same = mine.v[i].epoch == theirs.v[i].epoch &&
+           mine.v[i].start == theirs.v[i].start;
   embps_history_close(&mine);
   if (same)
     return 0;

@@ -491,6 +491,15 @@ EMBPS_EXTERN int embps_set_lr(embps_client_t *c, const char *name, double lr);
 EMBPS_EXTERN int embps_evict(embps_client_t *c, const char *table,
                              uint64_t *evicted);
 
+/* Promotes a follower (issue 21): the server c addresses (its member, see
+ * embps_client_create_member, or its only server) stops following its
+ * primary, applies what it received, and becomes the primary of a new
+ * epoch from the next LSN, recorded before this returns. epoch and lsn
+ * (may be NULL) get the new epoch and the last LSN of the old one.
+ * EMBPS_EINVAL when c addresses no single server, or it is no follower. */
+EMBPS_EXTERN int embps_promote(embps_client_t *c, uint32_t *epoch,
+                               uint64_t *lsn);
+
 /* Pulls rows: out[i*dim .. i*dim+dim) = row ids[i], for i < n. Duplicated
  * ids are sent once. dim must be the table's dim (checked by the server). */
 EMBPS_EXTERN int embps_pull(embps_client_t *c, const char *table,
