@@ -233,13 +233,7 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
   snprintf(s->version, sizeof s->version, "%s", EMBPS_VERSION_STRING);
   if (srv->dur)
     embps_durable_stats(srv->dur, s);
-  s->role = (uint32_t)atomic_load(&srv->role);
-  s->epoch = embps_feed_epoch(srv->feed);
-  s->applied_lsn = embps_apply_lsn(srv->apply);
-  if (s->role == EMBPS_ROLE_FOLLOWER)
-    embps_follow_stats(srv, s);
-  else
-    embps_feed_stats(srv->feed, s);
+  embps_follow_stats(srv, s);
   if (embps_registry_list(&srv->registry, &s->tables, &s->n_tables)) {
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
     return;

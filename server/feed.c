@@ -908,7 +908,7 @@ void embps_feed_stats(embps_feed_t *f, embps_server_stats_t *s) {
   s->bytes_shipped += atomic_load(&f->shipped);
 }
 
-size_t embps_feed_followers(embps_feed_t *f, embps_feed_follower_t *v,
+size_t embps_feed_followers(embps_feed_t *f, embps_follower_info_t *v,
                             size_t cap) {
   size_t n = 0;
   pthread_mutex_lock(&f->mu);
@@ -917,7 +917,7 @@ size_t embps_feed_followers(embps_feed_t *f, embps_feed_follower_t *v,
     const sess_t *x = &f->sess[i];
     if (!sess_fetching(x, now))
       continue;
-    embps_feed_follower_t *o = &v[n++];
+    embps_follower_info_t *o = &v[n++];
     snprintf(o->name, sizeof o->name, "%s", x->name);
     o->applied_lsn = x->applied;
     o->durable_lsn = x->durable;

@@ -48,6 +48,7 @@
 
 #include "apply.h"
 #include "history.h"
+#include "metrics.h"
 #include "request.h"
 #include "wal.h"
 
@@ -113,15 +114,10 @@ int embps_feed_fetch(embps_feed_t *f, embps_request_t *req);
 /* The replication figures of a primary for stats (followers, lag, bytes
  * shipped; role, epoch and applied LSN are the caller's). */
 void embps_feed_stats(embps_feed_t *f, embps_server_stats_t *s);
-/* One line per follower for /metrics (name, applied, durable, lag in
- * records and ms, bytes shipped, in sync); returns how many were written
- * to v (at most cap). */
-typedef struct {
-  char name[EMBPS_ADDR_MAX];
-  uint64_t applied_lsn, durable_lsn, lag_records, lag_ms, bytes_shipped;
-  int in_sync;
-} embps_feed_follower_t;
-size_t embps_feed_followers(embps_feed_t *f, embps_feed_follower_t *v,
+/* Each follower fetching (name, applied, durable, lag in records and ms,
+ * bytes shipped, in sync), for /metrics; returns how many were written to
+ * v (at most cap). */
+size_t embps_feed_followers(embps_feed_t *f, embps_follower_info_t *v,
                             size_t cap);
 
 /* ---- snapshots (issue 21's snapshot sessions) ---- */

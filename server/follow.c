@@ -612,9 +612,14 @@ static uint64_t lag_ms_locked(const embps_follow_t *fw, uint64_t applied) {
 
 void embps_follow_stats(embps_server_t *srv, embps_server_stats_t *s) {
   embps_follow_t *fw = srv->follow;
-  snprintf(s->primary, sizeof s->primary, "%.63s", srv->cfg.follow);
-  if (!fw)
+  s->role = (uint32_t)atomic_load(&srv->role);
+  s->epoch = embps_feed_epoch(srv->feed);
+  s->applied_lsn = embps_apply_lsn(srv->apply);
+  if (s->role != EMBPS_ROLE_FOLLOWER || !fw) {
+    embps_feed_stats(srv->feed, s);
     return;
+  }
+  snprintf(s->primary, sizeof s->primary, "%.63s", srv->cfg.follow);
   pthread_mutex_lock(&fw->mu);
   s->lag_records =
       fw->primary_last > s->applied_lsn ? fw->primary_last - s->applied_lsn
@@ -622,6 +627,11 @@ void embps_follow_stats(embps_server_t *srv, embps_server_stats_t *s) {
   s->lag_ms = lag_ms_locked(fw, s->applied_lsn);
   s->bytes_shipped = fw->received;
   pthread_mutex_unlock(&fw->mu);
+}
+
+size_t embps_follow_followers(embps_server_t *srv, embps_follower_info_t *v,
+                              size_t cap) {
+  return embps_feed_followers(srv->feed, v, cap);
 }
 
 int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len) {

@@ -49,8 +49,13 @@ int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
 /* I/O thread: a PROMOTE. 0 with req->reply set (refused), or 1: deferred,
  * completed once the server is a primary of the new epoch. */
 int embps_follow_promote(embps_server_t *srv, embps_request_t *req);
-/* A follower's figures for stats: its primary, lag, bytes received. */
+/* The replication fields of a stats reply (role, epoch, applied LSN; a
+ * follower's primary, lag and bytes received; a primary's followers, the
+ * largest lag, bytes shipped). Any thread. */
 void embps_follow_stats(embps_server_t *srv, embps_server_stats_t *s);
+/* A primary's followers, for /metrics (metrics.h). */
+size_t embps_follow_followers(embps_server_t *srv, embps_follower_info_t *v,
+                              size_t cap);
 /* /readyz: 1 when this follower applied its primary's records to within
  * --max-lag-ms (always 1 for a primary); else 0 with the reason in why. */
 int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len);

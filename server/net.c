@@ -1152,6 +1152,9 @@ static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stats = embps_durable_stats,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
+    .repl_stats = embps_follow_stats,
+    .repl_followers = embps_follow_followers,
+    .repl_ready = embps_follow_ready,
 };
 
 /* The durable layer's way back into the core (embps_durable_hooks_t). */
