@@ -592,11 +592,12 @@ static int check_start_locked(embps_feed_t *f, embps_request_t *req) {
   const uint64_t have = q->from_lsn - 1, last = last_lsn_locked(f);
   uint64_t common = embps_history_common(&theirs, have, &f->hist, last);
   if (common < have) {
-    embps_request_fail(f->srv, req, EMBPS_EDIVERGED, "the log of %s "
-                       "diverges from this primary's after LSN %" PRIu64
-                       ": it holds up to LSN %" PRIu64 " (epoch %u), this "
-                       "primary has epoch %u from LSN %" PRIu64 " and its "
-                       "last LSN is %" PRIu64, q->name, common, have,
+    embps_request_fail_at(f->srv, req, EMBPS_EDIVERGED, common, "the log of "
+                          "%s diverges from this primary's after LSN %"
+                          PRIu64 ": it holds up to LSN %" PRIu64 " (epoch "
+                          "%u), this primary has epoch %u from LSN %" PRIu64
+                          " and its last LSN is %" PRIu64, q->name, common,
+                          have,
                        embps_history_epoch_at(&theirs, have),
                        embps_history_epoch_at(&f->hist, common + 1),
                        common + 1, last);

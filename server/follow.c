@@ -29,6 +29,7 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define JOIN_LOG_EVERY_NS (5ull * 1000000000ull)
+#define JOIN_WAIT_MS 10000 /* a restart waits this long for its primary */
 
 struct embps_follow {
   embps_server_t *srv;
@@ -491,6 +492,7 @@ int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
   if (!last)
     return 0;
   int backoff = BACKOFF_MIN_MS;
+  const uint64_t until = embps_now_ns() + JOIN_WAIT_MS * 1000000ull;
   uint64_t logged_ns = 0;
   for (;;) {
     char why[EMBPS_MESSAGE_MAX + 64] = "";
@@ -527,6 +529,13 @@ int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
       }
     }
     uint64_t now = embps_now_ns();
+    if (now >= until) { /* it may be down for good: serve what is here */
+      LOG_WARN("primary %s did not answer in %d ms (%s): starting from this "
+               "server's log as it is (up to LSN %" PRIu64 "); if it left "
+               "the primary's history, following stops and a restart cuts "
+               "it", srv->cfg.follow, JOIN_WAIT_MS, why, last);
+      return 0;
+    }
     if (now - logged_ns > JOIN_LOG_EVERY_NS) {
       LOG_WARN("waiting for primary %s to say where this server's log (up "
                "to LSN %" PRIu64 ") joins its history: %s", srv->cfg.follow,

@@ -18,7 +18,10 @@
  *
  * With --data-dir, before the restore, the join hook asks the primary
  * where the local log leaves its history (a rejoining old primary holds
- * records the new one never had) so the durable layer cuts them.
+ * records the new one never had) so the durable layer cuts them. A
+ * primary that does not answer within 10 s is not waited for: the
+ * server starts from its log as it is, and stops following (logged, not
+ * ready) should it find its log diverged; a restart then cuts it.
  *
  * Promotion (embps promote: PROMOTE): the thread stops, the apply thread
  * finishes the records it has, then a new epoch begins at the next LSN,

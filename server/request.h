@@ -59,6 +59,11 @@ void embps_request_free(embps_request_t *req);
 void embps_request_fail(struct embps_server *srv, embps_request_t *req,
                         int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same, the error naming an LSN (EMBPS_EDIVERGED: the last one the
+ * two logs share). */
+void embps_request_fail_at(struct embps_server *srv, embps_request_t *req,
+                           int code, uint64_t lsn, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* Sets req->reply to the reply frame of kind|REPLY for m (NULL: an empty
  * message) with bulk_len bulk bytes; returns where the bulk goes, or NULL
  * with req failed (out of memory). */
