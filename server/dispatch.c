@@ -327,6 +327,11 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
       break;
     return defer(srv, req, embps_rows_run);
   case EMBPS_KIND_FETCH:
+    if (!srv->feed) { /* a core embedded without replication */
+      embps_request_fail(srv, req, EMBPS_EINVAL, "this server ships no "
+                         "records");
+      break;
+    }
     return embps_feed_fetch(srv->feed, req) ? EMBPS_DISPATCH_DEFERRED
                                             : EMBPS_DISPATCH_REPLY;
   case EMBPS_KIND_PROMOTE:

@@ -241,6 +241,8 @@ int embps_feed_set_history(embps_feed_t *f, const embps_history_t *h) {
 
 int embps_feed_history(embps_feed_t *f, embps_history_t *out) {
   embps_history_init(out);
+  if (!f)
+    return 0;
   pthread_mutex_lock(&f->mu);
   int rc = embps_history_copy(out, &f->hist);
   pthread_mutex_unlock(&f->mu);
@@ -248,6 +250,8 @@ int embps_feed_history(embps_feed_t *f, embps_history_t *out) {
 }
 
 uint32_t embps_feed_epoch(embps_feed_t *f) {
+  if (!f)
+    return 0;
   pthread_mutex_lock(&f->mu);
   uint32_t e = embps_history_epoch(&f->hist);
   pthread_mutex_unlock(&f->mu);
@@ -450,7 +454,7 @@ static embps_request_t *take_expired_locked(embps_feed_t *f, uint64_t now,
 
 int embps_feed_gate(embps_feed_t *f, embps_apply_ctx_t *ctx,
                     embps_request_t *req) {
-  if (!f->sync_n)
+  if (!f || !f->sync_n)
     return 1;
   pthread_mutex_lock(&f->mu);
   uint64_t now = embps_now_ns();
@@ -890,6 +894,8 @@ void embps_feed_destroy(embps_feed_t *f) {
 /* ------------------------------------------------------------ figures */
 
 void embps_feed_stats(embps_feed_t *f, embps_server_stats_t *s) {
+  if (!f)
+    return;
   pthread_mutex_lock(&f->mu);
   uint64_t now = embps_now_ns(), last = last_lsn_locked(f);
   for (int i = 0; i < EMBPS_FEED_FOLLOWERS_MAX; i++) {
@@ -912,6 +918,8 @@ void embps_feed_stats(embps_feed_t *f, embps_server_stats_t *s) {
 size_t embps_feed_followers(embps_feed_t *f, embps_follower_info_t *v,
                             size_t cap) {
   size_t n = 0;
+  if (!f)
+    return 0;
   pthread_mutex_lock(&f->mu);
   uint64_t now = embps_now_ns(), last = last_lsn_locked(f);
   for (int i = 0; i < EMBPS_FEED_FOLLOWERS_MAX && n < cap; i++) {

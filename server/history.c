@@ -9,7 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "crc32c.h"
 #include "embps/embps.h"
+#include "util.h"
 #include "wal.h"
 
 #define MAGIC "embps history 1"
@@ -87,35 +89,60 @@ uint64_t embps_history_common(const embps_history_t *a, uint64_t a_last,
 
 int embps_history_load(const char *dir, embps_history_t *h, char *err,
                        size_t err_len) {
-  char path[1100], line[128];
+  char path[1100];
   snprintf(path, sizeof path, "%s/HISTORY", dir);
   embps_history_init(h);
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    if (errno == ENOENT)
-      return 0;
-    snprintf(err, err_len, "%s: %s", path, strerror(errno));
+  char *text;
+  size_t len;
+  int rc = embps_read_file(path, &text, &len);
+  if (rc == -ENOENT)
+    return 0;
+  if (rc) {
+    snprintf(err, err_len, "%s: %s", path, strerror(-rc));
     return -1;
   }
-  int rc = 0, n = 0;
-  if (!fgets(line, sizeof line, f) || strncmp(line, MAGIC "\n", sizeof line))
-    rc = -1;
-  while (!rc && fgets(line, sizeof line, f)) {
+  /* the last line is the checksum of everything before it */
+  size_t body = len;
+  while (body && text[body - 1] == '\n')
+    body--;
+  while (body && text[body - 1] != '\n')
+    body--;
+  unsigned crc = 0;
+  char extra;
+  size_t at = body;
+  const char *why = NULL;
+  if (sscanf(text + body, "crc32c %8x%c", &crc, &extra) != 2 ||
+      extra != '\n' || body + 16 != len)
+    why = "no \"crc32c XXXXXXXX\" last line";
+  else if (crc != embps_crc32c(0, (const uint8_t *)text, body))
+    why = "checksum mismatch";
+  else if (body < sizeof MAGIC || memcmp(text, MAGIC "\n", sizeof MAGIC))
+    why = "not an embps history", at = 0;
+  for (size_t off = sizeof MAGIC; !why && off < body;) {
+    const char *nl = memchr(text + off, '\n', body - off);
     unsigned long long epoch, start;
-    char extra;
-    n++;
+    char line[64];
+    size_t n = nl ? (size_t)(nl - (text + off)) : 0;
+    at = off;
+    if (!nl || n >= sizeof line) {
+      why = "a line too long";
+      break;
+    }
+    memcpy(line, text + off, n);
+    line[n] = 0;
     if (sscanf(line, "%llu %llu %c", &epoch, &start, &extra) != 2 ||
         epoch == 0 || epoch > UINT32_MAX ||
         embps_history_add(h, (uint32_t)epoch, start))
-      rc = -1;
+      why = "not \"EPOCH FIRST_LSN\" in rising order";
+    off += n + 1;
   }
-  fclose(f);
-  if (rc) {
-    snprintf(err, err_len, "%s: line %d: not \"EPOCH FIRST_LSN\" in rising "
-             "order after \"%s\"", path, n + 1, MAGIC);
+  free(text);
+  if (why) {
+    snprintf(err, err_len, "%s: offset %zu: %s", path, at, why);
     embps_history_close(h);
+    return -1;
   }
-  return rc;
+  return 0;
 }
 
 int embps_history_save(const char *dir, const embps_history_t *h, char *err,
@@ -123,13 +150,23 @@ int embps_history_save(const char *dir, const embps_history_t *h, char *err,
   char path[1100], tmp[1200];
   snprintf(path, sizeof path, "%s/HISTORY", dir);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  int ok = f != NULL && fprintf(f, "%s\n", MAGIC) > 0;
-  for (size_t i = 0; ok && i < h->n; i++)
-    ok = fprintf(f, "%u %" PRIu64 "\n", h->v[i].epoch, h->v[i].start) > 0;
-  ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-  if (f && fclose(f))
+  size_t cap = sizeof MAGIC + 1 + h->n * 32 + 32, len = 0;
+  char *text = malloc(cap);
+  if (!text) {
+    snprintf(err, err_len, "%s: out of memory", path);
+    return -1;
+  }
+  len += (size_t)snprintf(text + len, cap - len, "%s\n", MAGIC);
+  for (size_t i = 0; i < h->n; i++)
+    len += (size_t)snprintf(text + len, cap - len, "%u %" PRIu64 "\n",
+                            h->v[i].epoch, h->v[i].start);
+  len += (size_t)snprintf(text + len, cap - len, "crc32c %08x\n",
+                          embps_crc32c(0, (const uint8_t *)text, len));
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int ok = fd >= 0 && write(fd, text, len) == (ssize_t)len && !fsync(fd);
+  if (fd >= 0 && close(fd))
     ok = 0;
+  free(text);
   ok = ok && rename(tmp, path) == 0 && embps_fsync_dir(dir) == 0;
   if (!ok) {
     snprintf(err, err_len, "%s: cannot write: %s", path, strerror(errno));

@@ -8,9 +8,10 @@
  * it was never its new primary's, and is cut.
  *
  * With --data-dir the history is DIR/HISTORY, a text file ("embps
- * history 1", then one "EPOCH FIRST_LSN" line per epoch) replaced
- * atomically (temporary file, fsync, rename, directory fsync) whenever it
- * grows. Not locked: the owner (feed.c) serialises its users. */
+ * history 1", then one "EPOCH FIRST_LSN" line per epoch, then "crc32c
+ * XXXXXXXX", the CRC-32C of the lines before it) replaced atomically
+ * (temporary file, fsync, rename, directory fsync) whenever it grows. Not
+ * locked: the owner (feed.c) serialises its users. */
 #ifndef EMBPS_HISTORY_H
 #define EMBPS_HISTORY_H
 #include <stddef.h>
@@ -46,7 +47,8 @@ uint64_t embps_history_common(const embps_history_t *a, uint64_t a_last,
                               const embps_history_t *b, uint64_t b_last);
 
 /* DIR/HISTORY into h (left empty when there is none). 0, or -1 with err
- * for a file that does not read or is out of order. */
+ * naming the file and an offset for one that does not read, check or
+ * parse, or is out of order. */
 int embps_history_load(const char *dir, embps_history_t *h, char *err,
                        size_t err_len);
 /* Writes h to DIR/HISTORY durably. 0, or -1 with err. */
