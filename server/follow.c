@@ -125,7 +125,8 @@ static void batch_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   for (uint32_t i = 0; !err[0] && i < fw->n; i++) {
     embps_wal_rec_t rec;
     char why[256];
-    size_t k = embps_wal_parse(fw->buf + off, fw->len - off, &rec, why,
+    /* checked when it came (check_reply) */
+    size_t k = embps_wal_parse(fw->buf + off, fw->len - off, 1, &rec, why,
                                sizeof why);
     if (!k) {
       snprintf(err, sizeof err, "record %u of the batch: %s", i, why);
@@ -253,7 +254,7 @@ static int check_reply(embps_follow_t *fw, const embps_fetch_reply_t *r,
   for (uint32_t i = 0; i < r->n_records; i++) {
     embps_wal_rec_t rec;
     char e[256];
-    size_t k = embps_wal_parse(bulk + off, len - off, &rec, e, sizeof e);
+    size_t k = embps_wal_parse(bulk + off, len - off, 0, &rec, e, sizeof e);
     if (!k || rec.lsn != expect + i) {
       snprintf(why, why_len, "record %u of a reply from LSN %" PRIu64 ": %s",
                i, expect, k ? "out of sequence" : e);

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,19 @@ int embps_redo_add_table(embps_redo_t *r, embps_table_t *t, uint64_t inc,
   return 0;
 }
 
+/* 0 when this server may hold every id of ids[n], else -1 with err. */
+static int check_ids(embps_redo_t *r, const embps_redo_table_t *k,
+                     const int64_t *ids, size_t n, char *err,
+                     size_t err_len) {
+  size_t bad;
+  if (!embps_table_check_ids(k->table, ids, n, r->srv->cfg.cluster_size,
+                             r->srv->cfg.cluster_index, &bad))
+    return 0;
+  snprintf(err, err_len, "record holds id %lld this server cannot hold",
+           (long long)ids[bad]);
+  return -1;
+}
+
 /* Copies the rows of a PUSH or ROWS record that are not in their old
  * shard's snapshot yet (LSN > the shard's) into r: ids, then per row `a`
  * floats of a (to r->g) and `b` floats of b (to r->g after rows x a
@@ -86,13 +100,8 @@ static int keep_rows(embps_redo_t *r, const embps_redo_table_t *k, uint64_t lsn,
       memcpy(b_out + kept * b_floats, b + i * b_floats * 4, b_floats * 4);
     kept++;
   }
-  size_t bad;
-  if (embps_table_check_ids(k->table, r->ids, kept, r->srv->cfg.cluster_size,
-                            r->srv->cfg.cluster_index, &bad)) {
-    snprintf(err, err_len, "record holds id %lld this server cannot hold",
-             (long long)r->ids[bad]);
+  if (check_ids(r, k, r->ids, kept, err, err_len))
     return -1;
-  }
   *m = kept;
   return 0;
 }
@@ -173,13 +182,21 @@ static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
   const uint8_t *pairs = p + EMBPS_REDO_PUSH_HEAD;
   const uint8_t *ids = pairs + n_pairs * 16;
   const uint8_t *vals = ids + rows * 8;
-  size_t m;
-  if (keep_rows(r, k, rec->lsn, ids, rows, vals, dim, NULL, 0, &m, err,
-                err_len))
-    return -1;
+  size_t m = rows;
+  const int64_t *use_ids = (const int64_t *)(const void *)ids;
+  const float *use_g = (const float *)(const void *)vals;
+  if (k->file_shards || (uintptr_t)ids % 8 || (uintptr_t)vals % 4) {
+    if (keep_rows(r, k, rec->lsn, ids, rows, vals, dim, NULL, 0, &m, err,
+                  err_len))
+      return -1;
+    use_ids = r->ids;
+    use_g = r->g;
+  } else if (check_ids(r, k, use_ids, rows, err, err_len)) {
+    return -1; /* a follower's records: every row applies, read in place */
+  }
   embps_table_set_step(t, step - 1);
   r->scratch.given = (flags & EMBPS_REDO_PUSH_EVICTIONS) != 0;
-  int rc = embps_table_prepare(t, &r->scratch, r->ids, m, 0);
+  int rc = embps_table_prepare(t, &r->scratch, use_ids, m, 0);
   if (!rc && r->scratch.given)
     rc = given_evictions(r, k, rec->lsn, p + body + 8, n_ttl, n_cap, err,
                          err_len);
@@ -189,7 +206,7 @@ static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
       snprintf(err, err_len, "out of memory replaying a push");
     return -1;
   }
-  embps_table_commit(t, &r->scratch, r->ids, r->g, m, rec->lsn);
+  embps_table_commit(t, &r->scratch, use_ids, use_g, m, rec->lsn);
   for (uint64_t i = 0; i < n_pairs; i++)
     if (embps_get64(pairs + i * 16) && embps_get64(pairs + i * 16 + 8))
       embps_seen_note(r->seen, embps_get64(pairs + i * 16),

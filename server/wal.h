@@ -96,11 +96,12 @@ void embps_wal_close(embps_wal_t *w);
 int embps_wal_head(uint8_t head[EMBPS_WAL_HEADER_BYTES], uint32_t type,
                    uint64_t lsn, uint32_t epoch, const struct iovec *parts,
                    int n_parts, char *err, size_t err_len);
-/* Checks the record at p (avail bytes there): magic, header and payload
- * checksums, length. Returns its size (header and payload), with *r
- * pointing into p, or 0 with err. Any thread. */
-size_t embps_wal_parse(const uint8_t *p, size_t avail, embps_wal_rec_t *r,
-                       char *err, size_t err_len);
+/* Checks the record at p (avail bytes there): magic, header checksum,
+ * length and, unless `trusted` (checked before), the payload's checksum.
+ * Returns its size (header and payload), with *r pointing into p, or 0
+ * with err. Any thread. */
+size_t embps_wal_parse(const uint8_t *p, size_t avail, int trusted,
+                       embps_wal_rec_t *r, char *err, size_t err_len);
 /* Appends the record of header head (embps_wal_head's, or one parsed from
  * a primary's feed) and payload parts (apply thread); its LSN must follow
  * the last one appended (or next_lsn - 1) by one. On a write error the

@@ -361,18 +361,18 @@ static void test_parse(void **state) {
                                   (char *)err, sizeof err), 0);
   memcpy(buf + 32, payload, sizeof payload);
   embps_wal_rec_t r;
-  assert_int_equal(embps_wal_parse(buf, sizeof buf, &r, (char *)err,
+  assert_int_equal(embps_wal_parse(buf, sizeof buf, 0, &r, (char *)err,
                                    sizeof err), sizeof buf);
   assert_int_equal(r.lsn, 42);
   assert_int_equal(r.epoch, 9);
   assert_int_equal(r.type, EMBPS_WAL_ROWS);
   assert_int_equal(r.len, 40);
   assert_memory_equal(r.payload, payload, 40);
-  assert_int_equal(embps_wal_parse(buf, sizeof buf - 1, &r, (char *)err,
+  assert_int_equal(embps_wal_parse(buf, sizeof buf - 1, 0, &r, (char *)err,
                                    sizeof err), 0);
   for (size_t i = 0; i < sizeof buf; i++) {
     buf[i] ^= 0x10;
-    assert_int_equal(embps_wal_parse(buf, sizeof buf, &r, (char *)err,
+    assert_int_equal(embps_wal_parse(buf, sizeof buf, 0, &r, (char *)err,
                                      sizeof err), 0);
     buf[i] ^= 0x10;
   }
