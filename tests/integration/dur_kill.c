@@ -167,9 +167,9 @@ int dur_scenario_kill(int unsafe) {
   int detected = 0;
   int cycle;
   for (cycle = 0; cycle < cycles && !dur_failures(); cycle++) {
-    double storm = 50 + (double)(dur_splitmix(&rng) % 1000) / 1000.0 *
+    double storm = 50 + (double)(rng_next(&rng) % 1000) / 1000.0 *
                             storm_max_ms;
-    if (dur_splitmix(&rng) % 4 == 0) { /* a checkpoint on demand too */
+    if (rng_next(&rng) % 4 == 0) { /* a checkpoint on demand too */
       dur_sleep_ms(storm / 2);
       const char *args[] = {"checkpoint", NULL};
       char *err = NULL;

@@ -15,6 +15,7 @@
 
 #include "embps/embps.h"
 #include "harness.h"
+#include "rng.h"
 
 #define DUR_SKIP 77 /* ctest SKIP_RETURN_CODE */
 #define DUR_RETRY_DEFAULT (-1000000)
@@ -165,7 +166,6 @@ void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,
 
 /* -------------------------------------------------------------- files */
 
-uint64_t dur_splitmix(uint64_t *state);
 /* mkdtemp under /tmp with a prefix; returns 0 or -1. */
 int dur_mkdtemp(char *out, size_t cap, const char *what);
 int dur_rm_rf(const char *path);

@@ -582,32 +582,22 @@ static int run_server(const char *const *args, char *out, size_t out_len) {
   char path[] = "/tmp/embps-hard-XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(fd, 2);
-    dup2(fd, 1);
-    const char *argv[16] = {EMBPS_SERVER_BIN};
-    for (int i = 0; args[i] && i < 14; i++)
-      argv[i + 1] = args[i];
-    execv(EMBPS_SERVER_BIN, (char *const *)argv);
-    _exit(127);
-  }
-  int st = 0, done = 0;
-  for (int i = 0; i < 100 && !done; i++) {
-    done = waitpid(pid, &st, WNOHANG) == pid;
-    if (!done)
-      sleep_ms(50);
-  }
+  const char *argv[16] = {EMBPS_SERVER_BIN};
+  for (int i = 0; args[i] && i < 14; i++)
+    argv[i + 1] = args[i];
+  pid_t pid = it_spawn(argv, path, NULL);
+  assert_true(pid > 0);
+  int code = -1;
+  int done = it_wait_exit(pid, 5000, &code) == 1;
   if (!done) {
     kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
+    it_wait_exit(pid, 5000, &code);
   }
   ssize_t n = pread(fd, out, out_len - 1, 0);
   out[n > 0 ? n : 0] = 0;
   close(fd);
   unlink(path);
-  return done && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return done ? code : -1;
 }
 
 /* Defect 8: a token file others can read, and a public address without a
