@@ -239,7 +239,7 @@ uint64_t embps_rows_apply(embps_server_t *srv, embps_request_t *req,
   if (failed)
     snprintf(msg, sizeof msg, "%s", failed);
   if (!rc)
-    rc = embps_table_prepare(t, s, req->idx, n, srv->cfg.max_memory);
+    rc = embps_table_prepare_rows(t, s, req->idx, n, srv->cfg.max_memory);
   if (!rc && dur) {
     rc = embps_durable_log_rows(dur, next_lsn, t, req->idx, req->vals, state,
                                 n, q->has_step, q->step, msg, sizeof msg);

@@ -608,7 +608,7 @@ static uint32_t find_shard_policy(const embps_table_t *t,
         s->what[p] = W_LIVE;
       else
         s->what[p] = admits(t, sh, id) ? W_RESET : W_DROP;
-    } else if (s->raw || admits(t, sh, id)) {
+    } else if (s->raw || s->import || admits(t, sh, id)) {
       s->what[p] = W_NEW;
       fresh++;
     } else {
@@ -1609,7 +1609,8 @@ typedef void (*fill_fn)(const void *ctx, const embps_table_t *t,
                         unsigned char *rec, size_t i, float *wide);
 
 /* Writes n distinct, checked, prepared rows (embps_table_prepare with s,
- * ids and n) with fill, shard by shard under the write lock, materialising
+ * ids and n, with s->import or s->raw set: room made for every row not
+ * stored) with fill, shard by shard under the write lock, materialising
  * the new ones without an initial value, shards in parallel (OpenMP) when
  * the rows are many. Padding ids are skipped. lsn != 0 becomes the log
  * position of every shard written. Tables with eviction: every row written
@@ -1675,6 +1676,15 @@ static void fill_rows(const void *ctx, const embps_table_t *t,
     memcpy(state, src->state + i * sf, sf * sizeof *state);
   else
     embps_optim_init_state(&t->optim, state, t->dim);
+}
+
+int embps_table_prepare_rows(embps_table_t *t, embps_table_scratch_t *s,
+                             const int64_t *ids, size_t n,
+                             uint64_t max_bytes) {
+  s->import = 1;
+  int rc = embps_table_prepare(t, s, ids, n, max_bytes);
+  s->import = 0;
+  return rc;
 }
 
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
