@@ -602,14 +602,18 @@ static void core_teardown(core_t *k) {
   embps_apply_drain(k->srv.apply);
   embps_apply_stop(k->srv.apply);
   FUZZ_CHECK(k->completed == k->deferred);
-  while (k->done) {
-    embps_request_t *req = k->done;
-    k->done = req->next;
-    req->next = NULL;
+  /* every push checked before any is freed: check_replaced reads later
+   * ones */
+  for (embps_request_t *req = k->done; req; req = req->next) {
     if (req->reply)
       check_reply(k, req);
     else
       check_replaced(k, req);
+  }
+  while (k->done) {
+    embps_request_t *req = k->done;
+    k->done = req->next;
+    req->next = NULL;
     embps_request_free(req);
   }
   FUZZ_CHECK(atomic_load(&k->srv.counters.requests) == k->dispatched);
