@@ -568,6 +568,20 @@ pid_t dur_worker_spawn(dur_shared_t *sh, const dur_workload_t *wl, int w,
   return pid;
 }
 
+int dur_worker_wait_acked(dur_shared_t *sh, int w, uint64_t want,
+                          int timeout_ms) {
+  double deadline = dur_now_ms() + timeout_ms;
+  for (;;) {
+    if (atomic_load(&sh->w[w].acked_ada) >= want)
+      return 1;
+    if (atomic_load(&sh->w[w].failed))
+      return 0;
+    if (dur_now_ms() > deadline)
+      return -1;
+    dur_sleep_ms(2);
+  }
+}
+
 void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,
                         int report_errors) {
   atomic_store(&sh->stop, 1);

@@ -159,6 +159,10 @@ void dur_shared_free(dur_shared_t *sh);
  * appended to ack_dir/worker-W.acks when ack_dir is not NULL. */
 pid_t dur_worker_spawn(dur_shared_t *sh, const dur_workload_t *wl, int w,
                        const char *addr, const char *ack_dir, int retry_ms);
+/* Waits up to timeout_ms until worker w has at least `want` Adagrad pushes
+ * acknowledged: 1, or 0 once it has failed, or -1 on the timeout. */
+int dur_worker_wait_acked(dur_shared_t *sh, int w, uint64_t want,
+                          int timeout_ms);
 /* Sets sh->stop and reaps the workers (killed after timeout_ms); with
  * report_errors, a worker that failed is reported with dur_fail. */
 void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,
