@@ -7,17 +7,18 @@
  * connection (4 of them) and a request: hello, create, drop, describe,
  * list, stats, pull, push (asynchronous or to a synchronous table), scan
  * and write rows (export and import), evict, a raw frame of any kind, or
- * closing the connection. Tables may have admission and eviction
- * policies (dynamic ones) and a step to wait for (synchronous ones). Fields come from the
- * following bytes, mostly near valid values so that requests get deep.
+ * closing the connection. Tables may have admission and eviction policies
+ * (dynamic ones) and a step to wait for (synchronous ones). Fields come
+ * from the following bytes, mostly near valid values so that requests get
+ * deep.
  *
  * Invariants: every reply is a well-formed frame with the request's id,
  * whose kind is the request's reply kind or ERROR and whose meta decodes;
  * counts match the request (pull rows and dims, bulk bytes, push rows);
  * create, drop, describe, list and stats agree with a model of the table
- * set (evict too); a refused connection is closed; every deferred push is completed
- * exactly once (creates and drops, run on the apply thread, before the
- * next request), with a reply unless it was a synchronous push held for
+ * set (evict too); a refused connection is closed; every deferred push is
+ * completed exactly once (creates and drops, run on the apply thread,
+ * before the next request), with a reply unless it was a synchronous push held for
  * its step that a later push with the same table, client id, sequence
  * and step took the place of (a retry: sync.c completes the held one
  * without a reply, so that its connection is closed, not answered twice;

@@ -41,7 +41,8 @@ static int send_pull(int fd, uint32_t req_id, const char *table, uint32_t n,
   snprintf(m.u.pull.table, sizeof m.u.pull.table, "%s", table);
   m.u.pull.n_ids = n;
   m.u.pull.dim = dim;
-  int rc = it_raw_try_send(fd, EMBPS_KIND_PULL, &m, req_id, ids, n * sizeof *ids);
+  int rc =
+      it_raw_try_send(fd, EMBPS_KIND_PULL, &m, req_id, ids, n * sizeof *ids);
   free(ids);
   return rc;
 }
@@ -407,8 +408,8 @@ static int held_push(const it_server_t *s, const char *table) {
   m.u.push.dim = 4;
   m.u.push.client_id = 77;
   m.u.push.step = 1;
-  assert_int_equal(it_raw_try_send(fd, EMBPS_KIND_PUSH, &m, 2, &bulk, sizeof bulk),
-                   0);
+  assert_int_equal(
+      it_raw_try_send(fd, EMBPS_KIND_PUSH, &m, 2, &bulk, sizeof bulk), 0);
   it_raw_reply_t f;
   /* a negative check: no reply within 300 ms (it is held) */
   assert_int_equal(it_raw_get(fd, &f, 300), -1);
@@ -598,7 +599,8 @@ static void test_names_nul_and_escaped(void **state) {
   snprintf(m.u.pull.table, sizeof m.u.pull.table, "bad\x01\n\xff\xc3\xa9");
   m.u.pull.n_ids = 1;
   m.u.pull.dim = 2;
-  assert_int_equal(it_raw_try_send(fd, EMBPS_KIND_PULL, &m, 3, &id, sizeof id), 0);
+  assert_int_equal(it_raw_try_send(fd, EMBPS_KIND_PULL, &m, 3, &id, sizeof id),
+                   0);
   it_raw_reply_t f;
   assert_int_equal(it_raw_get(fd, &f, 3000), 0);
   assert_int_equal(f.m.u.error.code, EMBPS_ENOTABLE);

@@ -348,8 +348,9 @@ static void test_dynamic_int64_range(void **state) {
 /* Writing rows (embps_write_rows, what `embps import` sends) into a
  * dynamic table with admission writes every row, admitted or not, as a
  * restore does: the rows read back as written and are allocated, a push
- * then applies to them, and with --data-dir the log replays them. (The dispatch fuzz target found the server
- * aborting here: rows not admitted were inserted without room made.) */
+ * then applies to them, and with --data-dir the log replays them. (The
+ * dispatch fuzz target found the server aborting here: rows not admitted
+ * were inserted without room made.) */
 static void test_write_rows_with_admission(void **state) {
   it_fx_t *f = *state;
   const uint32_t dim = 4;
