@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "embps/embps.h"
+#include "embps/nn.h"
 #include "route.h"
 
 #define EMPTY UINT32_MAX

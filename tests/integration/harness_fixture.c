@@ -17,7 +17,7 @@ void it_fx_start(it_fx_t *f, int slot, const char *const *args) {
 embps_client_t *it_client_try(const char *servers, const char *token,
                               int *rc, char *err, size_t err_len) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = servers;
   o.token = token;
   o.timeout_ms = IT_TIMEOUT_MS;

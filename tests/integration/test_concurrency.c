@@ -27,7 +27,7 @@ static void cc_batch(int child, int p, int64_t *idx) {
 
 static int cc_child(const char *addr, int child) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = addr;
   o.timeout_ms = IT_TIMEOUT_MS;
   embps_client_t *c;
@@ -102,7 +102,7 @@ enum { TR_ROWS = 16, TR_DIM = 512, TR_ROUNDS = 150 };
 
 static int tr_child(const char *addr, int role) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = addr;
   o.timeout_ms = IT_TIMEOUT_MS;
   embps_client_t *c;

@@ -35,7 +35,7 @@ static long long bytes_read_by(pid_t pid) {
 
 static embps_client_t *client_without_retries(const char *addr) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = addr;
   o.timeout_ms = IT_TIMEOUT_MS;
   o.retry_ms = -1; /* the server is not coming back: see the failure */
