@@ -254,13 +254,14 @@ static pid_t stop_for(pid_t pid, useconds_t usec) {
   return waker;
 }
 
-/* A push to server srv stopped for usec: returns how long it took; fails
- * the test unless it succeeded. */
+/* A push to server srv stopped for usec: returns how long it took from
+ * the stop (so a slow fork of the waker does not shorten it); fails the
+ * test unless it succeeded. */
 static double push_while_stopped(embps_client_t *c, it_server_t *srv,
                                  useconds_t usec, int64_t id,
                                  const float *g) {
-  pid_t waker = stop_for(srv->pid, usec);
   double t0 = it_now_ms();
+  pid_t waker = stop_for(srv->pid, usec);
   int rc = embps_push(c, "to", &id, 1, g, DIM, 0);
   double ms = it_now_ms() - t0;
   int st;
