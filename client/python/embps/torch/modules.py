@@ -225,20 +225,18 @@ class RemoteEmbeddingBag(RemoteTable):
                     % (self.weight.dtype, psw.dtype))
         return offsets
 
-    def _sqrtn_offsets(self, ids: torch.Tensor,
+    @staticmethod
+    def _sqrtn_offsets(ids: torch.Tensor,
                        offsets: Optional[torch.Tensor]) -> np.ndarray:
-        """C offsets (n_bags + 1 entries) for libembps's bag kernels."""
+        """C offsets (n_bags + 1 entries) for libembps's bag kernels, from
+        the starts of the bags (None: 2-D input)."""
         if offsets is None:
             n_bags, length = ids.shape
             return np.arange(n_bags + 1, dtype=np.uintp) * length
-        offs = offsets.numpy()
-        if not self.include_last_offset:
-            offs = np.append(offs, ids.numel())
-        offs = offs.astype(np.int64)
-        if offs.size < 1 or offs[0] != 0 or offs[-1] != ids.numel() or \
-                np.any(offs[1:] < offs[:-1]):
+        offs = np.append(offsets.numpy(), ids.numel()).astype(np.int64)
+        if offs[0] != 0 or np.any(offs[1:] < offs[:-1]):
             raise RuntimeError("offsets must start at 0, not decrease and "
-                               "end at the number of ids (%d)" % ids.numel())
+                               "not pass the number of ids (%d)" % ids.numel())
         return offs.astype(np.uintp)
 
     def forward(self, input: Any, offsets: Any = None,
@@ -246,20 +244,34 @@ class RemoteEmbeddingBag(RemoteTable):
                 ) -> torch.Tensor:
         ids, device = _cpu_ids(input)
         offsets = self._check(ids, offsets, per_sample_weights)
+        if offsets is not None and self.include_last_offset:
+            # n_bags + 1 entries: the last bag runs to the end of the input
+            # (what later torch versions do; torch 1.13 with padding_idx
+            # reads past the offsets, pytorch/pytorch#89677)
+            if offsets.numel() < 1:
+                raise ValueError("include_last_offset: offsets needs at "
+                                 "least one entry")
+            offsets = offsets[:-1]
         try:
             _, inverse, rows, pad_pos = self._lookup(ids.reshape(-1))
         except embps.OutOfRange as e:
             raise BagIndexError(e.code, e.message) from None
-        if self.mode == "sqrtn":
+        if offsets is not None and offsets.numel() == 0:
+            out = rows.new_zeros((0, self.embedding_dim))
+        elif self.mode == "sqrtn":
             out = _SqrtnBag.apply(rows, inverse,
                                   self._sqrtn_offsets(ids, offsets), pad_pos)
         else:
             psw = None if per_sample_weights is None else \
                 per_sample_weights.to("cpu")
+            if psw is not None and psw.requires_grad and \
+                    not rows.requires_grad:
+                # torch 1.13's embedding_bag fails an internal assert when
+                # only per_sample_weights need a gradient
+                rows = rows.detach().requires_grad_()
             out = F.embedding_bag(
                 inverse.reshape(ids.shape), rows, offsets,
                 mode=self.mode, per_sample_weights=psw,
-                include_last_offset=self.include_last_offset,
                 padding_idx=pad_pos,
                 scale_grad_by_freq=self.scale_grad_by_freq)
         return out.to(device)

@@ -11,7 +11,8 @@ param_groups, torch.cuda.amp.GradScaler unscales their gradients (and
 skips the step on an inf) as it does any optimizer's.
 """
 import concurrent.futures
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import (Any, Callable, Dict, Iterable, List, Optional,
+                    Tuple, Union)
 
 import numpy as np
 import torch
@@ -25,7 +26,8 @@ __all__ = ["RemoteOptimizer", "clip_grad_norm_", "sparse_grad_to_slices",
            "push_sparse_grad"]
 
 
-def sparse_grad_to_slices(grad: torch.Tensor):
+def sparse_grad_to_slices(grad: torch.Tensor
+                          ) -> Tuple[np.ndarray, np.ndarray]:
     """(indices, values) numpy arrays of a sparse gradient of an embedding
     weight (torch.sparse_coo_tensor), coalesced: duplicates summed."""
     g = grad.coalesce()

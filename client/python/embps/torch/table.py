@@ -172,8 +172,8 @@ class RemoteTable(torch.nn.Module):
         if n is not None:
             if not -n <= p < n:
                 raise InvalidPaddingIdx(
-                    "padding_idx %d must be within num_embeddings (%d) of "
-                    "table %r" % (p, n, self.table))
+                    "padding_idx must be within num_embeddings: %d is "
+                    "outside [-%d, %d) of table %r" % (p, n, n, self.table))
             p = p + n if p < 0 else p
         if table_pad is not None and table_pad != p:
             raise ValueError("table %r has padding id %d; padding_idx=%d "
@@ -200,8 +200,9 @@ class RemoteTable(torch.nn.Module):
         if padding_idx is not None and num_embeddings is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise InvalidPaddingIdx(
-                    "padding_idx %d must be within num_embeddings (%d)"
-                    % (padding_idx, num_embeddings))
+                    "padding_idx must be within num_embeddings: %d is "
+                    "outside [-%d, %d)" % (padding_idx, num_embeddings,
+                                          num_embeddings))
             padding_idx %= num_embeddings
         client.create_table(name, embedding_dim, rows=num_embeddings,
                             dynamic=num_embeddings is None,
@@ -223,7 +224,7 @@ class RemoteTable(torch.nn.Module):
             raise ValueError("Embeddings parameter is expected to be "
                              "2-dimensional, not of shape %s"
                              % (tuple(w.shape),))
-        rows, dim = int(w.shape[0]), int(w.shape[1])
+        rows, dim, dtype = int(w.shape[0]), int(w.shape[1]), w.dtype
         w = np.ascontiguousarray(w.detach().to("cpu", torch.float32).numpy())
         try:
             have: Optional[Dict[str, Any]] = client.describe(name)
@@ -251,6 +252,8 @@ class RemoteTable(torch.nn.Module):
         client.write_rows(name, np.arange(rows), w)
         m = cls(client, name, **module_args)
         m.weight.requires_grad_(not freeze)
+        if dtype.is_floating_point and dtype != torch.float32:
+            m.to(dtype)  # outputs as the tensor given (storage: float32)
         return m
 
     def to_local(self) -> torch.nn.Module:
@@ -514,11 +517,10 @@ class RemoteTable(torch.nn.Module):
             job = self._pull_job(uniq)
             rows_np = job.result() if job is not None else \
                 self._pull_now(uniq)
-        rows = torch.from_numpy(rows_np)
+        w = self.weight
+        rows = torch.from_numpy(rows_np).to(w.dtype)
         if self.max_norm is not None:
             rows = self._renorm(uniq, rows)
-        w = self.weight
-        rows = rows.to(w.dtype)
         pad = self.padding_idx
         if torch.is_grad_enabled() and w.requires_grad:
             w.drop_grad_if_unmanaged()
@@ -531,9 +533,13 @@ class RemoteTable(torch.nn.Module):
 
     def _renorm(self, uniq: torch.Tensor, rows: torch.Tensor
                 ) -> torch.Tensor:
-        """max_norm as torch.embedding_renorm_ does it: each looked-up row
-        of norm above max_norm is scaled to it (by max_norm / (norm +
-        1e-7)), in the table too (written back, in order with pushes)."""
+        """max_norm as torch.embedding_renorm_ does it, in the module's
+        dtype: each looked-up row of norm above max_norm is scaled to it
+        (by max_norm / (norm + 1e-7)), in the table too (written back as
+        float32, in order with pushes). A row that float32 rounding would
+        take back above max_norm (a float64 module's) is shrunk by one
+        float32 step per element, so the table keeps the bound; the output
+        is the row as stored."""
         with torch.no_grad():
             norms = [float(r.norm(self.norm_type)) for r in rows]
             over = [i for i, n in enumerate(norms) if n > self.max_norm]
@@ -542,8 +548,15 @@ class RemoteTable(torch.nn.Module):
             rows = rows.clone()
             for i in over:
                 rows[i] *= self.max_norm / (norms[i] + 1e-7)
+                if rows.dtype != torch.float32:
+                    r = rows[i].to(torch.float32)
+                    if float(r.to(rows.dtype).norm(self.norm_type)) > \
+                            self.max_norm:
+                        r = torch.nextafter(r, torch.zeros_like(r))
+                    rows[i] = r.to(rows.dtype)
             idx = torch.tensor(over, dtype=torch.long)
-            ids, vals = uniq[idx].numpy(), rows[idx].numpy()
+            ids = uniq[idx].numpy()
+            vals = rows[idx].to(torch.float32).numpy()
             write = (lambda: self._client().write_rows(self.table, ids,
                                                        vals))
             if self._io is not None:

@@ -54,7 +54,8 @@ _METHODS = frozenset((
     "is_complex", "requires_grad_", "register_hook", "retain_grad",
     "__hash__", "__len__", "get_device", "stride", "is_contiguous",
     "is_shared", "__format__", "__repr__", "__reduce_ex__", "__deepcopy__",
-    "__setstate__", "_is_view", "is_pinned", "has_names"))
+    "__setstate__", "_is_view", "is_pinned", "has_names",
+    "grad", "backward"))  # torch.autograd.grad/backward(inputs=[weight])
 
 
 class RemoteWeightError(RuntimeError):
