@@ -50,7 +50,7 @@ static int setup(void **state) {
   assert_int_equal(embps_server_create(&cfg, &f->srv), 0);
   assert_int_equal(pthread_create(&f->tid, NULL, run_main, f->srv), 0);
   snprintf(addr, sizeof addr, "127.0.0.1:%d", embps_server_port(f->srv));
-  embps_client_options_t o = {.servers = addr};
+  embps_client_options_t o = {.size = sizeof o, .servers = addr};
   assert_int_equal(embps_client_create(&o, &f->c, err, sizeof err), 0);
   snprintf(f->dir, sizeof f->dir, "/tmp/embps-dense-XXXXXX");
   assert_non_null(mkdtemp(f->dir));
