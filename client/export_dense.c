@@ -13,7 +13,9 @@
  * disk run at the same time: the caller's thread sends pulls and receives
  * their rows (the client is used by that thread only), a writer thread
  * appends each received chunk to weights.npy.tmp, in order, and hands its
- * buffer back (a buffer is refilled only once written). The file is
+ * buffer back (a buffer is refilled only once written); every
+ * WRITEBACK_EVERY chunks it starts the disk writes of what it appended, so
+ * the final fsync finds little left. The file is
  * created new (never through a link), fsynced and renamed with spec.json
  * as export.c does. A failure on either side stops both: the pulls in
  * flight are waited for (their buffers are in use until then), the writer
@@ -34,6 +36,7 @@
 #define DEPTH 2                /* pulls in flight */
 #define N_BUF 8                /* buffers: in flight, received, writing */
 #define CHUNK_BYTES (1u << 20) /* target bytes of rows per pull */
+#define WRITEBACK_EVERY 8      /* chunks between starts of writeback */
 #define FRAME_META_ROOM 512u   /* frame bytes kept for header and meta */
 
 typedef struct {
@@ -86,6 +89,8 @@ static void *dense_writer(void *arg) {
       break;
     const buf_t *b = &d->buf[k % N_BUF];
     int rc = embps_npy_append(d->w, b->rows, b->n, d->err, sizeof d->err);
+    if (!rc && k % WRITEBACK_EVERY == WRITEBACK_EVERY - 1)
+      rc = embps_npy_start_writeback(d->w, d->err, sizeof d->err);
     pthread_mutex_lock(&d->lock);
     if (rc)
       d->write_rc = rc;

@@ -1,4 +1,5 @@
 /* npy.c - numpy .npy files, streamed (see npy.h). */
+#define _GNU_SOURCE /* sync_file_range */
 #include "npy.h"
 
 #include <ctype.h>
@@ -94,6 +95,19 @@ int embps_npy_append(embps_npy_writer_t *w, const void *data, size_t rows,
   }
   w->rows += rows;
   return 0;
+}
+
+int embps_npy_start_writeback(embps_npy_writer_t *w, char *err,
+                              size_t err_len) {
+  int rc = 0;
+  if (fflush(w->f))
+    rc = -(errno ? errno : EIO);
+  else if (sync_file_range(fileno(w->f), 0, 0, SYNC_FILE_RANGE_WRITE) &&
+           errno != ENOSYS && errno != EINVAL && errno != ESPIPE)
+    rc = -errno; /* a file system without it: the final fsync does all */
+  if (rc)
+    snprintf(err, err_len, "%s: %s", w->path, strerror(-rc));
+  return rc;
 }
 
 int embps_npy_finish(embps_npy_writer_t *w, char *err, size_t err_len) {

@@ -42,6 +42,11 @@ int embps_npy_create(embps_npy_writer_t *w, const char *path,
 /* Appends rows (rows x max(cols, 1) elements of the writer's type). */
 int embps_npy_append(embps_npy_writer_t *w, const void *data, size_t rows,
                      char *err, size_t err_len);
+/* Starts writing the rows appended so far to disk, without waiting
+ * (fflush, then sync_file_range SYNC_FILE_RANGE_WRITE), so the final
+ * fsync has less left to do. 0, or -errno with err. */
+int embps_npy_start_writeback(embps_npy_writer_t *w, char *err,
+                              size_t err_len);
 /* Writes the final header (the row count), flushes, fsyncs and closes. */
 int embps_npy_finish(embps_npy_writer_t *w, char *err, size_t err_len);
 /* Closes without finishing (after an error); the file stays as it is. */
