@@ -128,6 +128,9 @@ class Install(unittest.TestCase):
         run("bash", "-euc", block, cwd=top, env=env)
         prefix = os.path.join(self.tmp, "embps-venv")
         self.check(os.path.join(prefix, "bin", "python"), prefix, "r")
+        for f in ("py.typed", os.path.join("torch", "weight.py")):
+            self.assertTrue(glob.glob(os.path.join(
+                prefix, "lib", "python3*", "site-packages", "embps", f)), f)
 
 
 if __name__ == "__main__":
