@@ -31,7 +31,6 @@
 #define EXPORT_FORMAT 1
 
 #define fail embps_export_fail_
-#define chunk_rows embps_export_chunk_rows_
 
 /* Errors are reported like the rest of the library: through the client's
  * last error, set by a call that fails with that message. */
@@ -44,14 +43,21 @@ int embps_export_fail_(embps_client_t *c, int code, const char *fmt, ...) {
   return embps_client_set_error_(c, code, msg);
 }
 
-uint32_t embps_export_chunk_rows_(embps_client_t *c, uint32_t dim,
-                                  uint32_t slots) {
-  size_t row = 8 + 4 * (size_t)dim * (1 + slots), bytes = CHUNK_BYTES;
+size_t embps_export_chunk_rows_(embps_client_t *c, size_t row_bytes,
+                                size_t target_bytes) {
   uint64_t frame = embps_client_max_frame_(c);
-  if (frame && frame - FRAME_META_ROOM < bytes)
-    bytes = (size_t)(frame - FRAME_META_ROOM);
-  size_t n = bytes / row;
-  return n ? (uint32_t)n : 1;
+  if (frame && frame - FRAME_META_ROOM < target_bytes)
+    target_bytes = (size_t)(frame - FRAME_META_ROOM);
+  size_t n = target_bytes / (row_bytes ? row_bytes : 1);
+  return n ? n : 1;
+}
+
+/* Rows of a scan or write chunk for a table of dim with `slots` state
+ * slots: an id, the weights and the state of each. */
+static uint32_t chunk_rows(embps_client_t *c, uint32_t dim, uint32_t slots) {
+  size_t n = embps_export_chunk_rows_(c, 8 + 4 * (size_t)dim * (1 + slots),
+                                      CHUNK_BYTES);
+  return n < UINT32_MAX ? (uint32_t)n : UINT32_MAX;
 }
 
 static void path_join(char *out, size_t len, const char *dir,

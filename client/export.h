@@ -22,10 +22,10 @@ typedef struct {
 /* Sets c's last error to the formatted message; returns code. */
 int embps_export_fail_(embps_client_t *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Rows of a chunk for a table of dim with `slots` state slots: about
- * 1 MiB, and a request or reply frame every server accepts. */
-uint32_t embps_export_chunk_rows_(embps_client_t *c, uint32_t dim,
-                                  uint32_t slots);
+/* Rows of row_bytes each that make about target_bytes, and fit a frame
+ * every server of c accepts (with room for the header and meta); >= 1. */
+size_t embps_export_chunk_rows_(embps_client_t *c, size_t row_bytes,
+                                size_t target_bytes);
 /* Adds file `name` to fs and writes its temporary path ("DIR/name.tmp")
  * into path. */
 void embps_export_add_(embps_export_files_t *fs, const char *name,

@@ -27,7 +27,6 @@
 
 #include "embps/embps.h"
 #include "export.h"
-#include "internal.h"
 #include "npy.h"
 
 /* Measured on 2 shared cores (tests/bench/export_dense.py): 1 MiB pulls,
@@ -37,7 +36,6 @@
 #define N_BUF 8                /* buffers: in flight, received, writing */
 #define CHUNK_BYTES (1u << 20) /* target bytes of rows per pull */
 #define WRITEBACK_EVERY 8      /* chunks between starts of writeback */
-#define FRAME_META_ROOM 512u   /* frame bytes kept for header and meta */
 
 typedef struct {
   int64_t *ids;
@@ -66,14 +64,10 @@ typedef struct {
 } dense_t;
 
 /* Rows per pull: about CHUNK_BYTES of rows, in a frame every server takes
- * (the reply carries the rows, the request 8 bytes per id). */
+ * (the reply carries 4 * dim bytes per row, the request 8 per id). */
 static size_t dense_chunk_rows(embps_client_t *c, uint32_t dim) {
-  size_t row = 4 * (size_t)dim, bytes = CHUNK_BYTES;
-  uint64_t frame = embps_client_max_frame_(c);
-  if (frame && frame - FRAME_META_ROOM < bytes)
-    bytes = (size_t)(frame - FRAME_META_ROOM);
-  size_t n = bytes / (row > 8 ? row : 8);
-  return n ? n : 1;
+  size_t row = 4 * (size_t)dim;
+  return embps_export_chunk_rows_(c, row > 8 ? row : 8, CHUNK_BYTES);
 }
 
 /* The writer thread: appends chunks 0, 1, ... as they are received. */
