@@ -60,30 +60,30 @@ static const embps_flag_t global_flags[] = {
     EMBPS_FLAG_STRING("token-file", "F", global_t, token_file,
                       "send the auth token in file F (default "
                       "$EMBPS_TOKEN_FILE)"),
-    EMBPS_FLAG_NUMBER("timeout-ms", "N", embps_flag_int, global_t,
+    EMBPS_FLAG_NUMBER("timeout-ms", "N", embps_flag_set_int, global_t,
                       client.timeout_ms, 1, INT32_MAX, "a positive number",
                       "bound on one attempt of a call (default 30000)"),
-    EMBPS_FLAG_NUMBER("retry-ms", "N", embps_flag_int, global_t, retry_ms, -1,
-                      INT32_MAX, "a number of ms (or -1)",
+    EMBPS_FLAG_NUMBER("retry-ms", "N", embps_flag_set_int, global_t, retry_ms,
+                      -1, INT32_MAX, "a number of ms (or -1)",
                       "how long a push or a read goes on retrying after a "
                       "broken connection (default 30000; 0 or -1: never)"),
-    EMBPS_FLAG_NUMBER("member", "I", embps_flag_uint, global_t, member, 0,
+    EMBPS_FLAG_NUMBER("member", "I", embps_flag_set_uint, global_t, member, 0,
                       UINT32_MAX - 1, "a server index",
                       "stats and tables ask server I of the list alone (the "
                       "list stays the whole cluster, in order)"),
     EMBPS_FLAG_TRUE("help", global_t, help, "print this help and exit (or -h)"),
     EMBPS_FLAG_TRUE("version", global_t, version,
-                    "print the version and the protocol's and exit"),
+                    "print the version (and the protocol's) and exit"),
     EMBPS_FLAG_END};
 static const embps_flag_group_t global_groups[] = {{global_flags, 0},
                                                    {NULL, 0}};
 
 /* What the flags of every command set (each command reads its own). */
 typedef struct {
-  embps_table_spec_t spec;   /* create-table */
-  unsigned create_flags;     /* create-table: EMBPS_CREATE_* */
-  embps_table_alter_t alter; /* alter */
-  int json;                  /* tables, stats, pull */
+  embps_table_spec_t spec;          /* create-table */
+  unsigned create_flags;            /* create-table: EMBPS_CREATE_* */
+  embps_table_alter_t alter;        /* alter */
+  int json;                         /* tables, stats, pull */
   const char *ids, *ids_file, *out; /* pull; --out of export too */
   const char *indices, *values, *indices_file, *values_file; /* push */
   uint64_t step;                                             /* push */
@@ -103,16 +103,16 @@ static int set_optimizer(const embps_flag_t *f, const char *v, void *obj,
              : 0;
 }
 
-static int set_dtype(const embps_flag_t *f, const char *v, void *obj,
-                     char *err, size_t err_len) {
+static int set_dtype(const embps_flag_t *f, const char *v, void *obj, char *err,
+                     size_t err_len) {
   embps_table_spec_t *spec = obj;
   return embps_dtype_parse(v, &spec->dtype)
              ? embps_flag_refuse(f, v, err, err_len)
              : 0;
 }
 
-static int set_init(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len) {
+static int set_init(const embps_flag_t *f, const char *v, void *obj, char *err,
+                    size_t err_len) {
   static const struct {
     const char *name;
     embps_init_t init;
@@ -125,12 +125,17 @@ static int set_init(const embps_flag_t *f, const char *v, void *obj,
     size_t len = strlen(kinds[k].name);
     if (strncmp(v, kinds[k].name, len))
       continue;
-    char *end;
     double x = 0;
-    if (kinds[k].init == EMBPS_INIT_ZEROS ? v[len] != 0
-                                          : (x = strtod(v + len, &end),
-                                             end == v + len || *end))
-      break;
+    if (kinds[k].init == EMBPS_INIT_ZEROS) {
+      if (v[len])
+        break;
+    } else {
+      char *end;
+      errno = 0;
+      x = strtod(v + len, &end);
+      if (errno || end == v + len || *end)
+        break;
+    }
     spec->init = kinds[k].init;
     spec->init_value = x;
     return 0;
@@ -142,27 +147,31 @@ static int set_init(const embps_flag_t *f, const char *v, void *obj,
 /* create-table's flags but the optimizer's hyperparameters and the
  * admission and eviction ones (cli_dyn.c) */
 static const embps_flag_t spec_flags[] = {
-    EMBPS_FLAG_NUMBER("dim", "D", embps_flag_uint, SPEC, dim, 0, UINT32_MAX,
+    EMBPS_FLAG_NUMBER("dim", "D", embps_flag_set_uint, SPEC, dim, 0, UINT32_MAX,
                       "a dimension", "values per row (required)"),
-    EMBPS_FLAG_NUMBER("rows", "N", embps_flag_uint, SPEC, rows, 0, UINT64_MAX,
-                      "a row count", "a dense table of rows 0..N-1"),
+    EMBPS_FLAG_NUMBER("rows", "N", embps_flag_set_uint, SPEC, rows, 0,
+                      UINT64_MAX, "a row count",
+                      "a dense table of rows 0..N-1"),
     EMBPS_FLAG_TRUE("dynamic", SPEC, dynamic,
                     "a table of any int64 ids, each row made at its first "
                     "push (one of --rows and --dynamic is required)"),
-    {"optimizer", "sgd|adagrad|adam|ftrl", "the update rule (default sgd); "
-     "it sets the defaults below", set_optimizer, 0, 0, 0, 0, 0,
-     "sgd|adagrad|adam|ftrl"},
-    {"init", "zeros|constant:V|uniform:A|normal:STD", "the value of rows "
-     "never pushed (default zeros)", set_init, 0, 0, 0, 0, 0,
-     "zeros|constant:V|uniform:A|normal:STD"},
-    EMBPS_FLAG_NUMBER("seed", "S", embps_flag_uint, SPEC, seed, 0, UINT64_MAX,
-                      "a number", "seed of the random initial values"),
-    EMBPS_FLAG_NUMBER("padding-id", "ID", embps_flag_int, SPEC, padding_id,
+    {"optimizer", "sgd|adagrad|adam|ftrl",
+     "the update rule (default sgd); "
+     "it sets the defaults below",
+     set_optimizer, 0, 0, 0, 0, 0, "sgd|adagrad|adam|ftrl"},
+    {"init", "zeros|constant:V|uniform:A|normal:STD",
+     "the value of rows "
+     "never pushed (default zeros)",
+     set_init, 0, 0, 0, 0, 0, "zeros|constant:V|uniform:A|normal:STD"},
+    EMBPS_FLAG_NUMBER("seed", "S", embps_flag_set_uint, SPEC, seed, 0,
+                      UINT64_MAX, "a number",
+                      "seed of the random initial values"),
+    EMBPS_FLAG_NUMBER("padding-id", "ID", embps_flag_set_int, SPEC, padding_id,
                       INT64_MIN, INT64_MAX, "an id",
                       "an id whose row stays zero: pulled as zeros, never "
                       "updated"),
-    EMBPS_FLAG_NUMBER("sync-workers", "N", embps_flag_uint, SPEC, sync_workers,
-                      0, UINT32_MAX, "a count",
+    EMBPS_FLAG_NUMBER("sync-workers", "N", embps_flag_set_uint, SPEC,
+                      sync_workers, 0, UINT32_MAX, "a count",
                       "synchronous training: each step is applied once N "
                       "workers pushed it, averaged (default 0: "
                       "asynchronous)"),
@@ -189,27 +198,34 @@ static const embps_flag_t spec_flags[] = {
     "adam's decoupled weight decay (default 0)")
 
 #define HYPER_SPEC_(name, field, bit, help)                                    \
-  EMBPS_FLAG_NUMBER(name, "X", embps_flag_double, SPEC, field, -HUGE_VALL,     \
+  EMBPS_FLAG_NUMBER(name, "X", embps_flag_set_double, SPEC, field, -HUGE_VALL, \
                     HUGE_VALL, "a number", help),
 static const embps_flag_t hyper_flags[] = {
-    HYPERPARAMETERS(HYPER_SPEC_)
-    EMBPS_FLAG_NUMBER("initial-accumulator", "X", embps_flag_double, SPEC,
-                      initial_accumulator, -HUGE_VALL, HUGE_VALL, "a number",
-                      "adagrad's and ftrl's accumulator at start (default 0 "
-                      "and 0.1)"),
+    HYPERPARAMETERS(HYPER_SPEC_) EMBPS_FLAG_NUMBER(
+        "initial-accumulator", "X", embps_flag_set_double, SPEC,
+        initial_accumulator, -HUGE_VALL, HUGE_VALL, "a number",
+        "adagrad's and ftrl's accumulator at start (default 0 "
+        "and 0.1)"),
     EMBPS_FLAG_END};
 
 /* alter: the value, and its bit in alter.set */
-static int set_alter(const embps_flag_t *f, const char *v, void *obj,
-                     char *err, size_t err_len) {
-  if (embps_flag_double(f, v, obj, err, err_len))
+static int set_alter(const embps_flag_t *f, const char *v, void *obj, char *err,
+                     size_t err_len) {
+  if (embps_flag_set_double(f, v, obj, err, err_len))
     return -1;
   ((embps_table_alter_t *)obj)->set |= (unsigned)f->bits;
   return 0;
 }
 #define HYPER_ALTER_(name, field, bit, help)                                   \
-  {name, "X", help, set_alter, EMBPS_FLAG_FIELD_(embps_table_alter_t, field),  \
-   -HUGE_VALL, HUGE_VALL, bit, "a number"},
+  {name,                                                                       \
+   "X",                                                                        \
+   help,                                                                       \
+   set_alter,                                                                  \
+   EMBPS_FLAG_FIELD_(embps_table_alter_t, field),                              \
+   -HUGE_VALL,                                                                 \
+   HUGE_VALL,                                                                  \
+   bit,                                                                        \
+   "a number"},
 static const embps_flag_t alter_flags[] = {HYPERPARAMETERS(HYPER_ALTER_)
                                                EMBPS_FLAG_END};
 
@@ -238,7 +254,7 @@ static const embps_flag_t push_flags[] = {
                       "the ids, int64 little-endian in file F"),
     EMBPS_FLAG_STRING("values-file", "F", OPTS, values_file,
                       "the gradient rows, float32 little-endian in file F"),
-    EMBPS_FLAG_NUMBER("step", "S", embps_flag_uint, OPTS, step, 1,
+    EMBPS_FLAG_NUMBER("step", "S", embps_flag_set_uint, OPTS, step, 1,
                       UINT64_MAX, "a step number (from 1)",
                       "synchronous tables: the step this push is for"),
     EMBPS_FLAG_END};
@@ -923,13 +939,19 @@ typedef struct {
 } command_t;
 
 static const command_t commands[] = {
-    {"create-table", "NAME", "create a table on every server (or complete "
-     "it on servers that lack it)", create_groups, check_create, cmd_create},
+    {"create-table", "NAME",
+     "create a table on every server (or complete "
+     "it on servers that lack it)",
+     create_groups, check_create, cmd_create},
     {"drop-table", "NAME", "drop a table", no_groups, NULL, cmd_drop},
-    {"alter", "NAME", "change hyperparameters on every server, in order with "
-     "the pushes, and print the new ones", alter_groups, check_alter, cmd_alter},
-    {"tables", NULL, "the tables: spec, rows, bytes, servers that lack them, "
-     "durability", json_groups, NULL, cmd_tables},
+    {"alter", "NAME",
+     "change hyperparameters on every server, in order with "
+     "the pushes, and print the new ones",
+     alter_groups, check_alter, cmd_alter},
+    {"tables", NULL,
+     "the tables: spec, rows, bytes, servers that lack them, "
+     "durability",
+     json_groups, NULL, cmd_tables},
     {"pull", "NAME", "print rows (id, tab, values) in request order",
      pull_groups, check_pull, cmd_pull},
     {"push", "NAME", "push a gradient: one optimizer step on its rows",
@@ -940,13 +962,18 @@ static const command_t commands[] = {
      no_groups, NULL, cmd_checkpoint},
     {"export", "NAME", "write the table's rows to .npy files and spec.json",
      export_groups, check_export, cmd_export},
-    {"import", "NAME", "read rows from what export wrote (or numpy .npy "
-     "files) into the table", import_groups, check_import, cmd_import},
-    {"evict", "NAME", "evict the expired rows now, and those of L2 norm "
-     "below the table's --evict-l2-below", no_groups, NULL, cmd_evict},
-    {"bench", NULL, "drive the servers with W workers pulling, then pushing, "
-     "Zipf batches; report rows/s and latency", embps_cli_bench_groups,
-     NULL, NULL},
+    {"import", "NAME",
+     "read rows from what export wrote (or numpy .npy "
+     "files) into the table",
+     import_groups, check_import, cmd_import},
+    {"evict", "NAME",
+     "evict the expired rows now, and those of L2 norm "
+     "below the table's --evict-l2-below",
+     no_groups, NULL, cmd_evict},
+    {"bench", NULL,
+     "drive the servers with W workers pulling, then pushing, "
+     "Zipf batches; report rows/s and latency",
+     embps_cli_bench_groups, NULL, NULL},
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 

@@ -346,11 +346,11 @@ static int set_optimizer(const embps_flag_t *f, const char *v, void *obj,
 
 #define OPTS bench_opts_t
 #define COUNT_(name, arg, field, lo, hi, help)                                 \
-  EMBPS_FLAG_NUMBER(name, arg, embps_flag_count, OPTS, field, lo, hi, NULL,    \
-                    help)
+  EMBPS_FLAG_NUMBER(name, arg, embps_flag_set_count, OPTS, field, lo, hi,      \
+                    NULL, help)
 #define REAL_(name, arg, field, lo, hi, help)                                  \
-  EMBPS_FLAG_NUMBER(name, arg, embps_flag_double, OPTS, field, lo, hi, NULL,   \
-                    help)
+  EMBPS_FLAG_NUMBER(name, arg, embps_flag_set_double, OPTS, field, lo, hi,     \
+                    NULL, help)
 static const embps_flag_t bench_flags[] = {
     COUNT_("workers", "W", workers, 1, 256,
            "worker threads, one client each (default 1)"),
@@ -359,8 +359,10 @@ static const embps_flag_t bench_flags[] = {
            "the Zipf distribution's ranks: ids 0..R-1 (default 10000000)"),
     COUNT_("dim", "D", dim, 1, EMBPS_DIM_MAX, "the table's dim (default 64)"),
     REAL_("zipf", "S", zipf, 0, 10, "the Zipf exponent (default 1.05)"),
-    {"optimizer", "sgd|adagrad|adam|ftrl", "the table's optimizer (default "
-     "adagrad)", set_optimizer, 0, 0, 0, 0, 0, "sgd|adagrad|adam|ftrl"},
+    {"optimizer", "sgd|adagrad|adam|ftrl",
+     "the table's optimizer (default "
+     "adagrad)",
+     set_optimizer, 0, 0, 0, 0, 0, "sgd|adagrad|adam|ftrl"},
     REAL_("seconds", "T", seconds, 0.1, 3600,
           "measured time per phase (default 5)"),
     REAL_("warmup", "T", warmup, 0, 600,
@@ -369,8 +371,8 @@ static const embps_flag_t bench_flags[] = {
            "requests each worker keeps in flight (default 2)"),
     COUNT_("batches", "N", n_batches, 1, 1024,
            "distinct batches generated, then sent in turn (default 8)"),
-    {"mode", "pull|push|both", "the phases to run (default both)", set_mode,
-     0, 0, 0, 0, 0, "pull|push|both"},
+    {"mode", "pull|push|both", "the phases to run (default both)", set_mode, 0,
+     0, 0, 0, 0, "pull|push|both"},
     EMBPS_FLAG_STRING("table", "NAME", OPTS, table,
                       "the table to create, or reuse when it has this shape "
                       "(default embps_bench)"),

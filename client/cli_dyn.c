@@ -24,23 +24,25 @@ static int set_evict(const embps_flag_t *f, const char *v, void *obj,
 
 #define SPEC embps_table_spec_t
 #define COUNT_(name, field, hi, help)                                          \
-  EMBPS_FLAG_NUMBER(name, "N", embps_flag_count, SPEC, field, 0, hi, NULL, help)
+  EMBPS_FLAG_NUMBER(name, "N", embps_flag_set_count, SPEC, field, 0, hi, NULL, \
+                    help)
 const embps_flag_t embps_cli_dyn_flags[] = {
     COUNT_("admit-after", admit_after, UINT32_MAX,
            "--dynamic only: a row is made on the Nth push of its id"),
     COUNT_("admit-sketch-bytes", admit_sketch_bytes, 0x1p53,
            "memory of the admission counts per server (default 1M)"),
-    EMBPS_FLAG_NUMBER("admit-probability", "P", embps_flag_double, SPEC,
+    EMBPS_FLAG_NUMBER("admit-probability", "P", embps_flag_set_double, SPEC,
                       admit_probability, 0, 1, NULL,
                       "an id is admitted iff a hash of (table seed, id) < P"),
     COUNT_("ttl-steps", ttl_steps, 0x1p53,
            "a row not pushed during the table's last N steps is evicted"),
     COUNT_("max-rows", max_rows, 0x1p53,
            "at most N rows in the cluster; a push that passes it evicts"),
-    {"evict", "lru|lfu", "which rows --max-rows evicts: least recently or "
-     "least often pushed (default lru)", set_evict, 0, 0, 0, 0, 0,
-     "lru|lfu"},
-    EMBPS_FLAG_NUMBER("evict-l2-below", "X", embps_flag_double, SPEC,
+    {"evict", "lru|lfu",
+     "which rows --max-rows evicts: least recently or "
+     "least often pushed (default lru)",
+     set_evict, 0, 0, 0, 0, 0, "lru|lfu"},
+    EMBPS_FLAG_NUMBER("evict-l2-below", "X", embps_flag_set_double, SPEC,
                       evict_l2_below, 0, DBL_MAX, "a finite number >= 0",
                       "rows of L2 norm below X are evicted at every "
                       "checkpoint and by `evict`"),

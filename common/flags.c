@@ -27,36 +27,36 @@ int embps_flag_refuse(const embps_flag_t *f, const char *v, char *err,
     snprintf(err, err_len, "--%s \"%s\" is not a number in [%.0Lf, %.0Lf]",
              f->name, v, f->lo, f->hi);
   else
-    snprintf(err, err_len, "--%s \"%s\" is not a number in [%Lg, %Lg]",
-             f->name, v, f->lo, f->hi);
+    snprintf(err, err_len, "--%s \"%s\" is not a number in [%Lg, %Lg]", f->name,
+             v, f->lo, f->hi);
   return -1;
 }
 
-int embps_flag_true(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len) {
+int embps_flag_set_true(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len) {
   *(int *)FIELD(f, obj) = 1;
   return 0;
 }
 
-int embps_flag_bits(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len) {
+int embps_flag_set_bits(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len) {
   assert(f->size == sizeof(unsigned));
   *(unsigned *)FIELD(f, obj) |= (unsigned)f->bits;
   return 0;
 }
 
-int embps_flag_string(const embps_flag_t *f, const char *v, void *obj,
-                      char *err, size_t err_len) {
+int embps_flag_set_string(const embps_flag_t *f, const char *v, void *obj,
+                          char *err, size_t err_len) {
   *(const char **)FIELD(f, obj) = v;
   return 0;
 }
 
-int embps_flag_text(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len) {
+int embps_flag_set_text(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len) {
   size_t len = strlen(v);
   if (len >= f->size) {
-    snprintf(err, err_len, "--%s \"%s\" is longer than %zu bytes", f->name,
-             v, f->size - 1);
+    snprintf(err, err_len, "--%s \"%s\" is longer than %zu bytes", f->name, v,
+             f->size - 1);
     return -1;
   }
   memcpy(FIELD(f, obj), v, len + 1);
@@ -105,18 +105,18 @@ static int set_unsigned(const embps_flag_t *f, const char *v, void *obj,
   return 0;
 }
 
-int embps_flag_uint(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len) {
+int embps_flag_set_uint(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len) {
   return set_unsigned(f, v, obj, 0, err, err_len);
 }
 
-int embps_flag_size(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len) {
+int embps_flag_set_size(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len) {
   return set_unsigned(f, v, obj, 1, err, err_len);
 }
 
-int embps_flag_int(const embps_flag_t *f, const char *v, void *obj,
-                   char *err, size_t err_len) {
+int embps_flag_set_int(const embps_flag_t *f, const char *v, void *obj,
+                       char *err, size_t err_len) {
   char *end;
   errno = 0;
   long long n = strtoll(v, &end, 10);
@@ -142,8 +142,8 @@ static int parse_real(const char *v, double *out) {
   return 0;
 }
 
-int embps_flag_double(const embps_flag_t *f, const char *v, void *obj,
-                      char *err, size_t err_len) {
+int embps_flag_set_double(const embps_flag_t *f, const char *v, void *obj,
+                          char *err, size_t err_len) {
   double x;
   int bounded = f->lo > -HUGE_VALL || f->hi < HUGE_VALL;
   if (parse_real(v, &x) || (bounded && !(x >= f->lo && x <= f->hi)))
@@ -152,8 +152,8 @@ int embps_flag_double(const embps_flag_t *f, const char *v, void *obj,
   return 0;
 }
 
-int embps_flag_count(const embps_flag_t *f, const char *v, void *obj,
-                     char *err, size_t err_len) {
+int embps_flag_set_count(const embps_flag_t *f, const char *v, void *obj,
+                         char *err, size_t err_len) {
   double x;
   if (parse_real(v, &x) || !(x >= f->lo && x <= f->hi) || x < 0 ||
       x != floor(x) || x >= (f->size == 4 ? 0x1p32 : 0x1p64))
@@ -211,13 +211,12 @@ static void scan_error(const embps_flag_group_t *groups, int c,
                        const char *token, const char *context, char *err,
                        size_t err_len) {
   int g, i;
-  const embps_flag_t *f =
-      optopt >= FLAG_VAL_BASE
-          ? flag_at(groups, optopt - FLAG_VAL_BASE, &g, &i)
-          : NULL;
+  const embps_flag_t *f = optopt >= FLAG_VAL_BASE
+                              ? flag_at(groups, optopt - FLAG_VAL_BASE, &g, &i)
+                              : NULL;
   if (f && token_names(token, f->name)) {
-    snprintf(err, err_len, c == ':' ? "--%s needs a value"
-                                    : "--%s takes no value", f->name);
+    snprintf(err, err_len,
+             c == ':' ? "--%s needs a value" : "--%s takes no value", f->name);
     return;
   }
   size_t len = strcspn(token, "=");
@@ -281,16 +280,14 @@ int embps_flags_parse(embps_flags_t *p, const embps_flag_group_t *groups,
 int embps_flags_given(const embps_flags_t *p, const char *name) {
   for (int g = 0; p->groups && p->groups[g].flags; g++)
     for (int i = 0; p->groups[g].flags[i].name; i++)
-      if (!strcmp(p->groups[g].flags[i].name, name) &&
-          (p->seen[g] >> i & 1))
+      if (!strcmp(p->groups[g].flags[i].name, name) && (p->seen[g] >> i & 1))
         return 1;
   return 0;
 }
 
 /* ------------------------------------------------------------ help */
 
-void embps_flags_print_wrapped(FILE *out, const char *text, int used,
-                               int col) {
+void embps_flags_print_wrapped(FILE *out, const char *text, int used, int col) {
   if (used > col - 2) { /* at least two spaces between flag and help */
     fputc('\n', out);
     used = 0;
@@ -314,8 +311,8 @@ void embps_flags_print_wrapped(FILE *out, const char *text, int used,
   fputc('\n', out);
 }
 
-void embps_flags_print(FILE *out, const embps_flag_group_t *groups,
-                       int indent, int col) {
+void embps_flags_print(FILE *out, const embps_flag_group_t *groups, int indent,
+                       int col) {
   for (int g = 0; groups[g].flags; g++)
     for (const embps_flag_t *f = groups[g].flags; f->name; f++) {
       int used = fprintf(out, "%*s--%s%s%s", indent, "", f->name,

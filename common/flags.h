@@ -33,10 +33,10 @@ struct embps_flag {
   const char *arg;  /* the value in --help ("N", "HOST:PORT"); NULL: none */
   const char *help; /* one or more sentences; --help wraps them */
   embps_flag_set_fn set;
-  size_t off;       /* the field set writes, from the group's object */
-  size_t size;      /* sizeof that field (integers: 4 or 8 bytes) */
-  long double lo, hi;  /* numbers: the accepted range */
-  unsigned long long bits; /* embps_flag_bits: what it ORs in */
+  size_t off;              /* the field set writes, from the group's object */
+  size_t size;             /* sizeof that field (integers: 4 or 8 bytes) */
+  long double lo, hi;      /* numbers: the accepted range */
+  unsigned long long bits; /* embps_flag_set_bits: what it ORs in */
   const char *what; /* refusals: `--NAME "V" is not WHAT` (NULL: a range) */
 };
 
@@ -49,31 +49,31 @@ typedef struct {
 #define EMBPS_FLAG_GROUPS_MAX 8
 
 /* ---- the setters ---- */
-int embps_flag_true(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len);   /* int: 1 */
-int embps_flag_bits(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len);   /* unsigned: |= bits */
-int embps_flag_string(const embps_flag_t *f, const char *v, void *obj,
-                      char *err, size_t err_len); /* const char *: v */
+int embps_flag_set_true(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len); /* int: 1 */
+int embps_flag_set_bits(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len); /* unsigned: |= bits */
+int embps_flag_set_string(const embps_flag_t *f, const char *v, void *obj,
+                          char *err, size_t err_len); /* const char *: v */
 /* char[size]: a copy of v, refused when it does not fit */
-int embps_flag_text(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len);
+int embps_flag_set_text(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len);
 /* Decimal integers in [lo, hi] into a field of size 4 or 8: _uint
  * unsigned, _int signed, _size unsigned with an optional K, M or G suffix
  * (binary multiples). */
-int embps_flag_uint(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len);
-int embps_flag_int(const embps_flag_t *f, const char *v, void *obj,
-                   char *err, size_t err_len);
-int embps_flag_size(const embps_flag_t *f, const char *v, void *obj,
-                    char *err, size_t err_len);
+int embps_flag_set_uint(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len);
+int embps_flag_set_int(const embps_flag_t *f, const char *v, void *obj,
+                       char *err, size_t err_len);
+int embps_flag_set_size(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len);
 /* A number strtod reads (1e6 too): _double into a double, in [lo, hi]
  * (NaN passes only when the range is the whole line); _count a whole
  * number in [lo, hi] into an unsigned field of size 4 or 8. */
-int embps_flag_double(const embps_flag_t *f, const char *v, void *obj,
-                      char *err, size_t err_len);
-int embps_flag_count(const embps_flag_t *f, const char *v, void *obj,
-                     char *err, size_t err_len);
+int embps_flag_set_double(const embps_flag_t *f, const char *v, void *obj,
+                          char *err, size_t err_len);
+int embps_flag_set_count(const embps_flag_t *f, const char *v, void *obj,
+                         char *err, size_t err_len);
 /* Writes `--NAME "V" is not WHAT` (f->what, else a number in [lo, hi])
  * into err; returns -1. */
 int embps_flag_refuse(const embps_flag_t *f, const char *v, char *err,
@@ -82,25 +82,34 @@ int embps_flag_refuse(const embps_flag_t *f, const char *v, char *err,
 /* Entries for the common cases; T is the struct the group fills. */
 #define EMBPS_FLAG_FIELD_(T, field) offsetof(T, field), sizeof(((T *)0)->field)
 #define EMBPS_FLAG_TRUE(name, T, field, help)                                  \
-  {name, NULL, help, embps_flag_true, EMBPS_FLAG_FIELD_(T, field), 0, 0, 0,    \
-   NULL}
+  {                                                                            \
+    name, NULL, help, embps_flag_set_true, EMBPS_FLAG_FIELD_(T, field), 0, 0,  \
+        0, NULL                                                                \
+  }
 #define EMBPS_FLAG_BITS(name, T, field, bits, help)                            \
-  {name, NULL, help, embps_flag_bits, EMBPS_FLAG_FIELD_(T, field), 0, 0,       \
-   bits, NULL}
+  {                                                                            \
+    name, NULL, help, embps_flag_set_bits, EMBPS_FLAG_FIELD_(T, field), 0, 0,  \
+        bits, NULL                                                             \
+  }
 #define EMBPS_FLAG_STRING(name, arg, T, field, help)                           \
-  {name, arg, help, embps_flag_string, EMBPS_FLAG_FIELD_(T, field), 0, 0, 0,   \
-   NULL}
+  {                                                                            \
+    name, arg, help, embps_flag_set_string, EMBPS_FLAG_FIELD_(T, field), 0, 0, \
+        0, NULL                                                                \
+  }
 #define EMBPS_FLAG_TEXT(name, arg, T, field, help)                             \
-  {name, arg, help, embps_flag_text, EMBPS_FLAG_FIELD_(T, field), 0, 0, 0,     \
-   NULL}
-/* set: embps_flag_uint, _int, _size, _double or _count; what may be NULL */
+  {                                                                            \
+    name, arg, help, embps_flag_set_text, EMBPS_FLAG_FIELD_(T, field), 0, 0,   \
+        0, NULL                                                                \
+  }
+/* set: embps_flag_set_uint, _int, _size, _double or _count; what may be NULL */
 #define EMBPS_FLAG_NUMBER(name, arg, set, T, field, lo, hi, what, help)        \
-  {name, arg, help, set, EMBPS_FLAG_FIELD_(T, field), lo, hi, 0, what}
-#define EMBPS_FLAG_END {NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, NULL}
+  { name, arg, help, set, EMBPS_FLAG_FIELD_(T, field), lo, hi, 0, what }
+#define EMBPS_FLAG_END                                                         \
+  { NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, NULL }
 
 /* ---- parsing ---- */
 typedef struct {
-  int next;  /* after a parse: argv index of the first non-flag argument */
+  int next; /* after a parse: argv index of the first non-flag argument */
   uint64_t seen[EMBPS_FLAG_GROUPS_MAX]; /* bit i: the group's flag i */
   const embps_flag_group_t *groups;
 } embps_flags_t;
@@ -121,10 +130,9 @@ int embps_flags_given(const embps_flags_t *p, const char *name);
 
 /* Prints one line per flag of groups, `--name ARG`, indent spaces in, its
  * help from column col, wrapped to 79 columns. */
-void embps_flags_print(FILE *out, const embps_flag_group_t *groups,
-                       int indent, int col);
+void embps_flags_print(FILE *out, const embps_flag_group_t *groups, int indent,
+                       int col);
 /* Prints text from column col (the first line after `used` columns
  * already written), wrapped at spaces to 79 columns. */
-void embps_flags_print_wrapped(FILE *out, const char *text, int used,
-                               int col);
+void embps_flags_print_wrapped(FILE *out, const char *text, int used, int col);
 #endif

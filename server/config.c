@@ -107,10 +107,11 @@ static int set_token(const embps_flag_t *f, const char *v, void *obj,
 #define CFG embps_server_config_t
 /* a number with an optional K, M or G suffix, in [lo, hi] */
 #define SIZE_(name, arg, field, lo, hi, help)                                  \
-  EMBPS_FLAG_NUMBER(name, arg, embps_flag_size, CFG, field, lo, hi, NULL, help)
+  EMBPS_FLAG_NUMBER(name, arg, embps_flag_set_size, CFG, field, lo, hi, NULL,  \
+                    help)
 /* a flag whose setter above knows its fields */
 #define SET_(name, arg, set, what, help)                                       \
-  {name, arg, help, set, 0, 0, 0, 0, 0, what}
+  { name, arg, help, set, 0, 0, 0, 0, 0, what }
 
 /* Every flag of embps-server, in the order --help lists them. */
 static const embps_flag_t server_flags[] = {
@@ -180,7 +181,7 @@ static const embps_flag_t server_flags[] = {
 static const embps_flag_t info_flags[] = {
     EMBPS_FLAG_TRUE("help", args_t, help, "print this help and exit (or -h)"),
     EMBPS_FLAG_TRUE("version", args_t, version,
-                    "print the version and the protocol's and exit"),
+                    "print the version (and the protocol's) and exit"),
     EMBPS_FLAG_END};
 
 static const embps_flag_group_t groups[] = {

@@ -72,17 +72,28 @@ static void test_every_flag_both_forms(void **state) {
   assert_int_equal(write(fd, "s3cret\n", 7), 7);
   close(fd);
   const char *flags[][2] = {
-      {"--listen", "127.0.0.1:0"},     {"--port-file", "/tmp/p"},
-      {"--io-threads", "3"},           {"--shards", "8"},
-      {"--omp-threads", "2"},          {"--max-frame-bytes", "1M"},
-      {"--max-connections", "10"},     {"--max-tables", "5"},
-      {"--idle-timeout", "60"},        {"--hello-timeout", "2"},
-      {"--max-conn-buffer-bytes", "4M"}, {"--max-buffer-bytes", "2G"},
-      {"--max-memory", "1G"},          {"--log-level", "debug"},
-      {"--log-format", "json"},        {"--data-dir", "/tmp/d"},
-      {"--fsync", "never"},            {"--checkpoint-every", "30"},
-      {"--metrics-listen", "127.0.0.1:0"}, {"--metrics-port-file", "/tmp/m"},
-      {"--auth-token-file", token},    {"--cluster-size", "2"},
+      {"--listen", "127.0.0.1:0"},
+      {"--port-file", "/tmp/p"},
+      {"--io-threads", "3"},
+      {"--shards", "8"},
+      {"--omp-threads", "2"},
+      {"--max-frame-bytes", "1M"},
+      {"--max-connections", "10"},
+      {"--max-tables", "5"},
+      {"--idle-timeout", "60"},
+      {"--hello-timeout", "2"},
+      {"--max-conn-buffer-bytes", "4M"},
+      {"--max-buffer-bytes", "2G"},
+      {"--max-memory", "1G"},
+      {"--log-level", "debug"},
+      {"--log-format", "json"},
+      {"--data-dir", "/tmp/d"},
+      {"--fsync", "never"},
+      {"--checkpoint-every", "30"},
+      {"--metrics-listen", "127.0.0.1:0"},
+      {"--metrics-port-file", "/tmp/m"},
+      {"--auth-token-file", token},
+      {"--cluster-size", "2"},
       {"--cluster-index", "1"},
   };
   const size_t n = sizeof flags / sizeof *flags;
@@ -105,7 +116,8 @@ static void test_every_flag_both_forms(void **state) {
   assert_memory_equal(c1.token, "s3cret", 6);
   assert_true(c1.token_len == 6);
   assert_int_equal(parse(&c1, "--max-frame-bytes=1M", "--fsync=always",
-                         "--log-format", "json", "--insecure", NULL), 0);
+                         "--log-format", "json", "--insecure", NULL),
+                   0);
   assert_true(c1.max_frame_bytes == 1u << 20);
   assert_true(c1.max_conn_buffer_bytes == 2u << 20); /* 2 x the frame */
   assert_int_equal(c1.fsync, EMBPS_FSYNC_ALWAYS);
@@ -114,7 +126,8 @@ static void test_every_flag_both_forms(void **state) {
   /* the cluster list is the argument itself, in either form */
   char list[] = "--cluster-servers=127.0.0.1:7070,127.0.0.1:7071";
   assert_int_equal(parse(&c1, "--cluster-size", "2", list, "--listen",
-                         "127.0.0.1:7070", "--complete-tables", NULL), 0);
+                         "127.0.0.1:7070", "--complete-tables", NULL),
+                   0);
   assert_ptr_equal(c1.cluster_servers, list + strlen("--cluster-servers="));
   assert_int_equal(c1.complete_tables, 1);
   unlink(token);
@@ -127,17 +140,21 @@ static void test_refusals_name_the_flag(void **state) {
     const char *a, *b, *want;
   } bad[] = {
       {"--io-threads", "0", "--io-threads \"0\" is not a number in [1, 64]"},
-      {"--io-threads=65", NULL, "--io-threads \"65\" is not a number in [1, "
-                                "64]"},
+      {"--io-threads=65", NULL,
+       "--io-threads \"65\" is not a number in [1, "
+       "64]"},
       {"--shards", "x", "--shards \"x\" is not a number in [1, 4096]"},
-      {"--max-frame-bytes", "3G", "--max-frame-bytes \"3G\" is not a number "
-                                  "in [1024, 2147483648]"},
+      {"--max-frame-bytes", "3G",
+       "--max-frame-bytes \"3G\" is not a number "
+       "in [1024, 2147483648]"},
       {"--max-memory", "-1", "--max-memory \"-1\" is not a number"},
-      {"--fsync", "sometimes", "--fsync \"sometimes\" is not "
-                               "always|everysec|never"},
+      {"--fsync", "sometimes",
+       "--fsync \"sometimes\" is not "
+       "always|everysec|never"},
       {"--log-format", "xml", "--log-format \"xml\" is not text|json"},
-      {"--log-level", "loud", "--log-level \"loud\" is not "
-                              "debug|info|warn|error"},
+      {"--log-level", "loud",
+       "--log-level \"loud\" is not "
+       "debug|info|warn|error"},
       {"--listen", "nowhere", "--listen \"nowhere\" is not HOST:PORT"},
       {"--metrics-listen=x", NULL, "--metrics-listen \"x\" is not HOST:PORT"},
       {"--data-dir=", NULL, "--data-dir \"\" is not a directory name"},
@@ -147,8 +164,9 @@ static void test_refusals_name_the_flag(void **state) {
       {"--shard", "8", "unknown option --shard (see --help)"},
       {"--max-conn", "8", "unknown option --max-conn (see --help)"},
       {"serve", NULL, "unexpected argument \"serve\""},
-      {"--cluster-index", "1", "--cluster-index 1 must be below "
-                               "--cluster-size 1"},
+      {"--cluster-index", "1",
+       "--cluster-index 1 must be below "
+       "--cluster-size 1"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
     if (parse(&c, bad[k].a, bad[k].b, NULL) != -1)

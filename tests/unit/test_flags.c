@@ -43,33 +43,34 @@ static const embps_flag_t flags[] = {
     EMBPS_FLAG_BITS("dense", T, bits, 4u, "the dense form"),
     EMBPS_FLAG_STRING("name", "NAME", T, name, "a name"),
     EMBPS_FLAG_TEXT("path", "P", T, path, "a short path"),
-    EMBPS_FLAG_NUMBER("u32", "N", embps_flag_uint, T, u32, 1, UINT32_MAX,
+    EMBPS_FLAG_NUMBER("u32", "N", embps_flag_set_uint, T, u32, 1, UINT32_MAX,
                       NULL, "an unsigned 32-bit number"),
-    EMBPS_FLAG_NUMBER("u64", "N", embps_flag_uint, T, u64, 0, UINT64_MAX,
+    EMBPS_FLAG_NUMBER("u64", "N", embps_flag_set_uint, T, u64, 0, UINT64_MAX,
                       "a count", "an unsigned 64-bit number"),
-    EMBPS_FLAG_NUMBER("size", "N", embps_flag_size, T, size, 1024,
+    EMBPS_FLAG_NUMBER("size", "N", embps_flag_set_size, T, size, 1024,
                       1ULL << 31, NULL, "a size"),
-    EMBPS_FLAG_NUMBER("count", "N", embps_flag_count, T, count, 0, 1e12, NULL,
-                      "a count strtod reads"),
-    EMBPS_FLAG_NUMBER("i32", "N", embps_flag_int, T, i32, -1, 100, NULL,
+    EMBPS_FLAG_NUMBER("count", "N", embps_flag_set_count, T, count, 0, 1e12,
+                      NULL, "a count strtod reads"),
+    EMBPS_FLAG_NUMBER("i32", "N", embps_flag_set_int, T, i32, -1, 100, NULL,
                       "a signed 32-bit number"),
-    EMBPS_FLAG_NUMBER("i64", "N", embps_flag_int, T, i64, INT64_MIN,
+    EMBPS_FLAG_NUMBER("i64", "N", embps_flag_set_int, T, i64, INT64_MIN,
                       INT64_MAX, "an id", "a signed 64-bit number"),
-    EMBPS_FLAG_NUMBER("real", "X", embps_flag_double, T, real, -HUGE_VALL,
+    EMBPS_FLAG_NUMBER("real", "X", embps_flag_set_double, T, real, -HUGE_VALL,
                       HUGE_VALL, "a number", "any double"),
-    EMBPS_FLAG_NUMBER("bounded", "X", embps_flag_double, T, bounded, 0.5, 2,
+    EMBPS_FLAG_NUMBER("bounded", "X", embps_flag_set_double, T, bounded, 0.5, 2,
                       NULL, "a double in [0.5, 2]"),
-    EMBPS_FLAG_NUMBER("listen-port", "N", embps_flag_uint, T, u32, 0, 65535,
+    EMBPS_FLAG_NUMBER("listen-port", "N", embps_flag_set_uint, T, u32, 0, 65535,
                       NULL, "a flag whose name starts like another's"),
     EMBPS_FLAG_END};
 static const embps_flag_group_t groups[] = {{flags, 0}, {NULL, 0}};
 
 static const embps_flag_t inner_flags[] = {
-    EMBPS_FLAG_NUMBER("depth", "N", embps_flag_uint, inner_t, depth, 1, 16,
+    EMBPS_FLAG_NUMBER("depth", "N", embps_flag_set_uint, inner_t, depth, 1, 16,
                       NULL, "in the nested struct"),
     EMBPS_FLAG_END};
 static const embps_flag_group_t two_groups[] = {
-    {flags, offsetof(both_t, o)}, {inner_flags, offsetof(both_t, in)},
+    {flags, offsetof(both_t, o)},
+    {inner_flags, offsetof(both_t, in)},
     {NULL, 0}};
 
 static char err[256];
@@ -163,8 +164,8 @@ static void test_errors_name_the_flag(void **state) {
   embps_flags_t p;
   opts_t o;
   char *argv[] = {"prog", "--nope", NULL};
-  assert_int_equal(embps_flags_parse(&p, groups, &o, 2, argv, NULL, err,
-                                     sizeof err), -1);
+  assert_int_equal(
+      embps_flags_parse(&p, groups, &o, 2, argv, NULL, err, sizeof err), -1);
   assert_string_equal(err, "unknown option --nope");
 }
 
@@ -173,14 +174,17 @@ static void test_integers(void **state) {
   embps_flags_t p;
   opts_t o;
   assert_int_equal(parse(&p, &o, "--u32", "4294967295", "--u64",
-                         "18446744073709551615", "--i32", "-1", NULL), 0);
+                         "18446744073709551615", "--i32", "-1", NULL),
+                   0);
   assert_int_equal(o.u32, UINT32_MAX);
   assert_true(o.u64 == UINT64_MAX);
   assert_int_equal(o.i32, -1);
   assert_int_equal(parse(&p, &o, "--i64", "-9223372036854775808", NULL), 0);
   assert_true(o.i64 == INT64_MIN);
-  const char *bad_u[] = {"", "x", "1x", " 1", "+1", "-0", "1.0", "1e3",
-                         "18446744073709551616", "4294967296"};
+  const char *bad_u[] = {"",          "x",   "1x",
+                         " 1",        "+1",  "-0",
+                         "1.0",       "1e3", "18446744073709551616",
+                         "4294967296"};
   for (size_t k = 0; k < sizeof bad_u / sizeof *bad_u; k++) {
     const char *flag = k == 9 ? "--u32" : "--u64";
     assert_string_not_equal(error_of(flag, bad_u[k]), "(accepted)");
@@ -201,14 +205,14 @@ static void test_sizes(void **state) {
   const struct {
     const char *v;
     uint64_t want;
-  } ok[] = {{"1024", 1024}, {"1K", 1024}, {"1k", 1024}, {"64M", 64 << 20},
-            {"2G", 2ULL << 30}, {"2g", 2ULL << 30}};
+  } ok[] = {{"1024", 1024},    {"1K", 1024},       {"1k", 1024},
+            {"64M", 64 << 20}, {"2G", 2ULL << 30}, {"2g", 2ULL << 30}};
   for (size_t k = 0; k < sizeof ok / sizeof *ok; k++) {
     assert_int_equal(parse(&p, &o, "--size", ok[k].v, NULL), 0);
     assert_true(o.size == ok[k].want);
   }
-  const char *bad[] = {"1023", "3G", "1KB", "K", "1T", "-1K", "1.5M",
-                       "99999999999999999999G"};
+  const char *bad[] = {"1023", "3G",  "1KB",  "K",
+                       "1T",   "-1K", "1.5M", "99999999999999999999G"};
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
     assert_string_not_equal(error_of("--size", bad[k]), "(accepted)");
   assert_string_equal(error_of("--size", "3G"),
@@ -224,7 +228,8 @@ static void test_reals_and_counts(void **state) {
   assert_true(isnan(o.real));
   assert_int_equal(parse(&p, &o, "--real", "-inf", NULL), 0);
   assert_true(isinf(o.real) && o.real < 0);
-  assert_string_equal(error_of("--real", "1x"), "--real \"1x\" is not a number");
+  assert_string_equal(error_of("--real", "1x"),
+                      "--real \"1x\" is not a number");
   assert_string_equal(error_of("--real", "1e999"),
                       "--real \"1e999\" is not a number");
   /* bounded: the range, NaN refused */
@@ -249,8 +254,8 @@ static void test_groups_and_given(void **state) {
   memset(&b, 0, sizeof b);
   embps_flags_t p;
   char *argv[] = {"cmd", "--depth", "4", "--u32=9", "--dense", NULL};
-  assert_int_equal(embps_flags_parse(&p, two_groups, &b, 5, argv, NULL, err,
-                                     sizeof err), 0);
+  assert_int_equal(
+      embps_flags_parse(&p, two_groups, &b, 5, argv, NULL, err, sizeof err), 0);
   assert_int_equal(b.in.depth, 4);
   assert_int_equal(b.o.u32, 9);
   assert_int_equal(b.o.bits, 4);
@@ -299,8 +304,8 @@ static void test_help_lists_every_flag(void **state) {
   /* one line per flag, "--name ARG" 4 columns in */
   for (const embps_flag_t *fl = flags; fl->name; fl++) {
     char line[64];
-    snprintf(line, sizeof line, "\n    --%s%s%s ", fl->name,
-             fl->arg ? " " : "", fl->arg ? fl->arg : "");
+    snprintf(line, sizeof line, "\n    --%s%s%s ", fl->name, fl->arg ? " " : "",
+             fl->arg ? fl->arg : "");
     assert_non_null(strstr(text, line));
   }
   const char *depth = strstr(text, "\n    --depth N ");
@@ -318,10 +323,13 @@ static void test_help_lists_every_flag(void **state) {
    * at spaces */
   f = open_memstream(&text, &len);
   assert_non_null(f);
-  embps_flags_print_wrapped(f, "one two three four five six seven eight "
-                            "nine ten eleven twelve thirteen fourteen", 40, 30);
+  embps_flags_print_wrapped(f,
+                            "one two three four five six seven eight "
+                            "nine ten eleven twelve thirteen fourteen",
+                            40, 30);
   fclose(f);
-  assert_string_equal(text, "\n"
+  assert_string_equal(text,
+                      "\n"
                       "                              one two three four five "
                       "six seven eight nine ten\n"
                       "                              eleven twelve thirteen "
