@@ -51,10 +51,14 @@ static void name_after_binary(void) {
   char comm[17] = "", path[4096];
   if (prctl(PR_GET_NAME, comm) || strcmp(comm, "exe"))
     return;
+  static const char deleted[] = " (deleted)"; /* the file was replaced */
   ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
   if (n <= 0)
     return;
   path[n] = 0;
+  if ((size_t)n > sizeof deleted - 1 &&
+      !strcmp(path + n - (sizeof deleted - 1), deleted))
+    path[n - (sizeof deleted - 1)] = 0;
   const char *base = strrchr(path, '/');
   prctl(PR_SET_NAME, base ? base + 1 : path);
 }
