@@ -977,12 +977,11 @@ static const command_t commands[] = {
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 
+/* The global flags, then each command with its flags one level in, then
+ * notes: the layout packaging/helpdoc.awk reads (man page, completion). */
 static void print_help(FILE *out) {
-  fprintf(out, "usage: embps [options] COMMAND [NAME] [flags]\n"
-               "A value follows its flag or joins it: --dim 8, --dim=8.\n"
-               "Options, before the COMMAND:\n");
+  fprintf(out, "usage: embps [options] COMMAND [NAME] [flags]\n");
   embps_flags_print(out, global_groups, 2, 30);
-  fprintf(out, "Commands:\n");
   for (size_t k = 0; k < N_COMMANDS; k++) {
     const command_t *c = &commands[k];
     int used = fprintf(out, "  %s%s%s", c->name, c->args ? " " : "",
@@ -990,6 +989,9 @@ static void print_help(FILE *out) {
     embps_flags_print_wrapped(out, c->help, used, 30);
     embps_flags_print(out, c->groups, 4, 30);
   }
+  fprintf(out, "The options come before the COMMAND; its table NAME, then its "
+               "flags, after it.\nA value follows its flag or joins it: "
+               "--dim 8, --dim=8.\n");
 }
 
 /* Parses the command's NAME (if it takes one) and flags, argv[0] being the

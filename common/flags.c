@@ -288,23 +288,23 @@ int embps_flags_given(const embps_flags_t *p, const char *name) {
 /* ------------------------------------------------------------ help */
 
 void embps_flags_print_wrapped(FILE *out, const char *text, int used, int col) {
-  if (used > col - 2) { /* at least two spaces between flag and help */
-    fputc('\n', out);
-    used = 0;
-  }
-  fprintf(out, "%*s", col - used, "");
-  int x = col;
+  /* from col, or two spaces after a wider head: never on a line of its
+   * own, which would read as more of the head */
+  int x = used > col - 2 ? used + 2 : col, empty = 1;
+  fprintf(out, "%*s", x - used, "");
   while (*text) {
     size_t word = strcspn(text, " ");
-    if (x > col && x + 1 + (int)word > WRAP_COLUMNS) {
+    if (!empty && x + 1 + (int)word > WRAP_COLUMNS) {
       fprintf(out, "\n%*s", col, "");
       x = col;
-    } else if (x > col) {
+      empty = 1;
+    } else if (!empty) {
       fputc(' ', out);
       x++;
     }
     fwrite(text, 1, word, out);
     x += (int)word;
+    empty = 0;
     text += word;
     text += strspn(text, " ");
   }

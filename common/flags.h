@@ -129,10 +129,13 @@ int embps_flags_parse(embps_flags_t *p, const embps_flag_group_t *groups,
 int embps_flags_given(const embps_flags_t *p, const char *name);
 
 /* Prints one line per flag of groups, `--name ARG`, indent spaces in, its
- * help from column col, wrapped to 79 columns. */
+ * help from column col (or two spaces after a wider `--name ARG`), wrapped
+ * to 79 columns, continued from column col: the layout
+ * packaging/helpdoc.awk reads to make man pages and completions. */
 void embps_flags_print(FILE *out, const embps_flag_group_t *groups, int indent,
                        int col);
-/* Prints text from column col (the first line after `used` columns
- * already written), wrapped at spaces to 79 columns. */
+/* Prints text from column col, or two spaces on when `used` columns
+ * already written reach past col - 2, wrapped at spaces to 79 columns
+ * (the next lines from col). */
 void embps_flags_print_wrapped(FILE *out, const char *text, int used, int col);
 #endif

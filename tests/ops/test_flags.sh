@@ -17,8 +17,7 @@ NOWHERE=127.0.0.1:1 # nothing listens there
 # listed HELP INDENT: "--flag ARG" of each line of HELP that starts with
 # INDENT spaces then "--" (ARG follows one space; the help, two or more)
 listed() {
-  awk -v ind="$2" 'substr($0, 1, ind) == sprintf("%" ind "s", "") &&
-                   match($0, /^ *--[a-z0-9-]+( [^ ]+)?/) {
+  awk -v ind="$2" 'match($0, "^" sprintf("%" ind "s", "") "--[a-z0-9-]+( [^ ]+)?") {
                      n = split(substr($0, 1, RLENGTH), f, " ")
                      print f[1], (n > 1 ? f[2] : "") }' "$1"
 }
@@ -77,7 +76,7 @@ else
 fi
 # the commands it lists all exist: none is an unknown command
 missing=""
-for cmd in $(awk '/^Commands:/ { c = 1; next } c && /^  [a-z]/ { print $1 }' "$TMP/cli.help"); do
+for cmd in $(awk '/^  [a-z]/ { print $1 }' "$TMP/cli.help"); do
   timeout 30 "$CLI" --servers "$NOWHERE" "$cmd" t >"$TMP/out" 2>&1
   grep -q "unknown command" "$TMP/out" && missing="$missing $cmd"
 done
@@ -98,10 +97,10 @@ while read -r flag arg; do
   timeout 30 "$CLI" --servers "$NOWHERE" --retry-ms 0 "$flag" ${arg:+"$v"} \
     tables >"$TMP/out" 2>&1
   grep -q "unknown option" "$TMP/out" && unknown="$unknown $flag"
-done < <(awk '/^Commands:/ { exit } { print }' "$TMP/cli.help" >"$TMP/global.help" &&
-         listed "$TMP/global.help" 2 | grep -v -e '^--help' -e '^--version')
-awk '/^Commands:/ { c = 1; next } c && /^  [a-z]/ { cmd = $1; name = ($2 == "NAME") }
-     c && match($0, /^    --[a-z0-9-]+( [^ ]+)?/) {
+done < <(listed "$TMP/cli.help" 2 | grep -v -e '^--help' -e '^--version')
+# a command's flags: one level in, under it
+awk '/^  [a-z]/ { cmd = $1; name = ($2 == "NAME") }
+     match($0, /^    --[a-z0-9-]+( [^ ]+)?/) {
        n = split(substr($0, 1, RLENGTH), f, " ")
        print cmd, (name ? "t" : "-"), f[1], (n > 1 ? f[2] : "") }' \
   "$TMP/cli.help" >"$TMP/cmd.flags"

@@ -319,8 +319,9 @@ static void test_help_lists_every_flag(void **state) {
     assert_true(line[0] == ' ');
   }
   free(text);
-  /* a flag wider than the column gets its help on the next line, wrapped
-   * at spaces */
+  /* a flag wider than the column: its help starts two spaces after it, on
+   * its line (a line of its own would read as more of the flag), and
+   * wraps at spaces to lines from the column */
   f = open_memstream(&text, &len);
   assert_non_null(f);
   embps_flags_print_wrapped(f,
@@ -329,11 +330,9 @@ static void test_help_lists_every_flag(void **state) {
                             40, 30);
   fclose(f);
   assert_string_equal(text,
-                      "\n"
-                      "                              one two three four five "
-                      "six seven eight nine ten\n"
-                      "                              eleven twelve thirteen "
-                      "fourteen\n");
+                      "  one two three four five six seven\n"
+                      "                              eight nine ten eleven "
+                      "twelve thirteen fourteen\n");
   free(text);
 }
 
