@@ -769,7 +769,7 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
   if (!rc)
     rc = t->hashed ? reserve_hashed(t, s, ids, n, max_bytes)
                    : reserve_array(t, ids, n, max_bytes);
-  if (!rc && t->has_meta)
+  if (!rc && t->has_meta && !s->import) /* an import evicts nothing */
     rc = plan_evictions(t, s);
   return rc;
 }
@@ -1014,6 +1014,15 @@ static void fill_rows(const void *ctx, const embps_table_t *t,
     memcpy(state, src->state + i * sf, sf * sizeof *state);
   else
     embps_optim_init_state(&t->optim, state, t->dim);
+}
+
+int embps_table_prepare_rows(embps_table_t *t, embps_table_scratch_t *s,
+                             const int64_t *ids, size_t n,
+                             uint64_t max_bytes) {
+  s->import = 1;
+  int rc = embps_table_prepare(t, s, ids, n, max_bytes);
+  s->import = 0;
+  return rc;
 }
 
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,

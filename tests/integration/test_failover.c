@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
   unsigned long long cut = 0;
   int cycle;
   for (cycle = 0; cycle < cycles && !dur_failures(); cycle++) {
-    dur_sleep_ms(150 + (double)(dur_splitmix(&rng) % 450));
+    dur_sleep_ms(150 + (double)(rng_next(&rng) % 450));
     const int f = 1 - p;
     dur_server_kill(&s[p]);
     if (promote(s[f].addr))

@@ -184,7 +184,7 @@ typedef struct {
   uint64_t pushes;
 } worker_t;
 
-static uint64_t rnd(uint64_t *s) { return dur_splitmix(s); }
+static uint64_t rnd(uint64_t *s) { return rng_next(s); }
 
 /* Pushes random batches (duplicates included) to random tables until
  * stop; workers 0 and 1 also push sync_steps synchronous steps, worker 0
@@ -466,13 +466,13 @@ typedef struct {
 
 static void chaos(void *arg) {
   chaos_t *ch = arg;
-  switch (dur_splitmix(&ch->seed) % 3) {
+  switch (rng_next(&ch->seed) % 3) {
   case 0:
     it_proxy_cut(ch->x);
     break;
   case 1: /* the primary served a FETCH; the follower never sees it */
     it_proxy_arm(ch->x, IT_PROXY_DROP_REPLY, EMBPS_KIND_FETCH,
-                 1 + (unsigned)(dur_splitmix(&ch->seed) % 3));
+                 1 + (unsigned)(rng_next(&ch->seed) % 3));
     break;
   default:
     it_proxy_arm(ch->x, IT_PROXY_DROP_REQUEST, EMBPS_KIND_FETCH, 1);

@@ -191,13 +191,14 @@ static void create_fails(const embps_server_config_t *cfg, int code) {
     fail_msg("create returned %s, expected %s", embps_err_name(rc),
              embps_err_name(code));
   assert_null(srv);
-  /* a joined thread's /proc entry may outlive pthread_join briefly */
+  /* a joined thread's /proc entry may outlive pthread_join briefly (so
+   * `before` may count one of an earlier create, gone since) */
   footprint_t after = footprint();
-  for (int ms = 0; after.threads != before.threads && ms < 2000; ms += 10) {
+  for (int ms = 0; after.threads > before.threads && ms < 2000; ms += 10) {
     usleep(10000);
     after = footprint();
   }
-  assert_int_equal(after.threads, before.threads);
+  assert_in_range(after.threads, 0, before.threads);
   assert_int_equal(after.fds, before.fds);
 }
 
@@ -280,9 +281,15 @@ static void test_create_failures(void **state) {
   embps_client_t *c = start_pushed(&live, dir);
   embps_server_config_t cfg;
   snprintf(busy, sizeof busy, "127.0.0.1:%d", embps_server_port(live.srv));
+  /* LLVM's OpenMP runtime (make test-tsan's) keeps the workers of a team
+   * whose thread exited in a pool, for the next team: the first apply
+   * thread to run beside live's leaves one there. A first failed create
+   * fills the pool before any footprint is taken. */
+  embps_server_t *srv;
+  config(&cfg, "--listen", busy, NULL);
+  assert_int_equal(embps_server_create(&cfg, &srv), -EADDRINUSE);
 
   /* the port is taken: before any data dir, and after one was restored */
-  config(&cfg, "--listen", busy, NULL);
   create_fails(&cfg, -EADDRINUSE);
   char other[512];
   snprintf(other, sizeof other, "%s/other", dir);
