@@ -144,7 +144,8 @@ void embps_feed_append(embps_feed_t *f, const uint8_t head[EMBPS_WAL_HEADER_BYTE
     memcpy(r->bytes, head, EMBPS_WAL_HEADER_BYTES);
     size_t off = EMBPS_WAL_HEADER_BYTES;
     for (int i = 0; i < n_parts; i++) {
-      memcpy(r->bytes + off, parts[i].iov_base, parts[i].iov_len);
+      if (parts[i].iov_len) /* an empty part may have no base */
+        memcpy(r->bytes + off, parts[i].iov_base, parts[i].iov_len);
       off += parts[i].iov_len;
     }
   }

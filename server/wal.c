@@ -670,7 +670,8 @@ int embps_wal_append(embps_wal_t *w, const uint8_t head[EMBPS_WAL_HEADER_BYTES],
     d->len = sizeof h + len;
     size_t off = 0;
     for (int i = 0; i <= n_parts; i++) {
-      memcpy(d->bytes + off, iov[i].iov_base, iov[i].iov_len);
+      if (iov[i].iov_len) /* an empty part may have no base */
+        memcpy(d->bytes + off, iov[i].iov_base, iov[i].iov_len);
       off += iov[i].iov_len;
     }
     pthread_mutex_lock(&w->mu);

@@ -325,7 +325,8 @@ static size_t put_push_ev(fixture_t *f, uint64_t inc, uint64_t step,
   assert_true(len + 8 + (n_ttl + n_cap) * 8 <= sizeof f->buf);
   embps_put32(f->buf + len, n_ttl);
   embps_put32(f->buf + len + 4, n_cap);
-  memcpy(f->buf + len + 8, ev, (n_ttl + n_cap) * sizeof *ev);
+  if (n_ttl + n_cap)
+    memcpy(f->buf + len + 8, ev, (n_ttl + n_cap) * sizeof *ev);
   return len + 8 + (n_ttl + n_cap) * 8;
 }
 
