@@ -46,7 +46,6 @@ struct embps_feed {
   pthread_t thread;
   int started, stopping, draining;
   atomic_int active;
-  int keep;               /* active for good (a follower's feed) */
   uint64_t last_fetch_ns; /* idle deactivation */
   /* backlog */
   rec_t **ring;
@@ -183,10 +182,11 @@ int embps_feed_active(const embps_feed_t *f) {
   return f && atomic_load_explicit(&f->active, memory_order_relaxed);
 }
 
-void embps_feed_keep_active(embps_feed_t *f) {
+void embps_feed_promoted(embps_feed_t *f) {
   pthread_mutex_lock(&f->mu);
-  f->keep = 1;
+  clear_locked(f);
   atomic_store(&f->active, 1);
+  f->last_fetch_ns = embps_now_ns();
   pthread_mutex_unlock(&f->mu);
 }
 
@@ -783,7 +783,7 @@ static void *feed_main(void *arg) {
     for (embps_request_t *r = f->wait_head; r; r = r->next)
       if (r->deadline_ns < wake)
         wake = r->deadline_ns;
-    if (!f->keep && !f->sync_n && atomic_load(&f->active) && !f->n_held &&
+    if (!f->sync_n && atomic_load(&f->active) && !f->n_held &&
         now - f->last_fetch_ns > EMBPS_FEED_IDLE_S * 1000000000ull) {
       int pinned = 0;
       for (int i = 0; i < EMBPS_FEED_PINS_MAX; i++)
@@ -851,7 +851,7 @@ int embps_feed_create(embps_server_t *srv, embps_feed_t **out) {
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   pthread_cond_init(&f->cv, &attr);
   pthread_condattr_destroy(&attr);
-  if (f->sync_n) /* acknowledgements need the records from the start */
+  if (f->sync_n && !srv->cfg.follow[0]) /* acks need every record */
     atomic_store(&f->active, 1);
   f->last_fetch_ns = embps_now_ns();
   int rc = pthread_create(&f->thread, NULL, feed_main, f);

@@ -7,9 +7,10 @@
  * dropped first unless a pin holds it (a snapshot session shipping the
  * state at S pins the records from S + 1: embps_feed_pin). The feed is
  * active from the first FETCH until no follower fetched for
- * EMBPS_FEED_IDLE_S, always with --sync-followers, and always on a
- * follower (its own backlog serves whoever follows it once promoted).
- * Inactive, a record costs one atomic load: no copy.
+ * EMBPS_FEED_IDLE_S, and always with --sync-followers; a follower's only
+ * once promoted (its backlog then starts with its first record as a
+ * primary: what its old primary lacks when it rejoins). Inactive, a
+ * record costs one atomic load: no copy.
  *
  * FETCH (dispatch.c): a follower names the records it wants by LSN (or
  * "after the previous FETCH of this stream": two may be in flight on a
@@ -84,8 +85,9 @@ int embps_feed_history(embps_feed_t *f, embps_history_t *out);
 uint32_t embps_feed_epoch(embps_feed_t *f);
 /* Whether records must come here now (cheap). f may be NULL. */
 int embps_feed_active(const embps_feed_t *f);
-/* Keeps the feed active for good (a follower's own). */
-void embps_feed_keep_active(embps_feed_t *f);
+/* The server was promoted (apply thread, before its first record as a
+ * primary): the backlog starts with the next record. */
+void embps_feed_promoted(embps_feed_t *f);
 
 /* ---- apply thread ---- */
 /* Copies the record of header head and payload parts into the backlog

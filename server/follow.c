@@ -448,6 +448,7 @@ static void promote_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
       embps_redo_close(&fw->redo);
       fw->redo_ready = 0;
     }
+    embps_feed_promoted(srv->feed);
     atomic_store(&srv->role, EMBPS_ROLE_PRIMARY);
     LOG_INFO("promoted: primary of epoch %u from LSN %" PRIu64 " (followed "
              "%s up to LSN %" PRIu64 ")", epoch, ctx->lsn + 1,
@@ -570,7 +571,6 @@ int embps_follow_create(embps_server_t *srv) {
   pthread_condattr_destroy(&attr);
   snprintf(fw->why, sizeof fw->why, "not connected yet");
   srv->follow = fw;
-  embps_feed_keep_active(srv->feed); /* its records, for whoever follows */
   return 0;
 }
 
