@@ -651,6 +651,19 @@ int embps_feed_fetch(embps_feed_t *f, embps_request_t *req) {
     embps_request_fail(f->srv, req, EMBPS_ESHUTDOWN, "server stopping");
     return 0;
   }
+  if (!q->max_bytes) { /* a probe (a follower before its restore) */
+    if (!q->from_lsn || !check_start_locked(f, req)) {
+      batch_t b = {0};
+      b.first = q->from_lsn;
+      info_t i;
+      info_take_locked(f, NULL, &i, now);
+      pthread_mutex_unlock(&f->mu);
+      reply_batch(f, req, &b, &i);
+      return 0;
+    }
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+  }
   activate_locked(f);
   sess_t *s = sess_get(f, name, q->follower_id, now);
   if (!s) {
@@ -680,7 +693,7 @@ int embps_feed_fetch(embps_feed_t *f, embps_request_t *req) {
                        q->stream);
     return 0;
   }
-  if (q->max_bytes && !s->held_head && gone_locked(f, s)) {
+  if (!s->held_head && gone_locked(f, s)) {
     fail_gone(f, req, s->cursor, f->first, f->n);
     pthread_mutex_unlock(&f->mu);
     return 0;
@@ -690,11 +703,11 @@ int embps_feed_fetch(embps_feed_t *f, embps_request_t *req) {
   int held = 0;
   batch_t b = {0};
   info_t i;
-  if (q->max_bytes && (s->held_head || batch_take_locked(
-                                           f, s, q->max_bytes < MAX_BYTES_MIN
-                                                     ? MAX_BYTES_MIN
-                                                     : q->max_bytes,
-                                           &b, now))) {
+  if (s->held_head || batch_take_locked(f, s,
+                                        q->max_bytes < MAX_BYTES_MIN
+                                            ? MAX_BYTES_MIN
+                                            : q->max_bytes,
+                                        &b, now)) {
     uint32_t wait = q->wait_ms < WAIT_MS_MAX ? q->wait_ms : WAIT_MS_MAX;
     req->deadline_ns = now + (uint64_t)wait * 1000000u;
     req->next = NULL;

@@ -426,10 +426,14 @@ static void promote_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_history_t h;
   char err[1200] = "";
   int rc = embps_feed_history(srv->feed, &h);
+  /* above every epoch it heard of, its primary's later ones included
+   * (records of those may exist where it never saw them) */
   uint32_t epoch = embps_history_epoch(&h);
   if (ctx->epoch > epoch)
     epoch = ctx->epoch;
   epoch++;
+  while (h.n && h.v[h.n - 1].start > ctx->lsn + 1)
+    h.n--; /* epochs its log holds no record of */
   if (!rc && embps_history_add(&h, epoch, ctx->lsn + 1))
     rc = -1;
   if (!rc && embps_durable_save_history(srv->dur, &h, err, sizeof err))
