@@ -476,6 +476,9 @@ int embps_feed_gate(embps_feed_t *f, embps_apply_ctx_t *ctx,
     embps_request_fail(f->srv, req, EMBPS_ESHUTDOWN, "server stopping; "
                        "refused, nothing changed");
   } else if (now >= req->deadline_ns) {
+    LOG_WARN("replication: a write refused after --sync-timeout-ms %" PRIu64
+             ": %u follower(s) in sync, %u needed",
+             f->sync_timeout_ns / 1000000, in_sync, f->sync_n);
     embps_request_fail(f->srv, req, EMBPS_ENOREPLICAS, "refused, nothing "
                        "changed: --sync-followers %u needs %u follower(s) "
                        "in sync, %u were for %" PRIu64 " ms",
@@ -809,11 +812,18 @@ static void *feed_main(void *arg) {
       }
     }
     const uint32_t in_sync = f->in_sync, need = f->sync_n;
+    const uint64_t acked_lsn = f->acked;
     const int stopping = f->stopping, draining = f->draining;
     pthread_mutex_unlock(&f->mu);
     if (opened)
       embps_apply_kick(f->srv->apply);
     complete_list(acked);
+    if (late && !draining && !stopping)
+      LOG_WARN("replication: a write at LSN %" PRIu64 " waited %" PRIu64
+               " ms (--sync-timeout-ms) for %u follower(s) and was not "
+               "acknowledged (%u in sync, acknowledged up to LSN %" PRIu64
+               ")", late->ack_lsn, f->sync_timeout_ns / 1000000, need,
+               in_sync, acked_lsn);
     while (late) {
       embps_request_t *r = late;
       late = r->next;
