@@ -10,7 +10,7 @@
  * writes it while pushes and pulls go on. req->complete is therefore also
  * called from the log thread (acks in --fsync always) and the checkpoint
  * thread (CHECKPOINT replies): it must be callable from any thread, as
- * net.c's is. */
+ * conn.c's is. */
 #ifndef EMBPS_DURABLE_H
 #define EMBPS_DURABLE_H
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* main.c - the embps-server daemon: flags, process set-up, then the server
- * library (net.c): create, run until SIGTERM or SIGINT, destroy. */
+ * library (server.c): create, run until SIGTERM or SIGINT, destroy. */
 #include <malloc.h>
 #include <omp.h>
 #include <signal.h>

@@ -182,7 +182,7 @@ void embps_apply_stop(embps_apply_t *a);
 void embps_apply_seen_note(embps_apply_t *a, uint64_t client, uint64_t seq);
 void embps_apply_set_lsn(embps_apply_t *a, uint64_t lsn);
 
-/* ---- net.c: a server's lifecycle, in libuv's shape ----
+/* ---- server.c: a server's lifecycle, in libuv's shape ----
  * create   (cfg is copied) restores --data-dir, starts the apply, metrics,
  *          checkpoint and I/O threads, listens, writes --port-file and
  *          prints the ready line. 0 with *out set, or a negative code
