@@ -153,7 +153,7 @@ int embps_framer_feed(embps_framer_t *f, const uint8_t *p, size_t n) {
     if (rc)
       return rc;
   }
-  return f->phase == STOPPED ? EMBPS_FRAMER_STOP : 0;
+  return 0;
 }
 
 size_t embps_framer_body_left(const embps_framer_t *f) {

@@ -86,8 +86,9 @@ size_t embps_framer_want(const embps_framer_t *f, uint8_t **dst);
  * stopped (then, until a reset, nothing more is read). */
 int embps_framer_advance(embps_framer_t *f, size_t n);
 /* Reads n bytes from p (copying them where want would say), running the
- * callbacks. Returns 0 when all were taken, or EMBPS_FRAMER_STOP (those
- * after the stop were not). */
+ * callbacks. Returns 0 when all were taken, or EMBPS_FRAMER_STOP when a
+ * callback stopped, or had stopped before (the bytes after the stop were
+ * not taken). */
 int embps_framer_feed(embps_framer_t *f, const uint8_t *p, size_t n);
 
 /* Bytes of the current frame's body still to come into its segments (0
