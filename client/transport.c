@@ -137,7 +137,7 @@ static void pending_append(conn_t *k, part_t *p) {
 /* Drops a connection. Every part waiting on it fails with code, except,
  * when may_retry, those whose ticket may still retry after a failure of
  * this kind: they stay pending, in order, to be sent again once the
- * connection is back (conn_reconnect). */
+ * connection is back (embps_client_connect_). */
 void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry) {
   if (k->fd >= 0)
     close(k->fd);
