@@ -355,7 +355,7 @@ static int cmd_alter(cmd_t *cmd) {
     return usage_error("%s", "alter needs a table NAME");
   const size_t n_flags = sizeof alter_flags / sizeof *alter_flags;
   embps_table_alter_t a;
-  memset(&a, 0, sizeof a);
+  embps_table_alter_init(&a);
   for (int i = 1; i < cmd->argc; i += 2) {
     const char *f = cmd->argv[i];
     size_t k = 0;
@@ -711,17 +711,33 @@ static void print_json_string(const char *s) {
   putchar('"');
 }
 
+/* `, "name": N` for each figure of EMBPS_SERVER_STATS_FIELDS whose source
+ * is DURABLE (durable = 1) or any other (durable = 0). */
+static void print_stats_figures_json(const embps_server_stats_t *x,
+                                     int durable) {
+#define IS_DURABLE_CONFIG_ 0
+#define IS_DURABLE_UPTIME_ 0
+#define IS_DURABLE_TRAFFIC_ 0
+#define IS_DURABLE_DURABLE_ 1
+#define FIGURE_(type, f, source, doc)                                          \
+  if (IS_DURABLE_##source##_ == durable)                                       \
+    printf(", \"" #f "\": %" PRIu64, (uint64_t)x->f);
+  EMBPS_SERVER_STATS_FIELDS(FIGURE_)
+#undef FIGURE_
+#undef IS_DURABLE_CONFIG_
+#undef IS_DURABLE_UPTIME_
+#undef IS_DURABLE_TRAFFIC_
+#undef IS_DURABLE_DURABLE_
+}
+
 static void print_durability(const embps_server_stats_t *x, int json) {
   if (json) {
     printf(", \"data_dir\": ");
     print_json_string(x->data_dir);
     printf(", \"fsync\": ");
     print_json_string(x->fsync);
-    printf(", \"checkpoint_unix_s\": %" PRIu64 ", \"checkpoint_bytes\": %"
-           PRIu64 ", \"checkpoint_ms\": %" PRIu64 ", \"checkpoint_lsn\": %"
-           PRIu64 ", \"log_bytes\": %" PRIu64 ", \"durability_failed\": ",
-           x->checkpoint_unix_s, x->checkpoint_bytes, x->checkpoint_ms,
-           x->checkpoint_lsn, x->log_bytes);
+    print_stats_figures_json(x, 1);
+    printf(", \"durability_failed\": ");
     print_json_string(x->durability_failed);
     return;
   }
@@ -825,18 +841,10 @@ static int cmd_stats(cmd_t *cmd) {
   for (size_t i = 0; i < n; i++) {
     const embps_server_stats_t *x = &s[i];
     if (json) {
-      printf("%s{\"address\": \"%s\", \"version\": \"%s\", "
-             "\"cluster_index\": %u, \"cluster_size\": %u, "
-             "\"io_threads\": %u, \"shards\": %u, \"uptime_ms\": %" PRIu64
-             ", \"connections\": %" PRIu64 ", \"requests\": %" PRIu64
-             ", \"pulls\": %" PRIu64 ", \"pushes\": %" PRIu64
-             ", \"pull_rows\": %" PRIu64 ", \"push_rows\": %" PRIu64
-             ", \"errors\": %" PRIu64 ", \"bytes_in\": %" PRIu64
-             ", \"bytes_out\": %" PRIu64 ", \"tables\": [",
-             i ? ", " : "", x->address, x->version, x->cluster_index,
-             x->cluster_size, x->io_threads, x->shards, x->uptime_ms,
-             x->connections, x->requests, x->pulls, x->pushes, x->pull_rows,
-             x->push_rows, x->errors, x->bytes_in, x->bytes_out);
+      printf("%s{\"address\": \"%s\", \"version\": \"%s\"", i ? ", " : "",
+             x->address, x->version);
+      print_stats_figures_json(x, 0);
+      printf(", \"tables\": [");
       for (size_t t = 0; t < x->n_tables; t++) {
         printf("%s{", t ? ", " : "");
         print_spec_json(&x->tables[t].spec);
@@ -912,7 +920,8 @@ static const command_t commands[] = {
 };
 
 int main(int argc, char **argv) {
-  embps_client_options_t opts = {0};
+  embps_client_options_t opts;
+  embps_client_options_init(&opts);
   uint32_t member = UINT32_MAX;
   char *token = NULL;
   int i = 1;

@@ -22,6 +22,7 @@
 
 #include "cli.h"
 #include "embps/embps.h"
+#include "embps/nn.h"
 #include "route.h"
 #include "util.h"
 

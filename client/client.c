@@ -22,8 +22,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "abi.h"
 #include "bufpool.h"
 #include "embps/embps.h"
+#include "embps/nn.h"
 #include "internal.h"
 #include "merge.h"
 #include "util.h"
@@ -126,6 +128,16 @@ int embps_client_create_member(const embps_client_options_t *opts,
   }
   errbuf[0] = 0;
   *out = NULL;
+  embps_client_options_t o; /* the caller's, at this library's size */
+  embps_client_options_init(&o);
+  if (opts) {
+    int rc = embps_struct_read(&o, sizeof o, opts, "embps_client_options_t",
+                               "embps_client_options_init()", errbuf,
+                               errbuf_len);
+    if (rc)
+      return rc;
+  }
+  opts = &o;
   embps_client_t *c = calloc(1, sizeof *c);
   if (!c) {
     snprintf(errbuf, errbuf_len, "out of memory");
@@ -133,16 +145,15 @@ int embps_client_create_member(const embps_client_options_t *opts,
   }
   embps_dedup_init(&c->dedup);
   embps_bufpool_init(&c->pool, 64 << 10, (size_t)256 << 20);
-  const char *servers = opts && opts->servers ? opts->servers : NULL;
+  const char *servers = opts->servers;
   if (!servers)
     servers = getenv("EMBPS_SERVERS");
   if (!servers || !*servers)
     servers = "127.0.0.1:7070";
-  c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
-                                               : DEFAULT_TIMEOUT_MS;
-  c->retry_ms = !opts || !opts->retry_ms ? DEFAULT_RETRY_MS
-                : opts->retry_ms < 0     ? -1
-                                         : opts->retry_ms;
+  c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+  c->retry_ms = !opts->retry_ms     ? DEFAULT_RETRY_MS
+                : opts->retry_ms < 0 ? -1
+                                     : opts->retry_ms;
   int rc = parse_servers(c, servers, errbuf, errbuf_len);
   c->member = member;
   if (!rc && member != UINT32_MAX && member >= c->n) {
@@ -151,7 +162,7 @@ int embps_client_create_member(const embps_client_options_t *opts,
     rc = EMBPS_EINVAL;
   }
   if (!rc)
-    rc = load_token(c, opts ? opts->token : NULL, errbuf, errbuf_len);
+    rc = load_token(c, opts->token, errbuf, errbuf_len);
   if (!rc && getrandom(&c->client_id, sizeof c->client_id, 0) !=
                  (ssize_t)sizeof c->client_id)
     c->client_id = embps_now_ns() ^ ((uint64_t)getpid() << 32);
@@ -258,21 +269,6 @@ static void forget_table(embps_client_t *c, const char *name) {
  * as "lr 0.1, not 0.01" into buf; returns 0 when the specs are the same. */
 static int spec_diff(const embps_table_spec_t *have,
                      const embps_table_spec_t *want, char *buf, size_t len) {
-#define INT_FIELDS_(X)                                                         \
-  X(dim) X(rows) X(dynamic) X(init) X(seed) X(has_padding) X(padding_id)       \
-  X(sync_workers) X(admit_after) X(admit_sketch_bytes) X(ttl_steps)           \
-  X(max_rows) X(evict)
-#define REAL_FIELDS_(X)                                                        \
-  X(lr) X(eps) X(beta1) X(beta2) X(initial_accumulator) X(l1) X(l2)            \
-  X(lr_power) X(weight_decay) X(init_value) X(admit_probability)               \
-  X(evict_l2_below)
-#define INT_DIFF_(f)                                                           \
-  if (have->f != want->f)                                                      \
-    return snprintf(buf, len, #f " %lld, not %lld", (long long)have->f,        \
-                    (long long)want->f), 1;
-#define REAL_DIFF_(f)                                                          \
-  if (have->f != want->f)                                                      \
-    return snprintf(buf, len, #f " %.9g, not %.9g", have->f, want->f), 1;
   if (have->optimizer != want->optimizer)
     return snprintf(buf, len, "optimizer %s, not %s",
                     embps_optimizer_name(have->optimizer),
@@ -280,12 +276,26 @@ static int spec_diff(const embps_table_spec_t *have,
   if (have->dtype != want->dtype)
     return snprintf(buf, len, "dtype %s, not %s", embps_dtype_name(have->dtype),
                     embps_dtype_name(want->dtype)), 1;
-  INT_FIELDS_(INT_DIFF_)
-  REAL_FIELDS_(REAL_DIFF_)
-#undef INT_FIELDS_
-#undef REAL_FIELDS_
-#undef INT_DIFF_
-#undef REAL_DIFF_
+#define DIFF_INT_(f)                                                           \
+  if (have->f != want->f)                                                      \
+    return snprintf(buf, len, #f " %lld, not %lld", (long long)have->f,        \
+                    (long long)want->f), 1;
+#define DIFF_NUM_ DIFF_INT_
+#define DIFF_FLAG_ DIFF_INT_
+#define DIFF_ENUM_ DIFF_INT_
+#define DIFF_REAL_(f)                                                          \
+  if (have->f != want->f)                                                      \
+    return snprintf(buf, len, #f " %.9g, not %.9g", have->f, want->f), 1;
+#define DIFF_(type, f, kind, doc) DIFF_##kind##_(f)
+  if (have->dim != want->dim)
+    return snprintf(buf, len, "dim %u, not %u", have->dim, want->dim), 1;
+  EMBPS_TABLE_SPEC_FIELDS(DIFF_)
+#undef DIFF_
+#undef DIFF_INT_
+#undef DIFF_NUM_
+#undef DIFF_FLAG_
+#undef DIFF_ENUM_
+#undef DIFF_REAL_
   return 0;
 }
 
@@ -377,21 +387,18 @@ int embps_drop_table(embps_client_t *c, const char *name) {
   return rc;
 }
 
+/* Adds server x's counters into sum, each as EMBPS_TABLE_INFO_FIELDS
+ * says (summed, or the largest). */
 static void add_counters(embps_table_info_t *sum, const embps_table_info_t *x) {
-  sum->rows_allocated += x->rows_allocated;
-  sum->bytes_used += x->bytes_used;
-  sum->pushes += x->pushes;
-  sum->pulls += x->pulls;
-  if (x->step > sum->step)
-    sum->step = x->step;
-  sum->rows_admitted += x->rows_admitted;
-  sum->rows_pending += x->rows_pending;
-  sum->evicted_ttl += x->evicted_ttl;
-  sum->evicted_capacity += x->evicted_capacity;
-  sum->evicted_l2 += x->evicted_l2;
-  sum->capacity += x->capacity;
-  if (x->evict_stall_max_us > sum->evict_stall_max_us)
-    sum->evict_stall_max_us = x->evict_stall_max_us;
+#define MERGE_SUM_(f) sum->f += x->f;
+#define MERGE_MAX_(f)                                                          \
+  if (x->f > sum->f)                                                           \
+    sum->f = x->f;
+#define MERGE_(type, f, merge, doc) MERGE_##merge##_(f)
+  EMBPS_TABLE_INFO_FIELDS(MERGE_)
+#undef MERGE_
+#undef MERGE_SUM_
+#undef MERGE_MAX_
 }
 
 /* The table infos of a broadcast's replies, counters summed. */
@@ -473,6 +480,11 @@ int embps_list_tables(embps_client_t *c, embps_table_info_t **out,
   return embps_list_tables_held(c, out, n, NULL);
 }
 
+void embps_tables_free(embps_table_info_t *tables, uint8_t *held) {
+  free(tables);
+  free(held);
+}
+
 const char *embps_client_server_address(const embps_client_t *c,
                                         size_t index) {
   return c && index < c->n ? c->conns[index].addr : NULL;
@@ -536,14 +548,20 @@ int embps_alter_table(embps_client_t *c, const char *name,
   m.kind = EMBPS_KIND_ALTER;
   if (!name || !*name || strlen(name) >= sizeof m.u.alter.name)
     return embps_client_error_(c, EMBPS_EINVAL, "bad table name");
-  if (!alter || !alter->set || (alter->set & ~EMBPS_ALTER_ALL))
+  if (!alter)
+    return embps_client_error_(c, EMBPS_EPARAM,
+                               "nothing to alter in table \"%s\"", name);
+  char why[256];
+  int rc = embps_table_alter_read(alter, &m.u.alter.set, why, sizeof why);
+  if (rc)
+    return embps_client_error_(c, rc, "%s", why);
+  if (!m.u.alter.set.set || (m.u.alter.set.set & ~EMBPS_ALTER_ALL))
     return embps_client_error_(c, EMBPS_EPARAM,
                                "nothing to alter in table \"%s\"", name);
   strcpy(m.u.alter.name, name);
-  m.u.alter.set = *alter;
   forget_table(c, name);
   embps_ticket_t *t;
-  int rc = broadcast(c, &m, UINT32_MAX, &t);
+  rc = broadcast(c, &m, UINT32_MAX, &t);
   if (rc)
     return rc;
   if (out)
@@ -553,7 +571,10 @@ int embps_alter_table(embps_client_t *c, const char *name,
 }
 
 int embps_set_lr(embps_client_t *c, const char *name, double lr) {
-  embps_table_alter_t a = {.set = EMBPS_ALTER_LR, .lr = lr};
+  embps_table_alter_t a;
+  embps_table_alter_init(&a);
+  a.set = EMBPS_ALTER_LR;
+  a.lr = lr;
   return embps_alter_table(c, name, &a, NULL);
 }
 

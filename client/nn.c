@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "embps/embps.h"
+#include "embps/nn.h"
 #include "merge.h"
 
 /* ---------------------------------------------------------------- slices */
@@ -18,10 +18,7 @@
 void embps_slices_init(embps_slices_t *s, uint32_t dim) {
   if (!s)
     return;
-  s->indices = NULL;
-  s->values = NULL;
-  s->n = 0;
-  s->cap = 0;
+  memset(s, 0, sizeof *s);
   s->dim = dim;
 }
 

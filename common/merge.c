@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "embps/embps.h"
+#include "embps/nn.h"
 #include "route.h"
 
 #define EMPTY UINT32_MAX
@@ -70,12 +70,16 @@ int64_t embps_dedup_ids(embps_dedup_t *d, const int64_t *ids, size_t n,
 }
 
 /* 1 if some float of the row is inf or NaN (exponent bits all ones): an
- * integer OR-reduction that gcc vectorises. */
+ * integer OR-reduction that gcc vectorises. Each float's bits are copied
+ * out with memcpy (a float read through a uint32_t pointer would break the
+ * aliasing rules); the copy compiles to the same vector loads. */
 static inline uint32_t row_nonfinite(const float *row, uint32_t dim) {
-  const uint32_t *b = (const uint32_t *)row;
   uint32_t bad = 0;
-  for (uint32_t j = 0; j < dim; j++)
-    bad |= (b[j] & 0x7f800000u) == 0x7f800000u;
+  for (uint32_t j = 0; j < dim; j++) {
+    uint32_t b;
+    memcpy(&b, &row[j], sizeof b);
+    bad |= (b & 0x7f800000u) == 0x7f800000u;
+  }
   return bad;
 }
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "abi.h"
 #include "embps/embps.h"
 
 static const char *const optimizer_names[] = {"sgd", "adagrad", "adam",
@@ -152,6 +153,11 @@ int embps_table_spec_check(const embps_table_spec_t *s, char *why,
   if (!name_ok(s->name))
     return refuse(why, why_len,
                   "table name must be 1-127 characters of [A-Za-z0-9_.-]");
+  for (size_t i = 0; i < sizeof s->reserved / sizeof *s->reserved; i++)
+    if (s->reserved[i])
+      return refuse(why, why_len, "reserved word %zu of the spec is not 0: a "
+                    "field libembps %s does not know (start a spec with "
+                    "embps_table_spec_init)", i, EMBPS_VERSION_STRING);
   if (s->dim == 0 || s->dim > EMBPS_DIM_MAX)
     return refuse(why, why_len, "dim %u out of range [1, %u]", s->dim,
                   EMBPS_DIM_MAX);
@@ -211,31 +217,23 @@ int embps_table_spec_check(const embps_table_spec_t *s, char *why,
 int embps_table_spec_alter(embps_table_spec_t *spec,
                            const embps_table_alter_t *alter, char *why,
                            size_t why_len) {
-  if (!alter->set)
+  embps_table_alter_t a; /* the caller's, at this library's size */
+  int rc = embps_table_alter_read(alter, &a, why, why_len);
+  if (rc)
+    return rc;
+  if (!a.set)
     return refuse(why, why_len, "nothing to alter: give at least one of lr, "
                   "eps, beta1, beta2, l1, l2, lr-power, weight-decay");
-  if (alter->set & ~EMBPS_ALTER_ALL)
+  if (a.set & ~EMBPS_ALTER_ALL)
     return refuse(why, why_len, "unknown alter field bits 0x%x",
-                  alter->set & ~EMBPS_ALTER_ALL);
+                  a.set & ~EMBPS_ALTER_ALL);
   embps_table_spec_t s = *spec;
-  const struct {
-    unsigned bit;
-    double *dst;
-    double src;
-  } fields[] = {
-      {EMBPS_ALTER_LR, &s.lr, alter->lr},
-      {EMBPS_ALTER_EPS, &s.eps, alter->eps},
-      {EMBPS_ALTER_BETA1, &s.beta1, alter->beta1},
-      {EMBPS_ALTER_BETA2, &s.beta2, alter->beta2},
-      {EMBPS_ALTER_L1, &s.l1, alter->l1},
-      {EMBPS_ALTER_L2, &s.l2, alter->l2},
-      {EMBPS_ALTER_LR_POWER, &s.lr_power, alter->lr_power},
-      {EMBPS_ALTER_WEIGHT_DECAY, &s.weight_decay, alter->weight_decay},
-  };
-  for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
-    if (alter->set & fields[i].bit)
-      *fields[i].dst = fields[i].src;
-  int rc = embps_table_spec_check(&s, why, why_len);
+#define ALTER_SET_(field, bit)                                                 \
+  if (a.set & (bit))                                                           \
+    s.field = a.field;
+  EMBPS_TABLE_ALTER_FIELDS(ALTER_SET_)
+#undef ALTER_SET_
+  rc = embps_table_spec_check(&s, why, why_len);
   if (!rc)
     *spec = s;
   return rc;

@@ -12,42 +12,22 @@
 
 /* ---- table specs ---- */
 
+/* How a spec field of each kind (EMBPS_TABLE_SPEC_FIELDS) goes on the
+ * wire: flags as bools, enums as uint32. */
+#define TO_PB_NUM_(v) (v)
+#define TO_PB_REAL_(v) (v)
+#define TO_PB_FLAG_(v) ((v) != 0)
+#define TO_PB_ENUM_(v) ((uint32_t)(v))
+
 static void spec_to_pb(const embps_table_spec_t *s, Embps__TableSpec *p) {
   embps__table_spec__init(p);
   p->name = (char *)s->name;
   p->dim = s->dim;
-#define SET_(field, value)                                                     \
-  do {                                                                         \
-    p->has_##field = 1;                                                        \
-    p->field = (value);                                                        \
-  } while (0)
-  SET_(rows, s->rows);
-  SET_(dynamic, s->dynamic != 0);
-  SET_(optimizer, (uint32_t)s->optimizer);
-  SET_(lr, s->lr);
-  SET_(eps, s->eps);
-  SET_(beta1, s->beta1);
-  SET_(beta2, s->beta2);
-  SET_(initial_accumulator, s->initial_accumulator);
-  SET_(l1, s->l1);
-  SET_(l2, s->l2);
-  SET_(lr_power, s->lr_power);
-  SET_(weight_decay, s->weight_decay);
-  SET_(init, (uint32_t)s->init);
-  SET_(init_value, s->init_value);
-  SET_(seed, s->seed);
-  SET_(has_padding, s->has_padding != 0);
-  SET_(padding_id, s->padding_id);
-  SET_(dtype, (uint32_t)s->dtype);
-  SET_(sync_workers, s->sync_workers);
-  SET_(admit_after, s->admit_after);
-  SET_(admit_probability, s->admit_probability);
-  SET_(admit_sketch_bytes, s->admit_sketch_bytes);
-  SET_(ttl_steps, s->ttl_steps);
-  SET_(max_rows, s->max_rows);
-  SET_(evict, s->evict);
-  SET_(evict_l2_below, s->evict_l2_below);
-#undef SET_
+#define SPEC_TO_PB_(type, field, kind, doc)                                    \
+  p->has_##field = 1;                                                          \
+  p->field = TO_PB_##kind##_(s->field);
+  EMBPS_TABLE_SPEC_FIELDS(SPEC_TO_PB_)
+#undef SPEC_TO_PB_
 }
 
 static int copy_name(char *dst, const char *src) {
@@ -65,39 +45,11 @@ static int spec_from_pb(const Embps__TableSpec *p, embps_table_spec_t *s) {
   embps_table_spec_init(s, NULL, p->dim, opt);
   if (copy_name(s->name, p->name))
     return EMBPS_EPROTO;
-#define GET_(field)                                                            \
-  do {                                                                         \
-    if (p->has_##field)                                                        \
-      s->field = p->field;                                                     \
-  } while (0)
-  GET_(rows);
-  GET_(dynamic);
-  GET_(lr);
-  GET_(eps);
-  GET_(beta1);
-  GET_(beta2);
-  GET_(initial_accumulator);
-  GET_(l1);
-  GET_(l2);
-  GET_(lr_power);
-  GET_(weight_decay);
-  GET_(init_value);
-  GET_(seed);
-  GET_(has_padding);
-  GET_(padding_id);
-  GET_(sync_workers);
-  GET_(admit_after);
-  GET_(admit_probability);
-  GET_(admit_sketch_bytes);
-  GET_(ttl_steps);
-  GET_(max_rows);
-  GET_(evict);
-  GET_(evict_l2_below);
-#undef GET_
-  if (p->has_init)
-    s->init = (embps_init_t)p->init;
-  if (p->has_dtype)
-    s->dtype = (embps_dtype_t)p->dtype;
+#define SPEC_FROM_PB_(type, field, kind, doc)                                  \
+  if (p->has_##field)                                                          \
+    s->field = (type)p->field;
+  EMBPS_TABLE_SPEC_FIELDS(SPEC_FROM_PB_)
+#undef SPEC_FROM_PB_
   return 0;
 }
 
@@ -106,47 +58,24 @@ static void info_to_pb(const embps_table_info_t *i, Embps__TableInfo *p,
   embps__table_info__init(p);
   spec_to_pb(&i->spec, sp);
   p->spec = sp;
-  p->has_rows_allocated = p->has_bytes_used = p->has_pushes = p->has_pulls =
-      p->has_step = 1;
-  p->rows_allocated = i->rows_allocated;
-  p->bytes_used = i->bytes_used;
-  p->pushes = i->pushes;
-  p->pulls = i->pulls;
-  p->step = i->step;
-#define DYN_COUNTERS_(X)                                                       \
-  X(rows_admitted) X(rows_pending) X(evicted_ttl) X(evicted_capacity)          \
-  X(evicted_l2) X(capacity) X(evict_stall_max_us)
-#define DYN_TO_PB_(f) p->has_##f = 1, p->f = i->f;
-  DYN_COUNTERS_(DYN_TO_PB_)
-#undef DYN_TO_PB_
+#define INFO_TO_PB_(type, field, merge, doc)                                   \
+  p->has_##field = 1;                                                          \
+  p->field = i->field;
+  EMBPS_TABLE_INFO_FIELDS(INFO_TO_PB_)
+#undef INFO_TO_PB_
 }
 
 static int info_from_pb(const Embps__TableInfo *p, embps_table_info_t *i) {
   memset(i, 0, sizeof *i);
   if (!p->spec || spec_from_pb(p->spec, &i->spec))
     return EMBPS_EPROTO;
-  i->rows_allocated = p->rows_allocated;
-  i->bytes_used = p->bytes_used;
-  i->pushes = p->pushes;
-  i->pulls = p->pulls;
-  i->step = p->step;
-#define DYN_FROM_PB_(f) i->f = p->f;
-  DYN_COUNTERS_(DYN_FROM_PB_)
-#undef DYN_FROM_PB_
+#define INFO_FROM_PB_(type, field, merge, doc) i->field = p->field;
+  EMBPS_TABLE_INFO_FIELDS(INFO_FROM_PB_)
+#undef INFO_FROM_PB_
   return 0;
 }
 
 /* ---- alter: a field is present when its bit is set ---- */
-
-#define ALTER_FIELDS_(X)                                                       \
-  X(lr, EMBPS_ALTER_LR)                                                        \
-  X(eps, EMBPS_ALTER_EPS)                                                      \
-  X(beta1, EMBPS_ALTER_BETA1)                                                  \
-  X(beta2, EMBPS_ALTER_BETA2)                                                  \
-  X(l1, EMBPS_ALTER_L1)                                                        \
-  X(l2, EMBPS_ALTER_L2)                                                        \
-  X(lr_power, EMBPS_ALTER_LR_POWER)                                            \
-  X(weight_decay, EMBPS_ALTER_WEIGHT_DECAY)
 
 static void alter_to_pb(const embps_table_alter_t *a, Embps__AlterTable *p) {
 #define X(field, bit)                                                          \
@@ -154,18 +83,18 @@ static void alter_to_pb(const embps_table_alter_t *a, Embps__AlterTable *p) {
     p->has_##field = 1;                                                        \
     p->field = a->field;                                                       \
   }
-  ALTER_FIELDS_(X)
+  EMBPS_TABLE_ALTER_FIELDS(X)
 #undef X
 }
 
 static void alter_from_pb(const Embps__AlterTable *p, embps_table_alter_t *a) {
-  memset(a, 0, sizeof *a);
+  embps_table_alter_init(a);
 #define X(field, bit)                                                          \
   if (p->has_##field) {                                                        \
     a->set |= (bit);                                                           \
     a->field = p->field;                                                       \
   }
-  ALTER_FIELDS_(X)
+  EMBPS_TABLE_ALTER_FIELDS(X)
 #undef X
 }
 
@@ -356,31 +285,11 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     info_views_t v;
     if (views_make(&v, s->tables, s->n_tables))
       return 0;
-#define STAT_(f)                                                               \
-  do {                                                                         \
-    p.has_##f = 1;                                                             \
-    p.f = s->f;                                                                \
-  } while (0)
-    STAT_(cluster_size);
-    STAT_(cluster_index);
-    STAT_(io_threads);
-    STAT_(shards);
-    STAT_(uptime_ms);
-    STAT_(connections);
-    STAT_(requests);
-    STAT_(pulls);
-    STAT_(pushes);
-    STAT_(pull_rows);
-    STAT_(push_rows);
-    STAT_(errors);
-    STAT_(bytes_in);
-    STAT_(bytes_out);
-    STAT_(checkpoint_unix_s);
-    STAT_(checkpoint_bytes);
-    STAT_(checkpoint_ms);
-    STAT_(checkpoint_lsn);
-    STAT_(log_bytes);
-#undef STAT_
+#define STAT_TO_PB_(type, field, source, doc)                                  \
+  p.has_##field = 1;                                                           \
+  p.field = s->field;
+    EMBPS_SERVER_STATS_FIELDS(STAT_TO_PB_)
+#undef STAT_TO_PB_
     p.version = (char *)s->version;
     p.data_dir = (char *)s->data_dir;
     p.fsync = (char *)s->fsync;
@@ -393,11 +302,11 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
   }
   case EMBPS_KIND_CHECKPOINT | EMBPS_KIND_REPLY: {
     Embps__CheckpointReply p = EMBPS__CHECKPOINT_REPLY__INIT;
-    p.has_lsn = p.has_bytes = p.has_duration_ms = p.has_unix_s = 1;
-    p.lsn = m->u.checkpoint.lsn;
-    p.bytes = m->u.checkpoint.bytes;
-    p.duration_ms = m->u.checkpoint.duration_ms;
-    p.unix_s = m->u.checkpoint.unix_s;
+#define CKPT_TO_PB_(field, doc)                                                \
+  p.has_##field = 1;                                                           \
+  p.field = m->u.checkpoint.field;
+    EMBPS_CHECKPOINT_INFO_FIELDS(CKPT_TO_PB_)
+#undef CKPT_TO_PB_
     r = RUN_(checkpoint_reply, p);
     break;
   }
@@ -675,27 +584,9 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
   case EMBPS_KIND_STATS | EMBPS_KIND_REPLY: {
     UNPACK_(stats_reply, p);
     embps_server_stats_t *s = &m->u.stats;
-#define STAT_(f) s->f = p->f
-    STAT_(cluster_size);
-    STAT_(cluster_index);
-    STAT_(io_threads);
-    STAT_(shards);
-    STAT_(uptime_ms);
-    STAT_(connections);
-    STAT_(requests);
-    STAT_(pulls);
-    STAT_(pushes);
-    STAT_(pull_rows);
-    STAT_(push_rows);
-    STAT_(errors);
-    STAT_(bytes_in);
-    STAT_(bytes_out);
-    STAT_(checkpoint_unix_s);
-    STAT_(checkpoint_bytes);
-    STAT_(checkpoint_ms);
-    STAT_(checkpoint_lsn);
-    STAT_(log_bytes);
-#undef STAT_
+#define STAT_FROM_PB_(type, field, source, doc) s->field = p->field;
+    EMBPS_SERVER_STATS_FIELDS(STAT_FROM_PB_)
+#undef STAT_FROM_PB_
     rc = bounded_copy(s->version, sizeof s->version, p->version);
     if (!rc && p->data_dir)
       rc = bounded_copy(s->data_dir, sizeof s->data_dir, p->data_dir);
@@ -712,10 +603,9 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
   }
   case EMBPS_KIND_CHECKPOINT | EMBPS_KIND_REPLY: {
     UNPACK_(checkpoint_reply, p);
-    m->u.checkpoint.lsn = p->lsn;
-    m->u.checkpoint.bytes = p->bytes;
-    m->u.checkpoint.duration_ms = p->duration_ms;
-    m->u.checkpoint.unix_s = p->unix_s;
+#define CKPT_FROM_PB_(field, doc) m->u.checkpoint.field = p->field;
+    EMBPS_CHECKPOINT_INFO_FIELDS(CKPT_FROM_PB_)
+#undef CKPT_FROM_PB_
     rc = 0;
     FREE_(checkpoint_reply, p);
     break;

@@ -1,19 +1,40 @@
-/* ckpt.c - see ckpt.h. Formats (little-endian):
+/* ckpt.c - checkpoint directories (ckpt.h): their file formats, written
+ * and read back.
+ *
+ * embps_ckpt_write writes ckpt-S.tmp/: a table file per table (below),
+ * each shard copied out of the table under its read lock
+ * (embps_table_snapshot_shard_state, table_io.c) by a thread of its own
+ * while the shard before it is written, then the MANIFEST; fsyncs every
+ * file and the directory, renames it to ckpt-S and fsyncs DIR. Table files
+ * expected to reach 64 MiB (embps_ckpt_direct_min) are written and read
+ * around the page cache through dio.h's staged buffers, the others
+ * through it. embps_ckpt_load checks every CRC and field as it reads, and
+ * restores the records block by block into a table of the shard count
+ * asked for (embps_table_restore, _restore_state, _restore_meta). Test
+ * builds and the crash tests stop the server at named points
+ * (failpoint.h).
+ *
+ * Formats (little-endian):
  *
  * table-<incarnation %016llx>.dat
  *   header  64 B: "EMBPSTBL", u32 version, u32 dtype, u64 incarnation,
- *                 u32 dim, u32 state floats per weight, u32 record bytes,
- *                 u32 shards, u32 optimizer, zeros, u32 crc of bytes 0..59
+ *                 u32 dim, u32 0 (reserved: written 0, never read),
+ *                 u32 record bytes, u32 shards, u32 optimizer, zeros,
+ *                 u32 crc of bytes 0..59
  *                 (version >= 2: u32 flags at byte 44, 1: shard state)
  *   per shard: section 32 B: u32 'SHRD', u32 shard, u64 shard LSN,
  *                 u64 rows, u32 0, u32 crc of bytes 0..27
  *              version >= 2 with flag 1: state 24 B {u32 'DYNS', u32 0,
  *                 u64 bytes, u32 crc of the state, u32 crc of bytes
- *                 0..19} + the admission and eviction state (table.h,
- *                 embps_table_snapshot_shard_state; version 2 had a
- *                 shorter header, without the counters)
+ *                 0..19} + the admission and eviction state (table_io.c,
+ *                 "Shard state of a checkpoint"; version 2 had a shorter
+ *                 header, without the counters)
  *              blocks: 16 B {u32 'BLCK', u32 records, u32 crc of the
- *                 records, u32 crc of bytes 0..11} + records (table.h)
+ *                 records, u32 crc of bytes 0..11} + records (table.h),
+ *                 as many records as fit 1 MiB (at least one) in every
+ *                 block but a shard's last; rows with eviction state come
+ *                 least recently pushed first, block after block, in the
+ *                 order of the state's rows
  *   trailer 16 B: u32 'TEND', u32 shards, u32 0, u32 crc of bytes 0..11
  * The file's CRC in the MANIFEST chains every header, section, block
  * header (which holds its records' CRC) and the trailer.
@@ -25,23 +46,21 @@
  *   tables x {u64 incarnation, u64 step, u64 file bytes, u32 file crc,
  *             u32 spec bytes, packed TableSpec, zeros to 8 bytes}
  *   u32 crc of everything before, u32 'MEND' */
-#define _GNU_SOURCE
 #include "ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "dio.h"
+#include "failpoint.h"
 #include "le.h"
 #include "log.h"
 #include "util.h"
@@ -66,19 +85,6 @@
 #define BLK_HDR 16
 #define MAN_HDR 48
 #define MANIFEST_MAX ((size_t)1 << 30)
-
-void embps_failpoint(const char *name) {
-  static const char *env;
-  static int read_env;
-  if (!read_env) { /* first call is before any thread starts (durable.c) */
-    env = getenv("EMBPS_FAILPOINT");
-    read_env = 1;
-  }
-  if (name && env && !strcmp(env, name)) {
-    LOG_WARN("failpoint %s: killing the server", name);
-    raise(SIGKILL);
-  }
-}
 
 static void ckpt_name(char *buf, size_t len, const char *dir, uint64_t lsn,
                       const char *suffix) {
@@ -105,224 +111,30 @@ static void rm_dir(const char *path) {
 
 /* ------------------------------------------------------------ writing */
 
-/* A checkpoint file being written. Table files go around the page cache
- * (O_DIRECT) through IO_DEPTH aligned staging buffers: while up to
- * IO_DEPTH - 1 of them are written (each on a thread of its own; the disk
- * reads the bytes straight from them) the next one is filled. No kernel
- * copy into page-cache pages, and no gigabytes of dirty pages for the
- * kernel to throttle every writer of the file system on (the push log
- * included); the page cache keeps what the server reads. Where the file
- * system refuses O_DIRECT the file is written through the page cache with
- * write-behind. */
-typedef struct wfile wfile_t;
-
-typedef struct { /* one staging buffer and its write */
-  wfile_t *f;
-  uint8_t *p; /* STAGE_BYTES, aligned */
-  size_t n;
-  uint64_t at;
-  int rc, running;
-  char err[512];
-  pthread_t th;
-} wio_t;
-
-#define IO_DEPTH 4
-#define STAGE_BYTES (16u << 20)
-#define DIRECT_ALIGN 4096u
-
 /* Smaller files go through the page cache: for them O_DIRECT saves
  * nothing, and a file read many times (tests, tools) is read from memory. */
 static uint64_t direct_min = 64u << 20;
 
 void embps_ckpt_direct_min(uint64_t bytes) { direct_min = bytes; }
 
-struct wfile {
-  int fd;
-  const char *path;
-  uint64_t off;          /* bytes accepted: the file's size once closed */
-  uint32_t chain;        /* CRC-32C chained over the headers */
-  int direct;            /* staged in io[]; 0: buffered */
-  wio_t io[IO_DEPTH];
-  int cur;               /* io[cur] is being filled */
-  size_t staged;
-  /* buffered write-behind: [0, submitted) is written, [submitted, flushed)
-   * is being written (errors surface at the final fsync) */
-  uint64_t submitted, flushed;
-};
+/* A checkpoint file being written (dio.h) and the CRC-32C chained over its
+ * headers, which the MANIFEST holds. */
+typedef struct {
+  embps_dio_writer_t w;
+  uint32_t chain;
+} out_t;
 
-/* Buffered write-behind: every FLUSH_BYTES written go to the disk at once
- * and the chunk before is waited for, so at most 2 x FLUSH_BYTES are dirty
- * in the page cache. */
-#define FLUSH_BYTES (16u << 20)
-
-static void wf_write_behind(wfile_t *f) {
-  if (f->off - f->flushed < FLUSH_BYTES)
-    return;
-  if (f->flushed > f->submitted) /* the chunk before: wait till written */
-    sync_file_range(f->fd, (off64_t)f->submitted,
-                    (off64_t)(f->flushed - f->submitted),
-                    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                        SYNC_FILE_RANGE_WAIT_AFTER);
-  sync_file_range(f->fd, (off64_t)f->flushed, (off64_t)(f->off - f->flushed),
-                  SYNC_FILE_RANGE_WRITE);
-  f->submitted = f->flushed;
-  f->flushed = f->off;
-}
-
-/* Creates path; direct: try O_DIRECT with staging buffers. 0 or -1. */
-static int wf_open(wfile_t *f, const char *path, int direct, char *err,
-                   size_t err_len) {
-  memset(f, 0, sizeof *f);
-  f->path = path;
-  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  f->fd = direct ? open(path, flags | O_DIRECT, 0644) : -1;
-  f->direct = f->fd >= 0;
-  f->io[0].f = f; /* the other buffers come when the file needs them */
-  if (f->direct &&
-      posix_memalign((void **)&f->io[0].p, DIRECT_ALIGN, STAGE_BYTES)) {
-    f->io[0].p = NULL;
-    f->direct = 0;
-    close(f->fd);
-  }
-  if (!f->direct)
-    f->fd = open(path, flags, 0644);
-  if (f->fd < 0) {
-    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
+/* Writes head (chained into o's CRC) then body (n bytes; its CRC is in
+ * head). 0, or -1 with err. */
+static int out_write(out_t *o, const void *head, size_t head_len,
+                     const void *body, size_t body_len, char *err,
+                     size_t err_len) {
+  o->chain = embps_crc32c(o->chain, head, head_len);
+  if (embps_dio_write(&o->w, head, head_len, err, err_len))
     return -1;
-  }
-  return 0;
+  return body_len ? embps_dio_write(&o->w, body, body_len, err, err_len) : 0;
 }
 
-/* O_DIRECT was refused for a read or write of fd: goes on through the
- * page cache. 1 if the caller should retry. */
-static int drop_direct(int fd) {
-  int fl = fcntl(fd, F_GETFL);
-  return fl >= 0 && (fl & O_DIRECT) && !fcntl(fd, F_SETFL, fl & ~O_DIRECT);
-}
-
-/* Writes all of p at file offset at. 0, or -1 with err. */
-static int wf_pwrite(wfile_t *f, const uint8_t *p, size_t n, uint64_t at,
-                     char *err, size_t err_len) {
-  while (n) {
-    ssize_t k = pwrite(f->fd, p, n, (off_t)at);
-    if (k < 0 && (errno == EINTR || (errno == EINVAL && drop_direct(f->fd))))
-      continue;
-    if (k <= 0) {
-      snprintf(err, err_len, "checkpoint %s: write at offset %" PRIu64
-               " failed: %s", f->path, at, k < 0 ? strerror(errno) : "?");
-      return -1;
-    }
-    p += k;
-    n -= (size_t)k;
-    at += (uint64_t)k;
-  }
-  return 0;
-}
-
-static void *wio_run(void *arg) {
-  wio_t *io = arg;
-  io->rc = wf_pwrite(io->f, io->p, io->n, io->at, io->err, sizeof io->err);
-  return NULL;
-}
-
-/* Waits for io's write. 0, or -1 with its err. */
-static int wio_wait(wio_t *io, char *err, size_t err_len) {
-  if (io->running)
-    pthread_join(io->th, NULL);
-  io->running = 0;
-  if (io->rc)
-    snprintf(err, err_len, "%s", io->err);
-  return io->rc;
-}
-
-/* Direct: starts writing the staged bytes, padded with zeros to
- * DIRECT_ALIGN (close cuts the pad off), and moves on to the next buffer
- * once its earlier write is done. 0, or -1 with err. */
-static int wf_flush_stage(wfile_t *f, char *err, size_t err_len) {
-  if (!f->staged)
-    return 0;
-  wio_t *io = &f->io[f->cur];
-  io->n = (f->staged + DIRECT_ALIGN - 1) & ~(size_t)(DIRECT_ALIGN - 1);
-  memset(io->p + f->staged, 0, io->n - f->staged);
-  io->at = f->off - f->staged;
-  io->rc = 0;
-  f->staged = 0;
-  io->running = !pthread_create(&io->th, NULL, wio_run, io);
-  if (!io->running && (wio_run(io), io->rc)) { /* no thread: in line */
-    snprintf(err, err_len, "%s", io->err);
-    return -1;
-  }
-  f->cur = (f->cur + 1) % IO_DEPTH;
-  io = &f->io[f->cur];
-  if (!io->p) {
-    io->f = f;
-    if (posix_memalign((void **)&io->p, DIRECT_ALIGN, STAGE_BYTES)) {
-      io->p = NULL;
-      snprintf(err, err_len, "checkpoint %s: out of memory", f->path);
-      return -1;
-    }
-  }
-  return wio_wait(io, err, err_len);
-}
-
-/* Writes a then b; chains the crc over a only (headers). 0 or -1. */
-static int wf_write(wfile_t *f, const void *a, size_t alen, const void *b,
-                    size_t blen, char *err, size_t err_len) {
-  f->chain = embps_crc32c(f->chain, a, alen);
-  const uint8_t *part[2] = {a, b};
-  size_t len[2] = {alen, blen};
-  if (!f->direct) {
-    for (int i = 0; i < 2; i++) {
-      if (wf_pwrite(f, part[i], len[i], f->off, err, err_len))
-        return -1;
-      f->off += len[i];
-    }
-    wf_write_behind(f);
-    return 0;
-  }
-  for (int i = 0; i < 2; i++) {
-    while (len[i]) {
-      size_t k = STAGE_BYTES - f->staged;
-      k = k < len[i] ? k : len[i];
-      memcpy(f->io[f->cur].p + f->staged, part[i], k);
-      f->staged += k;
-      f->off += k;
-      part[i] += k;
-      len[i] -= k;
-      if (f->staged == STAGE_BYTES && wf_flush_stage(f, err, err_len))
-        return -1;
-    }
-  }
-  return 0;
-}
-
-/* Writes what is staged, cuts the pad, fsyncs and closes; after an error
- * (rc -1) only closes. Returns rc, or -1 with err. */
-static int wf_close(wfile_t *f, int rc, char *err, size_t err_len) {
-  if (!rc && f->direct && f->staged)
-    rc = wf_flush_stage(f, err, err_len);
-  for (int i = 0; i < IO_DEPTH; i++) {
-    char io_err[512];
-    if (wio_wait(&f->io[i], io_err, sizeof io_err) && !rc) {
-      snprintf(err, err_len, "%s", io_err);
-      rc = -1;
-    }
-    free(f->io[i].p);
-    f->io[i].p = NULL;
-  }
-  if (!rc && f->direct && ftruncate(f->fd, (off_t)f->off)) {
-    snprintf(err, err_len, "checkpoint %s: truncate failed: %s", f->path,
-             strerror(errno));
-    rc = -1;
-  }
-  if (!rc && fsync(f->fd)) {
-    snprintf(err, err_len, "checkpoint %s: fsync failed: %s", f->path,
-             strerror(errno));
-    rc = -1;
-  }
-  close(f->fd);
-  return rc;
-}
 
 /* One shard's snapshot. write_table takes shard k + 1's on a thread of its
  * own while it writes shard k, so the copy out of the table and the write
@@ -348,11 +160,17 @@ static void *snap_run(void *arg) {
   return NULL;
 }
 
-static int write_shard(wfile_t *f, const snap_job_t *j, char *err,
+/* Records a block holds: as many as fit BLOCK_BYTES, at least one. */
+static size_t block_records(size_t record_bytes) {
+  const size_t n = BLOCK_BYTES / record_bytes;
+  return n ? n : 1;
+}
+
+static int write_shard(out_t *f, const snap_job_t *j, char *err,
                        size_t err_len) {
   if (j->rc) {
     snprintf(err, err_len, "checkpoint %s: out of memory copying shard %u",
-             f->path, j->k);
+             f->w.path, j->k);
     return -1;
   }
   uint8_t h[SEC_HDR] = {0};
@@ -361,17 +179,17 @@ static int write_shard(wfile_t *f, const snap_job_t *j, char *err,
   embps_put64(h + 8, j->lsn);
   embps_put64(h + 16, j->rows);
   embps_put32(h + 28, embps_crc32c(0, h, 28));
-  int rc = wf_write(f, h, sizeof h, NULL, 0, err, err_len);
+  int rc = out_write(f, h, sizeof h, NULL, 0, err, err_len);
   if (!rc && j->state) {
     uint8_t d[DYN_HDR] = {0};
     embps_put32(d, DYNS);
     embps_put64(d + 8, j->state_bytes);
     embps_put32(d + 16, embps_crc32c(0, j->state, j->state_bytes));
     embps_put32(d + 20, embps_crc32c(0, d, 20));
-    rc = wf_write(f, d, sizeof d, j->state, j->state_bytes, err, err_len);
+    rc = out_write(f, d, sizeof d, j->state, j->state_bytes, err, err_len);
   }
   const size_t fr = embps_table_file_record_bytes(j->t);
-  size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
+  const size_t per = block_records(fr);
   for (size_t i = 0; !rc && i < j->rows; i += per) {
     size_t n = j->rows - i < per ? j->rows - i : per;
     uint8_t b[BLK_HDR];
@@ -379,7 +197,7 @@ static int write_shard(wfile_t *f, const snap_job_t *j, char *err,
     embps_put32(b + 4, (uint32_t)n);
     embps_put32(b + 8, embps_crc32c(0, j->recs + i * fr, n * fr));
     embps_put32(b + 12, embps_crc32c(0, b, 12));
-    rc = wf_write(f, b, sizeof b, j->recs + i * fr, n * fr, err, err_len);
+    rc = out_write(f, b, sizeof b, j->recs + i * fr, n * fr, err, err_len);
   }
   return rc;
 }
@@ -405,8 +223,9 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
   embps_table_info_t info;
   embps_table_info(t, &info);
   const uint64_t guess = info.rows_allocated * embps_table_file_record_bytes(t);
-  wfile_t f;
-  if (wf_open(&f, path, guess >= direct_min, err, err_len))
+  out_t f = {.chain = 0};
+  if (embps_dio_writer_open(&f.w, "checkpoint", path, guess >= direct_min,
+                            err, err_len))
     return -1;
   const uint32_t shards = embps_table_n_shards(t);
   uint8_t h[TBL_HDR] = {0};
@@ -421,7 +240,7 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
   embps_put32(h + 40, (uint32_t)spec->optimizer);
   embps_put32(h + 44, table_has_state(spec) ? TBL_HAS_STATE : 0);
   embps_put32(h + 60, embps_crc32c(0, h, 60));
-  int rc = wf_write(&f, h, sizeof h, NULL, 0, err, err_len);
+  int rc = out_write(&f, h, sizeof h, NULL, 0, err, err_len);
   const int with_state = table_has_state(spec);
   snap_job_t jobs[2] = {{.t = t, .with_state = with_state},
                         {.t = t, .with_state = with_state}};
@@ -455,9 +274,9 @@ static int write_table(const char *tmp, const embps_ckpt_table_t *ct,
   embps_put32(e + 4, shards);
   embps_put32(e + 12, embps_crc32c(0, e, 12));
   if (!rc)
-    rc = wf_write(&f, e, sizeof e, NULL, 0, err, err_len);
-  rc = wf_close(&f, rc, err, err_len);
-  *size = f.off;
+    rc = out_write(&f, e, sizeof e, NULL, 0, err, err_len);
+  rc = embps_dio_writer_close(&f.w, rc, err, err_len);
+  *size = f.w.off;
   *crc = f.chain;
   return rc;
 }
@@ -535,10 +354,10 @@ static int write_manifest(const char *tmp, const embps_ckpt_t *c,
   if (b.oom) {
     snprintf(err, err_len, "checkpoint %s: out of memory", path);
   } else {
-    wfile_t f;
-    if (!wf_open(&f, path, 0, err, err_len))
-      rc = wf_close(&f, wf_write(&f, b.p, b.n, NULL, 0, err, err_len), err,
-                    err_len);
+    embps_dio_writer_t f;
+    if (!embps_dio_writer_open(&f, "checkpoint", path, 0, err, err_len))
+      rc = embps_dio_writer_close(
+          &f, embps_dio_write(&f, b.p, b.n, err, err_len), err, err_len);
   }
   free(b.p);
   return rc;
@@ -603,6 +422,13 @@ int embps_ckpt_write(const char *dir, const embps_ckpt_t *c,
 
 /* ------------------------------------------------------------ reading */
 
+/* A checkpoint file being read (dio.h) and the CRC-32C chained over the
+ * headers read so far, checked against the MANIFEST's at the end. */
+typedef struct {
+  embps_dio_reader_t r;
+  uint32_t chain;
+} in_t;
+
 int embps_ckpt_latest(const char *dir, uint64_t *lsn, char *err,
                       size_t err_len) {
   DIR *d = opendir(dir);
@@ -634,221 +460,42 @@ int embps_ckpt_latest(const char *dir, uint64_t *lsn, char *err,
   return found;
 }
 
-/* A table file being read: sequentially, around the page cache (O_DIRECT
- * where the file system allows) in chunks of STAGE_BYTES, the next
- * IO_DEPTH - 1 chunks read ahead (each on a thread of its own) while the
- * current one is parsed. */
-typedef struct rfile rfile_t;
 
-typedef struct { /* one chunk: bytes [at, at + got) of the file */
-  rfile_t *f;
-  uint8_t *p; /* STAGE_BYTES, aligned */
-  uint64_t at;
-  size_t got;
-  int err_no, running;
-  pthread_t th;
-} rchunk_t;
-
-struct rfile {
-  int fd;
-  const char *path;
-  uint64_t off, size; /* the caller moves off */
-  uint32_t chain;
-  rchunk_t ch[IO_DEPTH]; /* chunk i of the file in ch[i % depth] */
-  int depth;             /* chunks in use: no more than the file has */
-  int cur;               /* the chunk holding off */
-};
-
-static void *rchunk_run(void *arg) {
-  rchunk_t *c = arg;
-  const uint64_t end = c->at + STAGE_BYTES < c->f->size ? c->at + STAGE_BYTES
-                                                        : c->f->size;
-  /* O_DIRECT reads whole blocks: the last one comes back short */
-  const size_t want = (size_t)(end - c->at + DIRECT_ALIGN - 1) &
-                      ~(size_t)(DIRECT_ALIGN - 1);
-  c->got = 0;
-  c->err_no = 0;
-  while (c->at + c->got < end) {
-    ssize_t k = pread(c->f->fd, c->p + c->got, want - c->got,
-                      (off_t)(c->at + c->got));
-    if (k < 0 && (errno == EINTR || (errno == EINVAL && drop_direct(c->f->fd))))
-      continue;
-    if (k <= 0) {
-      c->err_no = k ? errno : EIO;
-      break;
-    }
-    c->got += (size_t)k;
-  }
-  if (c->got > end - c->at)
-    c->got = (size_t)(end - c->at);
-  return NULL;
-}
-
-static void rchunk_wait(rchunk_t *c) {
-  if (c->running)
-    pthread_join(c->th, NULL);
-  c->running = 0;
-}
-
-/* Makes c hold the chunk at `at`, read on a thread (in line without). */
-static void rchunk_start(rchunk_t *c, uint64_t at) {
-  if (c->at == at)
-    return;
-  rchunk_wait(c);
-  c->at = at;
-  c->running = !pthread_create(&c->th, NULL, rchunk_run, c);
-  if (!c->running)
-    rchunk_run(c);
-}
-
-/* Opens path for reading: 0, or -1 with err. */
-static int rf_open(rfile_t *f, const char *path, char *err, size_t err_len) {
-  memset(f, 0, sizeof *f);
-  f->path = path;
-  struct stat st;
-  const int big = !stat(path, &st) && (uint64_t)st.st_size >= direct_min;
-  f->fd = big ? open(path, O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
-  if (f->fd < 0)
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (f->fd < 0 || fstat(f->fd, &st)) {
-    snprintf(err, err_len, "checkpoint %s: %s", path, strerror(errno));
-    if (f->fd >= 0)
-      close(f->fd);
-    return -1;
-  }
-  f->size = (uint64_t)st.st_size;
-  /* a small file gets one buffer of its own size */
-  const uint64_t chunks = (f->size + STAGE_BYTES - 1) / STAGE_BYTES;
-  const size_t bytes = chunks > 1 ? STAGE_BYTES
-                                  : (size_t)(f->size + DIRECT_ALIGN - 1) &
-                                        ~(size_t)(DIRECT_ALIGN - 1);
-  f->depth = chunks < IO_DEPTH ? (chunks ? (int)chunks : 1) : IO_DEPTH;
-  for (int i = 0; i < f->depth; i++) {
-    f->ch[i].f = f;
-    f->ch[i].at = UINT64_MAX;
-    if (posix_memalign((void **)&f->ch[i].p, DIRECT_ALIGN,
-                       bytes ? bytes : DIRECT_ALIGN)) {
-      snprintf(err, err_len, "checkpoint %s: out of memory", path);
-      while (i--)
-        free(f->ch[i].p);
-      close(f->fd);
-      return -1;
-    }
-  }
-  return 0;
-}
-
-static void rf_close(rfile_t *f) {
-  for (int i = 0; i < f->depth; i++) {
-    rchunk_wait(&f->ch[i]);
-    free(f->ch[i].p);
-  }
-  close(f->fd);
-}
-
-/* Makes ch[cur] the chunk holding offset `at`, read, and starts reading
- * the depth - 1 chunks after it. 0, or -1 with err. */
-static int rf_seek_chunk(rfile_t *f, uint64_t at, const char *what, char *err,
-                         size_t err_len) {
-  const uint64_t base = at - at % STAGE_BYTES, i = at / STAGE_BYTES;
-  rchunk_t *c = &f->ch[i % (uint64_t)f->depth];
-  f->cur = (int)(i % (uint64_t)f->depth);
-  if (c->at == base && !c->running && at < c->at + c->got)
-    return 0;
-  rchunk_wait(c);
-  if (c->at != base) { /* not read ahead: read it now, in line */
-    c->at = base;
-    rchunk_run(c);
-  }
-  if (c->err_no || at >= c->at + c->got) {
-    snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": %s",
-             f->path, what, at,
-             c->err_no ? strerror(c->err_no) : "short read");
-    c->at = UINT64_MAX;
-    return -1;
-  }
-  for (uint64_t k = 1; k < (uint64_t)f->depth &&
-                      (i + k) * STAGE_BYTES < f->size; k++)
-    rchunk_start(&f->ch[(i + k) % (uint64_t)f->depth], (i + k) * STAGE_BYTES);
-  return 0;
-}
-
-/* Bounds n bytes at the current offset by the file's size. */
-static int rf_check(rfile_t *f, size_t n, const char *what, char *err,
-                    size_t err_len) {
-  if (f->size - f->off >= n)
-    return 0;
-  snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": file "
-           "ends at %" PRIu64, f->path, what, f->off, f->size);
-  return -1;
-}
-
-/* Reads exactly n bytes at the current offset into p. */
-static int rf_read(rfile_t *f, void *p, size_t n, const char *what, char *err,
-                   size_t err_len) {
-  if (rf_check(f, n, what, err, err_len))
-    return -1;
-  for (size_t got = 0; got < n;) {
-    const uint64_t at = f->off + got;
-    if (rf_seek_chunk(f, at, what, err, err_len))
-      return -1;
-    const rchunk_t *c = &f->ch[f->cur];
-    size_t k = (size_t)(c->at + c->got - at);
-    k = k < n - got ? k : n - got;
-    memcpy((char *)p + got, c->p + (at - c->at), k);
-    got += k;
-  }
-  return 0;
-}
-
-/* The n bytes at the current offset: in place when one chunk holds them,
- * else copied into spill (n bytes). NULL with err on errors. */
-static const uint8_t *rf_view(rfile_t *f, size_t n, uint8_t *spill,
-                              const char *what, char *err, size_t err_len) {
-  if (rf_check(f, n, what, err, err_len) ||
-      rf_seek_chunk(f, f->off, what, err, err_len))
-    return NULL;
-  const rchunk_t *c = &f->ch[f->cur];
-  if (f->off + n <= c->at + c->got)
-    return c->p + (f->off - c->at);
-  return rf_read(f, spill, n, what, err, err_len) ? NULL : spill;
-}
-
-static int bad(rfile_t *f, uint64_t off, const char *what, char *err,
+static int bad(in_t *f, uint64_t off, const char *what, char *err,
                size_t err_len) {
   snprintf(err, err_len, "checkpoint %s: %s at offset %" PRIu64 ": checksum "
-           "mismatch or bad field", f->path, what, off);
+           "mismatch or bad field", f->r.path, what, off);
   return -1;
 }
 
 /* Reads the state block of shard section k (version >= 2) into *state
  * and restores the shard's counters and admission sketch from it. 0, or
  * -1 with err. */
-static int read_state(rfile_t *f, embps_table_t *t, uint32_t version,
+static int read_state(in_t *f, embps_table_t *t, uint32_t version,
                       uint32_t k, uint32_t file_shards, unsigned char **state,
                       size_t *bytes, char *err, size_t err_len) {
   uint8_t d[DYN_HDR];
-  const uint64_t at = f->off;
-  if (rf_read(f, d, sizeof d, "shard state header", err, err_len))
+  const uint64_t at = f->r.off;
+  if (embps_dio_read(&f->r, d, sizeof d, "shard state header", err, err_len))
     return -1;
   const uint64_t n = embps_get64(d + 8);
   if (embps_get32(d) != DYNS || embps_get32(d + 20) != embps_crc32c(0, d, 20) ||
-      n > f->size - f->off - sizeof d) {
+      n > f->r.size - f->r.off - sizeof d) {
     return bad(f, at, "shard state header", err, err_len);
   }
   f->chain = embps_crc32c(f->chain, d, sizeof d);
-  f->off += sizeof d;
+  f->r.off += sizeof d;
   if (!(*state = malloc(n ? n : 1))) {
-    snprintf(err, err_len, "checkpoint %s: out of memory", f->path);
+    snprintf(err, err_len, "checkpoint %s: out of memory", f->r.path);
     return -1;
   }
   *bytes = n;
-  if (rf_read(f, *state, n, "shard state", err, err_len))
+  if (embps_dio_read(&f->r, *state, n, "shard state", err, err_len))
     return -1;
   if (embps_crc32c(0, *state, n) != embps_get32(d + 16) ||
       embps_table_restore_state(t, version, k, file_shards, *state, n))
-    return bad(f, f->off, "shard state", err, err_len);
-  f->off += n;
+    return bad(f, f->r.off, "shard state", err, err_len);
+  f->r.off += n;
   return 0;
 }
 
@@ -858,8 +505,9 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   char path[1200];
   snprintf(path, sizeof path, "%s/table-%016" PRIx64 ".dat", cdir,
            ct->incarnation);
-  rfile_t f;
-  if (rf_open(&f, path, err, err_len))
+  in_t f = {.chain = 0};
+  if (embps_dio_reader_open(&f.r, "checkpoint", path, direct_min, err,
+                            err_len))
     return -1;
   int rc = -1;
   unsigned char *recs = NULL, *state = NULL;
@@ -871,12 +519,12 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   const embps_table_spec_t *spec = embps_table_spec(t);
   const size_t fr = embps_table_file_record_bytes(t);
   uint8_t h[TBL_HDR];
-  if (f.size != want_size) {
+  if (f.r.size != want_size) {
     snprintf(err, err_len, "checkpoint %s: %" PRIu64 " bytes at offset 0, "
-             "the MANIFEST says %" PRIu64, path, f.size, want_size);
+             "the MANIFEST says %" PRIu64, path, f.r.size, want_size);
     goto out;
   }
-  if (rf_read(&f, h, sizeof h, "header", err, err_len))
+  if (embps_dio_read(&f.r, h, sizeof h, "header", err, err_len))
     goto out;
   if (memcmp(h, TBL_MAGIC, 8) || embps_get32(h + 60) != embps_crc32c(0, h, 60) ||
       embps_get32(h + 8) < VERSION_V1 || embps_get32(h + 8) > VERSION ||
@@ -887,13 +535,13 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
     goto out;
   }
   f.chain = embps_crc32c(0, h, sizeof h);
-  f.off = sizeof h;
+  f.r.off = sizeof h;
   const uint32_t version = embps_get32(h + 8);
   const int has_state = version >= VERSION_V2 &&
                         (embps_get32(h + 44) & TBL_HAS_STATE);
   ct->file_shards = embps_get32(h + 36);
   ct->shard_lsn = calloc(ct->file_shards, sizeof *ct->shard_lsn);
-  size_t per = BLOCK_BYTES / fr ? BLOCK_BYTES / fr : 1;
+  const size_t per = block_records(fr);
   recs = malloc(per * fr);
   ids = malloc(per * sizeof *ids);
   if (!ct->shard_lsn || !recs || !ids) {
@@ -902,8 +550,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   }
   for (uint32_t k = 0; k < ct->file_shards; k++) {
     uint8_t sh[SEC_HDR];
-    uint64_t at = f.off;
-    if (rf_read(&f, sh, sizeof sh, "shard section", err, err_len))
+    uint64_t at = f.r.off;
+    if (embps_dio_read(&f.r, sh, sizeof sh, "shard section", err, err_len))
       goto out;
     if (embps_get32(sh) != SHRD || embps_get32(sh + 28) != embps_crc32c(0, sh, 28) ||
         embps_get32(sh + 4) != k) {
@@ -911,7 +559,7 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
       goto out;
     }
     f.chain = embps_crc32c(f.chain, sh, sizeof sh);
-    f.off += sizeof sh;
+    f.r.off += sizeof sh;
     ct->shard_lsn[k] = embps_get64(sh + 8);
     uint64_t rows = embps_get64(sh + 16), first = 0;
     free(state);
@@ -922,8 +570,8 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
       goto out;
     while (rows) {
       uint8_t b[BLK_HDR];
-      at = f.off;
-      if (rf_read(&f, b, sizeof b, "block header", err, err_len))
+      at = f.r.off;
+      if (embps_dio_read(&f.r, b, sizeof b, "block header", err, err_len))
         goto out;
       uint32_t n = embps_get32(b + 4);
       if (embps_get32(b) != BLCK || embps_get32(b + 12) != embps_crc32c(0, b, 12) ||
@@ -932,12 +580,12 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
         goto out;
       }
       f.chain = embps_crc32c(f.chain, b, sizeof b);
-      f.off += sizeof b;
-      const uint8_t *blk = rf_view(&f, n * fr, recs, "block", err, err_len);
+      f.r.off += sizeof b;
+      const uint8_t *blk = embps_dio_view(&f.r, n * fr, recs, "block", err, err_len);
       if (!blk)
         goto out;
       if (embps_crc32c(0, blk, n * fr) != embps_get32(b + 8)) {
-        bad(&f, f.off, "block", err, err_len);
+        bad(&f, f.r.off, "block", err, err_len);
         goto out;
       }
       int r = embps_table_restore(t, &s, blk, n, ids);
@@ -947,20 +595,20 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
       first += n;
       if (r) {
         snprintf(err, err_len, "checkpoint %s: block at offset %" PRIu64
-                 ": cannot restore its rows: %s", path, f.off,
+                 ": cannot restore its rows: %s", path, f.r.off,
                  embps_strerror(r));
         goto out;
       }
-      f.off += (uint64_t)n * fr;
+      f.r.off += (uint64_t)n * fr;
       rows -= n;
     }
   }
   uint8_t e[16];
-  uint64_t at = f.off;
-  if (rf_read(&f, e, sizeof e, "trailer", err, err_len))
+  uint64_t at = f.r.off;
+  if (embps_dio_read(&f.r, e, sizeof e, "trailer", err, err_len))
     goto out;
   if (embps_get32(e) != TEND || embps_get32(e + 12) != embps_crc32c(0, e, 12) ||
-      embps_get32(e + 4) != ct->file_shards || at + sizeof e != f.size) {
+      embps_get32(e + 4) != ct->file_shards || at + sizeof e != f.r.size) {
     bad(&f, at, "trailer", err, err_len);
     goto out;
   }
@@ -976,7 +624,7 @@ out:
   free(state);
   free(recs);
   free(ids);
-  rf_close(&f);
+  embps_dio_reader_close(&f.r);
   return rc;
 }
 

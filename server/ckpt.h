@@ -1,4 +1,5 @@
-/* ckpt.h - checkpoint directories (DURABILITY.md, "On-disk layout").
+/* ckpt.h - checkpoint directories (README "Durability"; the file formats
+ * at the top of ckpt.c).
  *
  * DIR/ckpt-<S %016llx>/ holds a MANIFEST and one table-<incarnation>.dat
  * per table; it covers every mutation with LSN <= S. It is written as
@@ -44,10 +45,6 @@ typedef struct {
  * where the file system allows). 0: every file; UINT64_MAX: none. For
  * tests; not thread-safe. */
 void embps_ckpt_direct_min(uint64_t bytes);
-
-/* Test-only crash points (EMBPS_FAILPOINT); NULL or a name of
- * DURABILITY.md. The process SIGKILLs itself at that point. */
-void embps_failpoint(const char *name);
 
 typedef struct {
   uint64_t bytes;           /* written (0: ckpt-S existed) */

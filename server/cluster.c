@@ -107,7 +107,8 @@ static int by_name(const void *a, const void *b) {
 }
 
 static embps_client_options_t options(void) {
-  embps_client_options_t o = {.servers = cl.servers,
+  embps_client_options_t o = {.size = sizeof o,
+                              .servers = cl.servers,
                               .token = cl.token[0] ? cl.token : NULL,
                               .timeout_ms = EMBPS_CLUSTER_PEER_TIMEOUT_MS,
                               .retry_ms = -1};

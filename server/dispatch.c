@@ -316,20 +316,19 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
   memset(&m, 0, sizeof m);
   embps_server_stats_t *s = &m.u.stats;
   const embps_counters_t *c = &srv->counters;
-  s->cluster_size = srv->cfg.cluster_size;
-  s->cluster_index = srv->cfg.cluster_index;
-  s->io_threads = srv->cfg.io_threads;
-  s->shards = srv->cfg.shards;
-  s->uptime_ms = (embps_now_ns() - srv->start_ns) / 1000000;
-  s->connections = atomic_load(&c->connections);
-  s->requests = atomic_load(&c->requests);
-  s->pulls = atomic_load(&c->pulls);
-  s->pushes = atomic_load(&c->pushes);
-  s->pull_rows = atomic_load(&c->pull_rows);
-  s->push_rows = atomic_load(&c->push_rows);
-  s->errors = atomic_load(&c->errors);
-  s->bytes_in = atomic_load(&c->bytes_in);
-  s->bytes_out = atomic_load(&c->bytes_out);
+  /* each figure from its source (EMBPS_SERVER_STATS_FIELDS); DURABLE ones
+   * from embps_durable_stats */
+#define FROM_CONFIG_(f) s->f = srv->cfg.f;
+#define FROM_UPTIME_(f) s->f = (embps_now_ns() - srv->start_ns) / 1000000;
+#define FROM_TRAFFIC_(f) s->f = atomic_load(&c->f);
+#define FROM_DURABLE_(f)
+#define STAT_(type, f, source, doc) FROM_##source##_(f)
+  EMBPS_SERVER_STATS_FIELDS(STAT_)
+#undef STAT_
+#undef FROM_CONFIG_
+#undef FROM_UPTIME_
+#undef FROM_TRAFFIC_
+#undef FROM_DURABLE_
   snprintf(s->version, sizeof s->version, "%s", EMBPS_VERSION_STRING);
   if (srv->dur)
     embps_durable_stats(srv->dur, s);

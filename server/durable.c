@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "failpoint.h"
 #include "le.h"
 #include "optim.h"
 #include "route.h"

@@ -2,7 +2,7 @@
  *
  * SCAN (kind 10) is a read, answered on the I/O thread like a pull: one
  * bounded chunk of the table's rows from a cursor, copied under one shard's
- * read lock at a time (table.c), so a push waits at most for one chunk.
+ * read lock at a time (table_io.c), so a push waits at most for one chunk.
  *
  * WRITE_ROWS (kind 11) sets rows and, if given, their optimizer state
  * (otherwise their initial state): validated whole here (dims, counts,

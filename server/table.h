@@ -26,7 +26,12 @@
  *   k x dim float32 optimizer state [pad to 16]
  * so row_bytes = round_up(8 h + round_up(w dim, 4) + 4 k dim, 16), with
  * w = 4/2/2 bytes per weight, k = 0 sgd, 1 adagrad, 2 adam and ftrl,
- * h = 1 for hashed storage. */
+ * h = 1 for hashed storage.
+ *
+ * Three files implement this header (table_impl.h, private to them, holds
+ * the table's layout and says which calls which): table.c the storage,
+ * gather, push and write_rows; policy.c admission and eviction (policy.h);
+ * table_io.c checkpoint snapshots and their restore, and export scans. */
 #ifndef EMBPS_TABLE_H
 #define EMBPS_TABLE_H
 #include <stddef.h>
@@ -179,9 +184,9 @@ void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
                             const int64_t *ids, const float *w,
                             const float *state, uint64_t lsn,
                             const uint64_t *step);
-/* Admission and eviction (issue 12; table.c "admission and eviction").
+/* Admission and eviction (issue 12; policy.h says how they decide).
  * Whether id has a row now (pushed, admitted, not evicted or expired): the
- * one test of row liveness, for readers outside table.c. */
+ * one test of row liveness, for readers outside the table. */
 int embps_table_row_live(embps_table_t *t, int64_t id);
 /* Evicts every expired row and, if l2_below > 0, every row whose weights'
  * L2 norm is below it, a batch of rows per write-lock hold; lsn != 0

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "embps/embps.h"
+#include "embps/nn.h"
 
 #define MAX_WORKERS 64
 #define TARGET_RATIO 1.2
@@ -573,7 +574,7 @@ static int worker_main(const config_t *c, const dataset_t *d, int w, int fd) {
   snprintf(wk.name, sizeof wk.name, "worker %d", w);
   wk.lo = d->n_train * (size_t)w / (size_t)c->workers;
   wk.hi = d->n_train * (size_t)(w + 1) / (size_t)c->workers;
-  embps_client_options_t opts = {.servers = c->servers};
+  embps_client_options_t opts = {.size = sizeof opts, .servers = c->servers};
   char err[512];
   int rc = embps_client_create(&opts, &wk.cl, err, sizeof err);
   if (rc) {
@@ -738,7 +739,7 @@ static int epoch_line(const config_t *c, const dataset_t *d, embps_client_t *cl,
 /* Connects, (re)creates the tables and disconnects: no connection crosses
  * fork(), every worker makes its own. */
 static int prepare_tables(const config_t *c) {
-  embps_client_options_t opts = {.servers = c->servers};
+  embps_client_options_t opts = {.size = sizeof opts, .servers = c->servers};
   embps_client_t *cl;
   char err[512];
   if (embps_client_create(&opts, &cl, err, sizeof err))
@@ -755,7 +756,7 @@ static int train(const config_t *c, const dataset_t *d, float *U, float *V,
   child_t kids[MAX_WORKERS];
   for (int w = 0; w < MAX_WORKERS; w++)
     kids[w] = (child_t){.pid = -1, .fd = -1};
-  embps_client_options_t opts = {.servers = c->servers};
+  embps_client_options_t opts = {.size = sizeof opts, .servers = c->servers};
   embps_client_t *cl = NULL;
   char err[512];
   int rc = spawn_workers(c, d, kids);

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # run.sh CMAKE BUILD_DIR - installs the build into a temporary prefix, moves
 # that prefix elsewhere (so nothing may depend on the path it was installed
-# at), then builds consumer.c against it four ways: pkg-config shared and
-# static, find_package(embps) shared and static. Each program runs against a
-# real embps-server from the moved prefix. Prints "N passed, N failed" last.
+# at), checks the installed headers (embps.h, nn.h, version.h) against the
+# library (it exports exactly the functions they declare; version.h and
+# embps.pc give one version), then builds consumer.c against it four ways:
+# pkg-config shared and static, find_package(embps) shared and static. Each
+# program runs against a real embps-server from the moved prefix. Prints
+# "N passed, N failed" last.
 set -u
 if [ $# -ne 2 ]; then
   echo "usage: $0 CMAKE BUILD_DIR" >&2
@@ -38,6 +41,28 @@ else
 fi
 PC=$(dirname "$(find "$P" -name embps.pc | head -1)")
 LIBDIR=$(dirname "$PC")
+
+# The library exports exactly the functions its installed headers declare.
+for h in embps.h nn.h version.h; do
+  [ -f "$P/include/embps/$h" ] && ok "include/embps/$h installed" ||
+    bad "include/embps/$h installed"
+done
+nm -D --defined-only "$LIBDIR/libembps.so" | awk '$2 == "T" {print $3}' |
+  sort >"$TMP/exported"
+# (a declaration starts its line, its name before the first parenthesis)
+grep -h '^EMBPS_EXTERN ' "$P"/include/embps/*.h | sed 's/(.*//; s/.*[ *]//' |
+  sort -u >"$TMP/declared"
+if [ -s "$TMP/declared" ] && cmp -s "$TMP/exported" "$TMP/declared"; then
+  ok "libembps.so exports the $(wc -l <"$TMP/declared") declared functions"
+else
+  bad "libembps.so exports exactly the declared functions" \
+    "$(diff "$TMP/declared" "$TMP/exported")"
+fi
+V=$(sed -n 's/^#define EMBPS_VERSION_STRING "\(.*\)"$/\1/p' \
+  "$P/include/embps/version.h")
+PCV=$(PKG_CONFIG_PATH=$PC pkg-config --modversion embps)
+[ -n "$V" ] && [ "$V" = "$PCV" ] && ok "version.h and embps.pc: $V" ||
+  bad "version.h and embps.pc agree" "version.h '$V', embps.pc '$PCV'"
 
 "$P/bin/embps-server" --listen 127.0.0.1:0 --port-file "$TMP/port" \
   >"$TMP/server.log" 2>&1 &

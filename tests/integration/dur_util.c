@@ -253,7 +253,7 @@ int dur_client_retries(void) {
 embps_client_t *dur_connect(const char *addr, int timeout_ms, int retry_ms,
                             const char *what) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = addr;
   o.timeout_ms = timeout_ms;
 #ifdef EMBPS_TEST_HAVE_RETRY

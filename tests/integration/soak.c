@@ -60,7 +60,7 @@ static void failf(const char *fmt, ...) {
 
 static embps_client_t *connect_client(void) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = srv.addr;
   o.timeout_ms = 30000;
   embps_client_t *c = NULL;

@@ -26,7 +26,7 @@
 #define DIM 2
 
 static embps_client_t *connect_to(const char *servers) {
-  embps_client_options_t o = {.servers = servers};
+  embps_client_options_t o = {.size = sizeof o, .servers = servers};
   embps_client_t *c = NULL;
   char err[256];
   int rc = embps_client_create(&o, &c, err, sizeof err);
@@ -127,15 +127,15 @@ static void test_alter_refused(void **state) {
   embps_table_spec_init(&spec, "t", DIM, EMBPS_OPT_ADAM);
   spec.rows = 10;
   ok(c, embps_create_table(c, &spec));
-  embps_table_alter_t a = {.set = EMBPS_ALTER_LR | EMBPS_ALTER_BETA1,
-                           .lr = 0.1, .beta1 = 1.5};
+#define ALTER_(...) ((embps_table_alter_t){.size = sizeof a, __VA_ARGS__})
+  embps_table_alter_t a = ALTER_(.set = EMBPS_ALTER_LR | EMBPS_ALTER_BETA1,
+                                 .lr = 0.1, .beta1 = 1.5);
   refused(c, &a, EMBPS_EPARAM, "beta1 must be in [0, 1) (got 1.5)");
-  a = (embps_table_alter_t){.set = EMBPS_ALTER_LR, .lr = -1};
+  a = ALTER_(.set = EMBPS_ALTER_LR, .lr = -1);
   refused(c, &a, EMBPS_EPARAM, "table \"t\" not altered: lr must be > 0");
-  a = (embps_table_alter_t){.set = EMBPS_ALTER_WEIGHT_DECAY,
-                            .weight_decay = INFINITY};
+  a = ALTER_(.set = EMBPS_ALTER_WEIGHT_DECAY, .weight_decay = INFINITY);
   refused(c, &a, EMBPS_EPARAM, "must be finite");
-  a = (embps_table_alter_t){.set = 0};
+  a = ALTER_(.set = 0);
   refused(c, &a, EMBPS_EPARAM, "nothing to alter");
 
   char want[128];
@@ -148,10 +148,10 @@ static void test_alter_refused(void **state) {
 
   /* the fields that may change do; the others stay */
   embps_table_info_t info;
-  a = (embps_table_alter_t){.set = EMBPS_ALTER_ALL, .lr = 0.2, .eps = 1e-6,
-                            .beta1 = 0.8, .beta2 = 0.99, .l1 = 0.01,
-                            .l2 = 0.02, .lr_power = -0.25,
-                            .weight_decay = 0.03};
+  a = ALTER_(.set = EMBPS_ALTER_ALL, .lr = 0.2, .eps = 1e-6, .beta1 = 0.8,
+             .beta2 = 0.99, .l1 = 0.01, .l2 = 0.02, .lr_power = -0.25,
+             .weight_decay = 0.03);
+#undef ALTER_
   ok(c, embps_alter_table(c, "t", &a, &info));
   embps_table_spec_t want_spec = spec;
   want_spec.lr = 0.2;
@@ -204,7 +204,7 @@ static void test_alter_cluster(void **state) {
   ok(c, embps_set_lr(c, "t", 0.75));
   for (int i = 0; i < 2; i++) {
     embps_client_t *m;
-    embps_client_options_t o = {.servers = list};
+    embps_client_options_t o = {.size = sizeof o, .servers = list};
     char err[256];
     assert_int_equal(embps_client_create_member(&o, (uint32_t)i, &m, err,
                                                 sizeof err), 0);
@@ -253,7 +253,8 @@ static void test_alter_concurrent_describe(void **state) {
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, describer, &r), 0);
   for (int i = 1; i <= 300; i++) {
-    embps_table_alter_t a = {.set = EMBPS_ALTER_LR | EMBPS_ALTER_WEIGHT_DECAY,
+    embps_table_alter_t a = {.size = sizeof a,
+                             .set = EMBPS_ALTER_LR | EMBPS_ALTER_WEIGHT_DECAY,
                              .lr = i * 0.001, .weight_decay = i * 0.002};
     ok(c, embps_alter_table(c, "t", &a, NULL));
   }

@@ -71,7 +71,7 @@ static void spec_of(embps_table_spec_t *s, int i) {
 }
 
 static embps_client_t *connect_to(const it_server_t *s) {
-  embps_client_options_t o = {.servers = s->addr};
+  embps_client_options_t o = {.size = sizeof o, .servers = s->addr};
   embps_client_t *c = NULL;
   char err[256];
   int rc = embps_client_create(&o, &c, err, sizeof err);

@@ -50,7 +50,7 @@ enum { DIM = 4, ROWS = 64 };
 
 static embps_client_t *client_for(const char *servers, int timeout_ms,
                                   int retry_ms) {
-  embps_client_options_t o = {.servers = servers,
+  embps_client_options_t o = {.size = sizeof o, .servers = servers,
                               .timeout_ms = timeout_ms,
                               .retry_ms = retry_ms};
   char err[512];

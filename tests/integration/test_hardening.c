@@ -47,7 +47,7 @@ static void *must_alloc(size_t n) {
 
 static embps_client_t *client_to(const it_server_t *s) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = s->addr;
   o.timeout_ms = 15000;
   embps_client_t *c = NULL;

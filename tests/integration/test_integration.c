@@ -57,7 +57,7 @@ static void start_server(fx_t *f, int slot, const char *const *args) {
 static embps_client_t *try_connect(const char *servers, const char *token,
                                    int *rc_out, char *err, size_t err_len) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = servers;
   o.token = token;
   o.timeout_ms = TIMEOUT_MS;
@@ -1535,7 +1535,7 @@ static void cc_batch(int child, int p, int64_t *idx) {
 
 static int cc_child(const char *addr, int child) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = addr;
   o.timeout_ms = TIMEOUT_MS;
   embps_client_t *c;
@@ -1610,7 +1610,7 @@ enum { TR_ROWS = 16, TR_DIM = 512, TR_ROUNDS = 150 };
 
 static int tr_child(const char *addr, int role) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = addr;
   o.timeout_ms = TIMEOUT_MS;
   embps_client_t *c;
@@ -1768,7 +1768,7 @@ static void test_async_tickets(void **state) {
  * a connection error, never a hang or a timeout) and the server exits 0. */
 static void sigterm_during_push(fx_t *f, int slot, int delay_us) {
   embps_client_options_t o;
-  memset(&o, 0, sizeof o);
+  embps_client_options_init(&o);
   o.servers = f->srv[slot].addr;
   o.timeout_ms = TIMEOUT_MS;
   o.retry_ms = -1; /* the server is not coming back: see the failure */

@@ -30,7 +30,9 @@
 static const int64_t ids[N] = {1, 4, 7};
 
 static embps_client_t *client_for(const char *servers) {
-  embps_client_options_t o = {.servers = servers, .timeout_ms = 10000,
+  embps_client_options_t o = {.size = sizeof o,
+                              .servers = servers,
+                              .timeout_ms = 10000,
                               .retry_ms = 10000};
   char err[512];
   embps_client_t *c = NULL;

@@ -456,6 +456,72 @@ class DynamicRestart(unittest.TestCase):
         self.restart(False)
 
 
+class DynamicRestartBlocks(unittest.TestCase):
+    """Tables whose shards span several checkpoint blocks (1 MiB: 7,281
+    rows of dim 16 with Adagrad) restart from their checkpoint (SIGTERM)
+    like a server that never stopped: every row's last step and pushes are
+    carried, after a shard's first block too, so TTL, LRU and LFU go on
+    expiring and evicting the same rows."""
+
+    TABLES = {"lru": dict(ttl_steps=7, max_rows=44000),
+              "lfu": dict(ttl_steps=7, max_rows=44000, evict="lfu")}
+    IDS = 48000  # about 18,500 rows a shard stay: 3 blocks
+
+    def push(self, clients, s, n):
+        """Push s: ids i % s == 0 of the first n, reversed for even s."""
+        i = np.arange(n, dtype=np.int64)
+        i = i[i % s == 0]
+        if s % 2 == 0:
+            i = i[::-1]
+        ids = (i * 2654435761) % (1 << 40)
+        g = (((i[:, None] + s + np.arange(16)) % 7 - 3) / 8).astype(
+            np.float32)
+        for c in clients:
+            for name in self.TABLES:
+                c.push(name, ids, g)
+
+    def same(self, a, b, n):
+        ids = (np.arange(n, dtype=np.int64) * 2654435761) % (1 << 40)
+        for name in self.TABLES:
+            self.assertTrue(np.array_equal(a.pull(name, ids),
+                                           b.pull(name, ids)), name)
+            da, db = a.describe(name), b.describe(name)
+            for k in COUNTERS:
+                self.assertEqual(da[k], db[k], (name, k))
+
+    def test_sigterm(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d, \
+                Server("--shards", "2") as ref:
+            srv = Server("--shards", "2", "--data-dir", d).start()
+            try:
+                cr = embps.Client(ref.address)
+                cd = embps.Client(srv.address)
+                for c in (cr, cd):
+                    for name, kw in self.TABLES.items():
+                        c.create_table(name, 16, dynamic=True, lr=0.5,
+                                       optimizer="adagrad",
+                                       init="uniform:0.1", seed=3, **kw)
+                for s in range(1, 9):
+                    self.push((cr, cd), s, self.IDS)
+                cd.close()
+                self.assertEqual(srv.stop(), 0)  # checkpoints all of it
+                srv.start()
+                cd = embps.Client(srv.address)
+                self.same(cr, cd, self.IDS)
+                for s in range(9, 15):  # expire and evict from here on
+                    self.push((cr, cd), s, self.IDS + 4000 * (s - 8))
+                    self.same(cr, cd, self.IDS + 4000 * (s - 8))
+                for name in self.TABLES:
+                    d_ = cd.describe(name)
+                    self.assertGreater(d_["evicted_ttl"], 0)
+                    self.assertGreater(d_["evicted_capacity"], 0)
+                cr.close()
+                cd.close()
+            finally:
+                srv.stop()
+
+
 class DynamicReshard(unittest.TestCase):
     """A restore into another --shards count keeps the admission counts:
     every shard's sketch holds groups of one sketch of the server

@@ -2,10 +2,13 @@
 setuptools, then `import embps` finds the libembps.so that `cmake --install`
 put in the same prefix, with EMBPS_LIBRARY unset, and talks to a server.
 Two layouts: a virtual environment made in the prefix, and pip's --prefix
-(Debian's scheme: PREFIX/local/lib/python3.X/dist-packages).
+(Debian's scheme: PREFIX/local/lib/python3.X/dist-packages). The installed
+package's version is the one CMakeLists.txt defines, which the installed
+library reports too.
 """
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +28,7 @@ c.push(sys.argv[2], [3], np.ones((1, 2), np.float32))
 print(lib)
 print(embps.__file__)
 print(c.pull(sys.argv[2], [3]).tolist())
+print(embps.__version__, embps.load_library().embps_version_string().decode())
 """
 
 
@@ -50,11 +54,15 @@ class Install(unittest.TestCase):
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="embps-pkg-")
-        # a copy: an in-tree setuptools build leaves build/ and egg-info
-        self.src = os.path.join(self.tmp, "src")
+        # a copy: an in-tree setuptools build leaves build/ and egg-info;
+        # with the CMakeLists.txt the version comes from, where it is in a
+        # checkout
+        self.src = os.path.join(self.tmp, "src", "client", "python")
         shutil.copytree(os.path.join(ROOT, "client", "python"), self.src,
                         ignore=shutil.ignore_patterns("build", "*.egg-info",
                                                       "__pycache__"))
+        shutil.copy(os.path.join(ROOT, "CMakeLists.txt"),
+                    os.path.join(self.tmp, "src"))
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("EMBPS_LIBRARY", "PYTHONPATH",
                                  "LD_LIBRARY_PATH")}
@@ -67,10 +75,18 @@ class Install(unittest.TestCase):
     def check(self, python, prefix, table, env=None):
         out = run(python, "-c", CHECK, self.server.address, table,
                   cwd=self.tmp, env=env or self.env).split("\n")
-        lib, pkg, rows = out[0], out[1], out[2]
+        lib, pkg, rows, versions = out[0], out[1], out[2], out[3]
         self.assertTrue(lib.startswith(os.path.join(prefix, "lib")), lib)
         self.assertTrue(pkg.startswith(prefix), pkg)
         self.assertEqual(rows, "[[0.9900000095367432, 0.9900000095367432]]")
+        with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+            want = re.search(r"project\(embps VERSION (\S+)", f.read())[1]
+        self.assertEqual(versions, "%s %s" % (want, want))
+        # installed, _version.py holds the version: no source tree to read
+        with open(os.path.join(os.path.dirname(pkg), "_version.py")) as f:
+            text = f.read()
+        self.assertIn("__version__ = %r" % want, text)
+        self.assertNotIn("from_cmake", text)
 
     def test_venv_in_the_install_prefix(self):
         prefix = os.path.join(self.tmp, "venv")

@@ -215,7 +215,7 @@ static void test_remove_shifts_across_wrap(void **state) {
 }
 
 /* The same removals reading the probe run's ids from a denser copy (as
- * table.c passes its slot bookkeeping) instead of the records. */
+ * policy.c passes its slot bookkeeping) instead of the records. */
 static void test_remove_with_id_copy(void **state) {
   (void)state;
   store_t st;

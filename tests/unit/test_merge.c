@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "embps/embps.h"
+#include "embps/nn.h"
 #include "merge.h"
 
 /* ---------------------------------------------------------------- helpers */

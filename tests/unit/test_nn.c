@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "embps/embps.h"
+#include "embps/nn.h"
 
 /* ---------------------------------------------------------------- helpers */
 

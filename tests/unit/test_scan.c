@@ -1,10 +1,11 @@
 /* test_scan.c - unit tests of export and import in row storage
- * (embps_table_scan, embps_table_write_rows in server/table.c): a scan in
- * small chunks visits every materialised row exactly once, dense (array)
- * and dynamic (hashed), 1 and 7 shards, with the weights gather gives and
- * the optimizer state; f16 rows widen exactly and write back unchanged;
- * written rows and state read back, and without state the state is the
- * initial one; a cursor the table never gave is refused. */
+ * (embps_table_scan in server/table_io.c, embps_table_write_rows in
+ * server/table.c): a scan in small chunks visits every materialised row
+ * exactly once, dense (array) and dynamic (hashed), 1 and 7 shards, with
+ * the weights gather gives and the optimizer state; f16 rows widen
+ * exactly and write back unchanged; written rows and state read back, and
+ * without state the state is the initial one; a cursor the table never
+ * gave is refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

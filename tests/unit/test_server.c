@@ -128,8 +128,8 @@ static int finish(running_t *r) {
 static embps_client_t *connect_to(const running_t *r) {
   char addr[64];
   snprintf(addr, sizeof addr, "127.0.0.1:%d", embps_server_port(r->srv));
-  embps_client_options_t o = {.servers = addr, .timeout_ms = 10000,
-                              .retry_ms = -1};
+  embps_client_options_t o = {
+      .size = sizeof o, .servers = addr, .timeout_ms = 10000, .retry_ms = -1};
   embps_client_t *c = NULL;
   char err[256];
   int rc = embps_client_create(&o, &c, err, sizeof err);

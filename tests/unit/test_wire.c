@@ -903,6 +903,7 @@ static void test_alter(void **state) {
   embps_msg_t *m = new_msg(EMBPS_KIND_ALTER), *o = new_msg(0);
   snprintf(m->u.alter.name, sizeof m->u.alter.name, "t.1");
   m->u.alter.set = (embps_table_alter_t){
+      .size = sizeof(embps_table_alter_t),
       .set = EMBPS_ALTER_LR | EMBPS_ALTER_BETA2 | EMBPS_ALTER_WEIGHT_DECAY,
       .lr = 0.125, .beta2 = 0.98, .weight_decay = 1e-4};
   round_trip(m, o);
@@ -910,10 +911,10 @@ static void test_alter(void **state) {
   assert_memory_equal(&o->u.alter.set, &m->u.alter.set,
                       sizeof m->u.alter.set);
   embps_msg_free(o);
-  m->u.alter.set = (embps_table_alter_t){.set = EMBPS_ALTER_ALL, .lr = 1,
-                                         .eps = 2, .beta1 = 3, .beta2 = 4,
-                                         .l1 = 5, .l2 = 6, .lr_power = 7,
-                                         .weight_decay = 8};
+  m->u.alter.set = (embps_table_alter_t){
+      .size = sizeof(embps_table_alter_t), .set = EMBPS_ALTER_ALL, .lr = 1,
+      .eps = 2, .beta1 = 3, .beta2 = 4, .l1 = 5, .l2 = 6, .lr_power = 7,
+      .weight_decay = 8};
   round_trip(m, o);
   assert_memory_equal(&o->u.alter.set, &m->u.alter.set,
                       sizeof m->u.alter.set);
@@ -930,7 +931,8 @@ static void test_alter(void **state) {
   s.rows = 10;
   before = s;
   char why[128];
-  embps_table_alter_t a = {.set = EMBPS_ALTER_LR | EMBPS_ALTER_BETA1,
+  embps_table_alter_t a = {.size = sizeof a,
+                           .set = EMBPS_ALTER_LR | EMBPS_ALTER_BETA1,
                            .lr = 0.5, .beta1 = 1};
   assert_int_equal(embps_table_spec_alter(&s, &a, why, sizeof why),
                    EMBPS_EPARAM);
@@ -939,7 +941,8 @@ static void test_alter(void **state) {
   a.set = 1u << 12;
   assert_int_equal(embps_table_spec_alter(&s, &a, why, sizeof why),
                    EMBPS_EPARAM);
-  a = (embps_table_alter_t){.set = EMBPS_ALTER_LR | EMBPS_ALTER_L2,
+  a = (embps_table_alter_t){.size = sizeof a,
+                            .set = EMBPS_ALTER_LR | EMBPS_ALTER_L2,
                             .lr = 0.5, .l2 = 0.25};
   assert_int_equal(embps_table_spec_alter(&s, &a, why, sizeof why), 0);
   before.lr = 0.5;

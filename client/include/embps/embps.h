@@ -15,17 +15,46 @@
  *  - an embps_client_t is used by one thread at a time (make one per thread);
  *  - buffers passed to the asynchronous calls stay owned by the caller and
  *    must stay valid, and unchanged, until embps_wait() returns for that
- *    ticket: a push to a single server is sent straight from them.
+ *    ticket: a push to a single server is sent straight from them;
+ *  - memory the library hands over is released by the library's own call
+ *    (embps_tables_free, embps_stats_free, embps_scan_chunk_free).
  *
- * The second half of this header holds local helpers for workers: embedding
- * lookup, bag lookup and their backward passes, which produce the
- * IndexedSlices gradients that embps_push() sends.
+ * Structs and the ABI. A program built against this header keeps working
+ * with a later libembps of the same major version, so a struct that crosses
+ * the library boundary grows in one of two ways:
+ *  - one the caller fills in for a single call and passes alone
+ *    (embps_client_options_t, embps_table_alter_t) begins with `size`, set
+ *    to the size of the struct the caller was compiled with by its init
+ *    function (embps_client_options_init(), embps_table_alter_init()) or as
+ *    `.size = sizeof o`. The library reads only the fields that size covers;
+ *    the rest take their defaults. A caller compiled with a newer, larger
+ *    struct may leave its new fields zero; bytes the library does not know
+ *    that are not zero, or a size of 0, are refused (EMBPS_EINVAL). Such a
+ *    struct can grow without limit.
+ *  - one that also comes back from the library, or sits in an array or in
+ *    another struct (embps_table_spec_t, embps_table_info_t,
+ *    embps_server_stats_t, embps_checkpoint_info_t, embps_scan_chunk_t,
+ *    embps_slices_t), keeps its size: it ends in `reserved` words, and a
+ *    new field takes some of them, so arrays keep their stride and the
+ *    fields of an enclosing struct their offsets. Zero there means what
+ *    the library did before the field existed; the library writes zeros
+ *    there, and refuses a spec whose reserved words are not zero.
+ * A size field alone would not do for the second kind: a caller indexes an
+ * array of stats with its own sizeof, and a table info holds a spec by value.
+ * embps_abi_size() gives each struct's size in this library, for bindings
+ * that mirror them (the Python package checks its ctypes mirrors with it).
+ *
+ * The local NN helpers for workers (lookup, bag lookup, their backward
+ * passes, clipping) are in <embps/nn.h>.
  */
 #ifndef EMBPS_EMBPS_H
 #define EMBPS_EMBPS_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include <embps/version.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,8 +66,18 @@ extern "C" {
 #define EMBPS_EXTERN
 #endif
 
-#define EMBPS_VERSION_STRING "0.1.0"
 #define EMBPS_PROTOCOL_VERSION 1
+
+/* The library's version, EMBPS_VERSION_HEX and EMBPS_VERSION_STRING of the
+ * header it was built with (embps/version.h); compare them with this
+ * program's macros to detect a header and a library that differ. */
+EMBPS_EXTERN unsigned embps_version(void);
+EMBPS_EXTERN const char *embps_version_string(void);
+
+/* The size in bytes of public struct `type_name` ("embps_table_spec_t", and
+ * every other struct of embps.h and nn.h) in this library, or 0 for a name
+ * it does not know. */
+EMBPS_EXTERN size_t embps_abi_size(const char *type_name);
 
 /* X(NAME, code, message). Codes are stable: they are on the wire. */
 #define EMBPS_ERRNO_MAP(X)                                                     \
@@ -103,42 +142,64 @@ typedef enum {
   EMBPS_DTYPE_BF16 = 2, /* bfloat16: float32's upper 16 bits */
 } embps_dtype_t;
 
-#define EMBPS_TABLE_NAME_MAX 128
-#define EMBPS_DIM_MAX 65536
-
-typedef struct {
-  char name[EMBPS_TABLE_NAME_MAX]; /* [A-Za-z0-9_.-], 1..127 bytes */
-  uint32_t dim;
-  uint64_t rows;   /* dense: ids in [0, rows); 0 with dynamic = 1 */
-  int dynamic;     /* any int64 id */
-  embps_optimizer_t optimizer;
-  double lr, eps, beta1, beta2, initial_accumulator, l1, l2, lr_power;
-  double weight_decay;
-  embps_init_t init;
-  double init_value;
-  uint64_t seed;
-  int has_padding;
-  int64_t padding_id;
-  embps_dtype_t dtype;
-  uint32_t sync_workers; /* 0: asynchronous */
-  /* Dynamic tables only (README "Admission and eviction"); 0: off. */
-  uint32_t admit_after;        /* a row is made on the Nth push of its id */
-  double admit_probability;    /* (0, 1]: admitted iff hash(seed, id) < P */
-  uint64_t admit_sketch_bytes; /* count-min sketch per server; 0: 1 MiB */
-  uint64_t ttl_steps;          /* rows not pushed in the last S steps go */
-  uint64_t max_rows;           /* cluster-wide; each server N / servers */
-  uint32_t evict;              /* embps_evict_t: at max_rows, LRU or LFU */
-  double evict_l2_below;       /* rows of L2 norm < X go at checkpoint */
-} embps_table_spec_t;
-
+/* Which rows go first when a dynamic table is at max_rows. */
 typedef enum {
   EMBPS_EVICT_LRU = 0, /* least recently pushed first */
   EMBPS_EVICT_LFU = 1, /* least often pushed first, then LRU */
 } embps_evict_t;
 
+#define EMBPS_TABLE_NAME_MAX 128
+#define EMBPS_DIM_MAX 65536
+
+/*
+ * The fields of a table spec after its name and dim, written once as
+ * X(type, name, kind, doc); kind is NUM (an integer), REAL (a double), FLAG
+ * (0 or 1) or ENUM (one of the enums above). The struct below, the wire
+ * codec and the comparison of two specs are generated from it. The last
+ * seven apply to dynamic tables only (README "Admission and eviction");
+ * 0 turns each off.
+ */
+#define EMBPS_TABLE_SPEC_FIELDS(X)                                             \
+  X(uint64_t, rows, NUM, "dense: ids in [0, rows); 0 with dynamic")            \
+  X(int, dynamic, FLAG, "any int64 id")                                        \
+  X(embps_optimizer_t, optimizer, ENUM, "the update rule")                     \
+  X(double, lr, REAL, "learning rate")                                         \
+  X(double, eps, REAL, "adagrad, adam: added to the denominator")             \
+  X(double, beta1, REAL, "adam: first-moment decay")                           \
+  X(double, beta2, REAL, "adam: second-moment decay")                          \
+  X(double, initial_accumulator, REAL, "adagrad, ftrl: state of a new row")   \
+  X(double, l1, REAL, "ftrl: L1 regularisation")                               \
+  X(double, l2, REAL, "ftrl: L2 regularisation")                               \
+  X(double, lr_power, REAL, "ftrl: learning-rate power (<= 0)")                \
+  X(double, weight_decay, REAL, "adam: decoupled weight decay (AdamW)")        \
+  X(embps_init_t, init, ENUM, "how a row never pushed starts")                 \
+  X(double, init_value, REAL, "the init's constant, bound or std")             \
+  X(uint64_t, seed, NUM, "seed of random inits and admission")                 \
+  X(int, has_padding, FLAG, "padding_id is on")                                \
+  X(int64_t, padding_id, NUM, "an id whose row stays as initialised")          \
+  X(embps_dtype_t, dtype, ENUM, "storage type of the weights")                 \
+  X(uint32_t, sync_workers, NUM, "workers per synchronous step; 0: async")     \
+  X(uint32_t, admit_after, NUM, "a row is made on the Nth push of its id")     \
+  X(double, admit_probability, REAL, "(0, 1]: admitted iff hash < P")          \
+  X(uint64_t, admit_sketch_bytes, NUM, "count-min sketch per server; 0: 1 MiB")\
+  X(uint64_t, ttl_steps, NUM, "rows not pushed in the last S steps go")        \
+  X(uint64_t, max_rows, NUM, "cluster-wide; each server N / servers")          \
+  X(embps_evict_t, evict, ENUM, "at max_rows: LRU or LFU")                     \
+  X(double, evict_l2_below, REAL, "rows of L2 norm < X go at a checkpoint")
+
+typedef struct {
+  char name[EMBPS_TABLE_NAME_MAX]; /* [A-Za-z0-9_.-], 1..127 bytes */
+  uint32_t dim;
+#define EMBPS_MEMBER_(type, name, kind, doc) type name;
+  EMBPS_TABLE_SPEC_FIELDS(EMBPS_MEMBER_)
+#undef EMBPS_MEMBER_
+  uint64_t reserved[16]; /* zero ("Structs and the ABI" above) */
+} embps_table_spec_t;
+
 /* Fills spec with the defaults of DESIGN.md for `optimizer` (lr 0.01 for
  * every optimizer; adagrad eps 1e-10; adam b1 0.9 b2 0.999 eps 1e-8; ftrl
- * initial accumulator 0.1, lr_power -0.5), init zeros, no padding. */
+ * initial accumulator 0.1, lr_power -0.5), init zeros, no padding; every
+ * other field, reserved words included, 0. */
 EMBPS_EXTERN void embps_table_spec_init(embps_table_spec_t *spec,
                                         const char *name, uint32_t dim,
                                         embps_optimizer_t optimizer);
@@ -161,14 +222,37 @@ EMBPS_EXTERN int embps_table_spec_check(const embps_table_spec_t *spec,
 #define EMBPS_ALTER_WEIGHT_DECAY (1u << 7)
 #define EMBPS_ALTER_ALL 0xffu
 
+/* The alterable fields, X(name, bit), in the order of their bits: each is
+ * the spec field of the same name (a double). */
+#define EMBPS_TABLE_ALTER_FIELDS(X)                                            \
+  X(lr, EMBPS_ALTER_LR)                                                        \
+  X(eps, EMBPS_ALTER_EPS)                                                      \
+  X(beta1, EMBPS_ALTER_BETA1)                                                  \
+  X(beta2, EMBPS_ALTER_BETA2)                                                  \
+  X(l1, EMBPS_ALTER_L1)                                                        \
+  X(l2, EMBPS_ALTER_L2)                                                        \
+  X(lr_power, EMBPS_ALTER_LR_POWER)                                            \
+  X(weight_decay, EMBPS_ALTER_WEIGHT_DECAY)
+
 typedef struct {
+  size_t size;  /* sizeof(embps_table_alter_t): embps_table_alter_init() */
   unsigned set; /* EMBPS_ALTER_* bits */
-  double lr, eps, beta1, beta2, l1, l2, lr_power, weight_decay;
+#define EMBPS_MEMBER_(name, bit) double name;
+  EMBPS_TABLE_ALTER_FIELDS(EMBPS_MEMBER_)
+#undef EMBPS_MEMBER_
 } embps_table_alter_t;
 
+/* Nothing set, and a->size the size of the struct this program has. */
+static inline void embps_table_alter_init(embps_table_alter_t *a) {
+  memset(a, 0, sizeof *a);
+  a->size = sizeof *a;
+}
+
 /* Writes the fields of `alter` that are set into spec, then checks spec as
- * embps_table_spec_check does. 0, or EMBPS_EPARAM with `why` (nothing set,
- * an unknown bit, or a value out of range; spec is then unchanged). */
+ * embps_table_spec_check does. 0, EMBPS_EPARAM with `why` (nothing set, an
+ * unknown bit, or a value out of range) or EMBPS_EINVAL with `why` (a size
+ * of 0, a bit set for a field past alter->size, or unknown bytes past the
+ * fields this library knows); spec is then unchanged. */
 EMBPS_EXTERN int embps_table_spec_alter(embps_table_spec_t *spec,
                                         const embps_table_alter_t *alter,
                                         char *why, size_t why_len);
@@ -180,42 +264,85 @@ EMBPS_EXTERN const char *embps_dtype_name(embps_dtype_t dtype);
 /* Parses "f32", "f16", "bf16"; returns 0 or EMBPS_EINVAL. */
 EMBPS_EXTERN int embps_dtype_parse(const char *s, embps_dtype_t *out);
 
+/* A table's counters after its spec, X(type, name, merge, doc): merge says
+ * how a cluster's servers combine into one figure (SUM, or the MAX). */
+#define EMBPS_TABLE_INFO_FIELDS(X)                                             \
+  X(uint64_t, rows_allocated, SUM, "rows materialised by a push")              \
+  X(uint64_t, bytes_used, SUM, "memory the table holds")                       \
+  X(uint64_t, pushes, SUM, "pushes applied")                                   \
+  X(uint64_t, pulls, SUM, "pulls served")                                      \
+  X(uint64_t, step, MAX, "the step counter (Adam's t)")                        \
+  X(uint64_t, rows_admitted, SUM, "rows materialised by admission so far")     \
+  X(uint64_t, rows_pending, SUM, "ids counted but not admitted (estimate)")    \
+  X(uint64_t, evicted_ttl, SUM, "rows evicted for their age (ttl_steps)")      \
+  X(uint64_t, evicted_capacity, SUM, "rows evicted at max_rows")               \
+  X(uint64_t, evicted_l2, SUM, "rows evicted for a small L2 norm")             \
+  X(uint64_t, capacity, SUM, "max_rows share held here (0: none)")             \
+  X(uint64_t, evict_stall_max_us, MAX, "longest eviction work under a lock")
+
 typedef struct {
   embps_table_spec_t spec;
-  uint64_t rows_allocated; /* rows materialised by a push */
-  uint64_t bytes_used;
-  uint64_t pushes, pulls;
-  uint64_t step;
-  /* admission and eviction (dynamic tables) */
-  uint64_t rows_admitted;     /* rows materialised by admission so far */
-  uint64_t rows_pending;      /* ids counted but not admitted (estimate) */
-  uint64_t evicted_ttl, evicted_capacity, evicted_l2;
-  uint64_t capacity;          /* max_rows share held here (0: none) */
-  uint64_t evict_stall_max_us; /* longest eviction work under a lock */
+#define EMBPS_MEMBER_(type, name, merge, doc) type name;
+  EMBPS_TABLE_INFO_FIELDS(EMBPS_MEMBER_)
+#undef EMBPS_MEMBER_
+  uint64_t reserved[8]; /* zero */
 } embps_table_info_t;
+
+/*
+ * The figures of a server's stats, written once as X(type, name, source,
+ * doc): the struct below, the wire codec, the server's stats reply and the
+ * CLI's `stats --json` are generated from it. source: CONFIG (the server's
+ * flags), UPTIME, TRAFFIC (counted since the server started, but
+ * connections: open now), DURABLE (the data dir: 0 without --data-dir).
+ */
+#define EMBPS_SERVER_STATS_FIELDS(X)                                           \
+  X(uint32_t, cluster_index, CONFIG, "its place in the cluster")               \
+  X(uint32_t, cluster_size, CONFIG, "servers in the cluster")                  \
+  X(uint32_t, io_threads, CONFIG, "threads serving connections")               \
+  X(uint32_t, shards, CONFIG, "lock stripes per table")                        \
+  X(uint64_t, uptime_ms, UPTIME, "time since it started")                      \
+  X(uint64_t, connections, TRAFFIC, "connections open now")                    \
+  X(uint64_t, requests, TRAFFIC, "requests received")                          \
+  X(uint64_t, pulls, TRAFFIC, "pulls served")                                  \
+  X(uint64_t, pushes, TRAFFIC, "pushes applied")                               \
+  X(uint64_t, pull_rows, TRAFFIC, "rows pulled")                               \
+  X(uint64_t, push_rows, TRAFFIC, "unique rows pushed")                        \
+  X(uint64_t, errors, TRAFFIC, "requests refused")                             \
+  X(uint64_t, bytes_in, TRAFFIC, "bytes read from clients")                    \
+  X(uint64_t, bytes_out, TRAFFIC, "bytes sent to clients")                     \
+  X(uint64_t, checkpoint_unix_s, DURABLE, "last checkpoint: when (0: none)")   \
+  X(uint64_t, checkpoint_bytes, DURABLE, "its size")                           \
+  X(uint64_t, checkpoint_ms, DURABLE, "how long it took")                      \
+  X(uint64_t, checkpoint_lsn, DURABLE, "the log position it covers")           \
+  X(uint64_t, log_bytes, DURABLE, "log written since then")
 
 typedef struct {
   char address[64]; /* host:port of the server these come from */
   char version[32];
-  uint32_t cluster_size, cluster_index, io_threads, shards;
-  uint64_t uptime_ms, connections, requests, pulls, pushes;
-  uint64_t pull_rows, push_rows, errors, bytes_in, bytes_out;
+#define EMBPS_MEMBER_(type, name, source, doc) type name;
+  EMBPS_SERVER_STATS_FIELDS(EMBPS_MEMBER_)
+#undef EMBPS_MEMBER_
   size_t n_tables;
-  embps_table_info_t *tables; /* owned by the embps_stats_t */
-  /* durability: empty / 0 without --data-dir */
+  embps_table_info_t *tables; /* released by embps_stats_free */
+  /* durability: empty without --data-dir */
   char data_dir[256];
-  char fsync[16];             /* always, everysec, never */
-  uint64_t checkpoint_unix_s; /* the last checkpoint: when (0: none yet), */
-  uint64_t checkpoint_bytes;  /* its size, */
-  uint64_t checkpoint_ms;     /* how long it took, */
-  uint64_t checkpoint_lsn;    /* the log position it covers */
-  uint64_t log_bytes;         /* log since then */
+  char fsync[16];              /* always, everysec, never */
   char durability_failed[256]; /* why pushes are refused, or empty */
+  uint64_t reserved[16];       /* zero */
 } embps_server_stats_t;
 
-/* What one server's checkpoint covers (embps_checkpoint). */
+/* What one server's checkpoint covers (embps_checkpoint), X(name, doc). */
+#define EMBPS_CHECKPOINT_INFO_FIELDS(X)                                        \
+  X(lsn, "the log position it covers")                                         \
+  X(bytes, "its size")                                                         \
+  X(duration_ms, "how long it took")                                           \
+  X(unix_s, "when it was taken")
+
 typedef struct {
-  uint64_t lsn, bytes, duration_ms, unix_s;
+#define EMBPS_MEMBER_(name, doc) uint64_t name;
+  EMBPS_CHECKPOINT_INFO_FIELDS(EMBPS_MEMBER_)
+#undef EMBPS_MEMBER_
+  uint64_t reserved[4]; /* zero */
 } embps_checkpoint_info_t;
 
 /* ------------------------------------------------------------------ client */
@@ -224,6 +351,8 @@ typedef struct embps_client embps_client_t;
 typedef struct embps_ticket embps_ticket_t;
 
 typedef struct {
+  /* sizeof(embps_client_options_t): embps_client_options_init() sets it */
+  size_t size;
   /* "host:port[,host:port...]"; NULL: $EMBPS_SERVERS, else 127.0.0.1:7070.
    * The order is the cluster order: entry I is --cluster-index I. */
   const char *servers;
@@ -241,9 +370,19 @@ typedef struct {
   int retry_ms;
 } embps_client_options_t;
 
+/* Every option at its default (0, NULL), and o->size the size of the struct
+ * this program has. */
+static inline void embps_client_options_init(embps_client_options_t *o) {
+  memset(o, 0, sizeof *o);
+  o->size = sizeof *o;
+}
+
 /* Connects to every server and says hello (protocol version, token).
- * opts may be NULL. On success *out owns the connections; on failure *out is
- * set to NULL and, if errbuf is not NULL, a message is written there. */
+ * opts may be NULL (every default); otherwise opts->size must be set
+ * (embps_client_options_init): EMBPS_EINVAL, before any connection, for a
+ * size of 0 or unknown bytes past the fields this library knows. On success
+ * *out owns the connections; on failure *out is set to NULL and, if errbuf
+ * is not NULL, a message is written there. */
 EMBPS_EXTERN int embps_client_create(const embps_client_options_t *opts,
                                      embps_client_t **out, char *errbuf,
                                      size_t errbuf_len);
@@ -288,17 +427,20 @@ EMBPS_EXTERN int embps_drop_table(embps_client_t *c, const char *name);
 EMBPS_EXTERN int embps_describe_table(embps_client_t *c, const char *name,
                                       embps_table_info_t *out);
 /* All tables held by any server (counters summed over the servers that
- * hold each); free with free(). */
+ * hold each); release *out with embps_tables_free(). */
 EMBPS_EXTERN int embps_list_tables(embps_client_t *c,
                                    embps_table_info_t **out, size_t *n);
 /* embps_list_tables, and which servers hold each table: *held (may be
- * NULL; else malloc'd, free with free()) has n x n_servers bytes, and
+ * NULL; else release it with embps_tables_free()) has n x n_servers bytes, and
  * (*held)[i * n_servers + s] is 1 when server s holds table i, 0 when it
  * is missing there (a member client asks its member only: the others
  * read as holding every table it lists). */
 EMBPS_EXTERN int embps_list_tables_held(embps_client_t *c,
                                         embps_table_info_t **out, size_t *n,
                                         uint8_t **held);
+/* Releases what embps_list_tables or embps_list_tables_held returned;
+ * either may be NULL. */
+EMBPS_EXTERN void embps_tables_free(embps_table_info_t *tables, uint8_t *held);
 /* One entry per server; free with embps_stats_free(). */
 EMBPS_EXTERN int embps_stats(embps_client_t *c, embps_server_stats_t **out,
                              size_t *n_servers);
@@ -393,6 +535,7 @@ typedef struct {
   int done;             /* no row left on that server */
   uint64_t step;        /* the table's step counter on that server */
   void *priv;
+  uint64_t reserved[4]; /* zero */
 } embps_scan_chunk_t;
 
 #define EMBPS_SCAN_STATE 1u /* with each row's optimizer state */
@@ -464,92 +607,6 @@ EMBPS_EXTERN int embps_import_table(embps_client_t *c, const char *table,
  * 64-bit mix of the id. Servers use the same function to refuse ids that
  * are not theirs. */
 EMBPS_EXTERN uint32_t embps_route(int64_t id, uint32_t n_servers);
-
-/* ------------------------------------------------- local backprop helpers */
-
-/*
- * An IndexedSlices gradient held by the caller: n rows of dim floats,
- * values[i*dim..] is the gradient for row indices[i]. Indices may repeat.
- */
-typedef struct {
-  int64_t *indices;
-  float *values;
-  size_t n;
-  size_t cap; /* rows allocated */
-  uint32_t dim;
-} embps_slices_t;
-
-/* Initialises s empty; embps_slices_free() releases it (NULL accepted). */
-EMBPS_EXTERN void embps_slices_init(embps_slices_t *s, uint32_t dim);
-EMBPS_EXTERN void embps_slices_free(embps_slices_t *s);
-/* Makes room for `n` rows in total; returns 0 or -ENOMEM. */
-EMBPS_EXTERN int embps_slices_reserve(embps_slices_t *s, size_t n);
-
-/* Sums duplicates in place: afterwards s holds each index once, in the order
- * of first appearance, with the sum of its rows (TensorFlow's
- * unsorted_segment_sum over unique indices; PyTorch's coalesce() up to
- * order). Returns 0 or -ENOMEM (s unchanged). */
-EMBPS_EXTERN int embps_slices_merge(embps_slices_t *s);
-
-/* Embedding lookup (tf.nn.embedding_lookup): given the rows pulled for
- * `unique_ids` (n_unique x dim, e.g. by embps_pull) and, for each of the n
- * positions of an id array of any shape, inverse[i] = its row in that list,
- * writes out[i*dim..] = rows[inverse[i]*dim..]. */
-EMBPS_EXTERN void embps_lookup(const float *rows, uint32_t dim,
-                               const uint32_t *inverse, size_t n, float *out);
-
-/* Unique ids of an array with the inverse map: unique_out gets the distinct
- * ids in order of first appearance (at most n), inverse_out[i] the position
- * of ids[i] in it. Returns the number of unique ids, or -ENOMEM. */
-EMBPS_EXTERN int64_t embps_unique(const int64_t *ids, size_t n,
-                                  int64_t *unique_out, uint32_t *inverse_out);
-
-/* Backward of a lookup: d out / d rows as IndexedSlices. Appends, for every
- * position i whose id is not the padding id, the row grad[i*dim..] with
- * index ids[i] to `g` (scatter-add semantics: repeated ids accumulate once
- * merged). has_padding = 0 disables the padding id. Returns 0 or -ENOMEM. */
-EMBPS_EXTERN int embps_lookup_backward(const int64_t *ids, size_t n,
-                                       const float *grad, uint32_t dim,
-                                       int has_padding, int64_t padding_id,
-                                       embps_slices_t *g);
-
-typedef enum {
-  EMBPS_COMBINER_SUM = 0,
-  EMBPS_COMBINER_MEAN = 1,  /* sum(w*x) / sum(w) */
-  EMBPS_COMBINER_SQRTN = 2, /* sum(w*x) / sqrt(sum(w^2)) */
-} embps_combiner_t;
-
-/*
- * Bag lookup (tf.nn.embedding_lookup_sparse, torch EmbeddingBag): bag b
- * covers ids[offsets[b] .. offsets[b+1]) (offsets has n_bags+1 entries,
- * non-decreasing, offsets[n_bags] = number of ids); `rows` holds the row of
- * each id position (n_ids x dim, e.g. from embps_pull on the ids array) and
- * weights (NULL: all 1) one weight per id position. Padding ids contribute
- * nothing and count for nothing. An empty bag gives zeros.
- * out is n_bags x dim.
- */
-EMBPS_EXTERN void embps_bag_forward(const float *rows, uint32_t dim,
-                                    const int64_t *ids, const size_t *offsets,
-                                    size_t n_bags, const float *weights,
-                                    embps_combiner_t combiner, int has_padding,
-                                    int64_t padding_id, float *out);
-/* Backward of embps_bag_forward: given d loss / d out (n_bags x dim),
- * appends one gradient row per non-padding id position to g. */
-EMBPS_EXTERN int embps_bag_backward(const float *grad_out, uint32_t dim,
-                                    const int64_t *ids, const size_t *offsets,
-                                    size_t n_bags, const float *weights,
-                                    embps_combiner_t combiner, int has_padding,
-                                    int64_t padding_id, embps_slices_t *g);
-
-/* Clips a list of gradients by their global norm (tf.clip_by_global_norm),
- * merging duplicates in every slices first, so the norm is that of the
- * dense gradient the slices stand for (TensorFlow's clipping of IndexedSlices
- * does not merge and overstates it). Scales every value by
- * clip_norm / max(global_norm, clip_norm). *norm_out (may be NULL) gets the
- * norm before clipping. Returns 0, -ENOMEM or EMBPS_EINVAL. */
-EMBPS_EXTERN int embps_clip_by_global_norm(embps_slices_t *const *list,
-                                           size_t n_list, double clip_norm,
-                                           double *norm_out);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,8 @@ import threading
 
 import numpy as np
 
+from ._version import __version__
+
 __all__ = ["Client", "EmbpsError", "ForkError", "Ticket", "load_library",
            "parse_init"]
 
@@ -42,108 +44,177 @@ IMPORT_STATE = 1  # EMBPS_IMPORT_STATE
 IMPORT_CREATE = 2  # EMBPS_IMPORT_CREATE
 
 
+# ---- ctypes mirrors of embps.h's structs ----
+# Each follows the C struct field by field (the X-macro lists of embps.h:
+# EMBPS_TABLE_SPEC_FIELDS, EMBPS_TABLE_INFO_FIELDS, ...); load_library()
+# checks every mirror's size against the library's embps_abi_size(), so a
+# package and a library that disagree fail at load with a clear message
+# instead of corrupting memory. "size" and "reserved" (embps.h, "Structs
+# and the ABI") are not fields a caller sees.
+_PRIVATE = ("size", "reserved")
+
+
+def _names(mirror):
+    """The public field names of a mirror, in C order."""
+    return [f for f, _ in mirror._fields_ if f not in _PRIVATE]
+
+
+class _Sized(ctypes.Structure):
+    """A struct that begins with size_t size: set to the mirror's size."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(ctypes.sizeof(self), *args, **kw)
+
+
+# EMBPS_TABLE_SPEC_FIELDS, after name and dim
+_SPEC_FIELDS = [
+    ("rows", ctypes.c_uint64),
+    ("dynamic", ctypes.c_int),
+    ("optimizer", ctypes.c_int),
+    ("lr", ctypes.c_double),
+    ("eps", ctypes.c_double),
+    ("beta1", ctypes.c_double),
+    ("beta2", ctypes.c_double),
+    ("initial_accumulator", ctypes.c_double),
+    ("l1", ctypes.c_double),
+    ("l2", ctypes.c_double),
+    ("lr_power", ctypes.c_double),
+    ("weight_decay", ctypes.c_double),
+    ("init", ctypes.c_int),
+    ("init_value", ctypes.c_double),
+    ("seed", ctypes.c_uint64),
+    ("has_padding", ctypes.c_int),
+    ("padding_id", ctypes.c_int64),
+    ("dtype", ctypes.c_int),
+    ("sync_workers", ctypes.c_uint32),
+    # admission and eviction (dynamic tables)
+    ("admit_after", ctypes.c_uint32),
+    ("admit_probability", ctypes.c_double),
+    ("admit_sketch_bytes", ctypes.c_uint64),
+    ("ttl_steps", ctypes.c_uint64),
+    ("max_rows", ctypes.c_uint64),
+    ("evict", ctypes.c_int),
+    ("evict_l2_below", ctypes.c_double),
+]
+
+
 class _Spec(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_char * 128),
-        ("dim", ctypes.c_uint32),
-        ("rows", ctypes.c_uint64),
-        ("dynamic", ctypes.c_int),
-        ("optimizer", ctypes.c_int),
-        ("lr", ctypes.c_double),
-        ("eps", ctypes.c_double),
-        ("beta1", ctypes.c_double),
-        ("beta2", ctypes.c_double),
-        ("initial_accumulator", ctypes.c_double),
-        ("l1", ctypes.c_double),
-        ("l2", ctypes.c_double),
-        ("lr_power", ctypes.c_double),
-        ("weight_decay", ctypes.c_double),
-        ("init", ctypes.c_int),
-        ("init_value", ctypes.c_double),
-        ("seed", ctypes.c_uint64),
-        ("has_padding", ctypes.c_int),
-        ("padding_id", ctypes.c_int64),
-        ("dtype", ctypes.c_int),
-        ("sync_workers", ctypes.c_uint32),
-        # admission and eviction (issue 12)
-        ("admit_after", ctypes.c_uint32),
-        ("admit_probability", ctypes.c_double),
-        ("admit_sketch_bytes", ctypes.c_uint64),
-        ("ttl_steps", ctypes.c_uint64),
-        ("max_rows", ctypes.c_uint64),
-        ("evict", ctypes.c_uint32),
-        ("evict_l2_below", ctypes.c_double),
-    ]
+    _c_name_ = "embps_table_spec_t"
+    _fields_ = [("name", ctypes.c_char * 128), ("dim", ctypes.c_uint32)] + \
+        _SPEC_FIELDS + [("reserved", ctypes.c_uint64 * 16)]
 
 
 EVICT = {"lru": 0, "lfu": 1}  # embps_evict_t
 # create_table keyword arguments of admission and eviction
 _DYN_KEYS = ("admit_after", "admit_probability", "admit_sketch_bytes",
              "ttl_steps", "max_rows", "evict", "evict_l2_below")
-_DYN_COUNTERS = ("rows_admitted", "rows_pending", "evicted_ttl",
-                 "evicted_capacity", "evicted_l2", "capacity",
-                 "evict_stall_max_us")
+# EMBPS_TABLE_INFO_FIELDS: the counters of a table (all uint64)
+_INFO_COUNTERS = ("rows_allocated", "bytes_used", "pushes", "pulls", "step",
+                  "rows_admitted", "rows_pending", "evicted_ttl",
+                  "evicted_capacity", "evicted_l2", "capacity",
+                  "evict_stall_max_us")
+_DYN_COUNTERS = _INFO_COUNTERS[5:]  # those of admission and eviction
 
 
 class _Info(ctypes.Structure):
-    _fields_ = [
-        ("spec", _Spec),
-        ("rows_allocated", ctypes.c_uint64),
-        ("bytes_used", ctypes.c_uint64),
-        ("pushes", ctypes.c_uint64),
-        ("pulls", ctypes.c_uint64),
-        ("step", ctypes.c_uint64),
-    ] + [(f, ctypes.c_uint64) for f in _DYN_COUNTERS]
+    _c_name_ = "embps_table_info_t"
+    _fields_ = [("spec", _Spec)] + \
+        [(f, ctypes.c_uint64) for f in _INFO_COUNTERS] + \
+        [("reserved", ctypes.c_uint64 * 8)]
+
+
+# EMBPS_SERVER_STATS_FIELDS: four uint32, then uint64
+_STATS_FIGURES = ("cluster_index", "cluster_size", "io_threads", "shards",
+                  "uptime_ms", "connections", "requests", "pulls", "pushes",
+                  "pull_rows", "push_rows", "errors", "bytes_in", "bytes_out",
+                  "checkpoint_unix_s", "checkpoint_bytes", "checkpoint_ms",
+                  "checkpoint_lsn", "log_bytes")
 
 
 class _Stats(ctypes.Structure):
+    _c_name_ = "embps_server_stats_t"
     _fields_ = [
         ("address", ctypes.c_char * 64),
         ("version", ctypes.c_char * 32),
-        ("cluster_size", ctypes.c_uint32),
-        ("cluster_index", ctypes.c_uint32),
-        ("io_threads", ctypes.c_uint32),
-        ("shards", ctypes.c_uint32),
-    ] + [(f, ctypes.c_uint64) for f in (
-        "uptime_ms", "connections", "requests", "pulls", "pushes",
-        "pull_rows", "push_rows", "errors", "bytes_in", "bytes_out")] + [
+    ] + [(f, ctypes.c_uint32 if i < 4 else ctypes.c_uint64)
+         for i, f in enumerate(_STATS_FIGURES)] + [
         ("n_tables", ctypes.c_size_t),
         ("tables", ctypes.POINTER(_Info)),
         ("data_dir", ctypes.c_char * 256),
         ("fsync", ctypes.c_char * 16),
-    ] + [(f, ctypes.c_uint64) for f in (
-        "checkpoint_unix_s", "checkpoint_bytes", "checkpoint_ms",
-        "checkpoint_lsn", "log_bytes")] + [
         ("durability_failed", ctypes.c_char * 256),
+        ("reserved", ctypes.c_uint64 * 16),
     ]
 
 
 class _CheckpointInfo(ctypes.Structure):
+    _c_name_ = "embps_checkpoint_info_t"
     _fields_ = [(f, ctypes.c_uint64)
-                for f in ("lsn", "bytes", "duration_ms", "unix_s")]
+                for f in ("lsn", "bytes", "duration_ms", "unix_s")] + \
+        [("reserved", ctypes.c_uint64 * 4)]
 
 
-# embps_table_alter_t: the fields ALTER may change, in the order of their
-# EMBPS_ALTER_* bits.
+# embps_table_alter_t (EMBPS_TABLE_ALTER_FIELDS): the fields ALTER may
+# change, in the order of their EMBPS_ALTER_* bits.
 _ALTER_FIELDS = ("lr", "eps", "beta1", "beta2", "l1", "l2", "lr_power",
                  "weight_decay")
 
 
-class _Alter(ctypes.Structure):
-    _fields_ = [("set", ctypes.c_uint)] + [(f, ctypes.c_double)
-                                           for f in _ALTER_FIELDS]
+class _Alter(_Sized):
+    _c_name_ = "embps_table_alter_t"
+    _fields_ = [("size", ctypes.c_size_t), ("set", ctypes.c_uint)] + \
+        [(f, ctypes.c_double) for f in _ALTER_FIELDS]
 
 
-class _Options(ctypes.Structure):
-    _fields_ = [("servers", ctypes.c_char_p), ("token", ctypes.c_char_p),
+class _Options(_Sized):
+    _c_name_ = "embps_client_options_t"
+    _fields_ = [("size", ctypes.c_size_t),
+                ("servers", ctypes.c_char_p), ("token", ctypes.c_char_p),
                 ("timeout_ms", ctypes.c_int), ("retry_ms", ctypes.c_int)]
 
 
 class _Slices(ctypes.Structure):
+    _c_name_ = "embps_slices_t"
     _fields_ = [("indices", ctypes.POINTER(ctypes.c_int64)),
                 ("values", ctypes.POINTER(ctypes.c_float)),
                 ("n", ctypes.c_size_t), ("cap", ctypes.c_size_t),
-                ("dim", ctypes.c_uint32)]
+                ("dim", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint64 * 2)]
+
+
+# every mirror, checked at load (looked up by name, so a test can swap one)
+_MIRRORS = ("_Spec", "_Info", "_Stats", "_CheckpointInfo", "_Alter",
+            "_Options", "_Slices")
+
+
+def _check_abi(lib):
+    """Raises OSError unless every mirror has the size the library gives
+    its C struct (embps_abi_size): a library and a package of versions
+    whose structs differ would otherwise corrupt memory."""
+    where = "libembps at %s" % lib._name
+    try:
+        lib.embps_abi_size.restype = ctypes.c_size_t
+        lib.embps_abi_size.argtypes = [ctypes.c_char_p]
+        lib.embps_version_string.restype = ctypes.c_char_p
+        lib.embps_version_string.argtypes = []
+    except AttributeError:
+        raise OSError("%s has no embps_abi_size(): it is older than this "
+                      "embps package (%s); rebuild and reinstall the library "
+                      "and the package from one source tree"
+                      % (where, __version__))
+    version = lib.embps_version_string().decode()
+    for attr in _MIRRORS:
+        mirror = globals()[attr]
+        want = ctypes.sizeof(mirror)
+        have = lib.embps_abi_size(mirror._c_name_.encode())
+        if have != want:
+            raise OSError(
+                "%s is version %s, its %s is %s, this embps package (%s) "
+                "expects %d bytes: rebuild and reinstall the package and the "
+                "library from one source tree"
+                % (where, version, mirror._c_name_,
+                   "%d bytes" % have if have else "unknown to it", __version__,
+                   want))
 
 
 class EmbpsError(Exception):
@@ -203,6 +274,7 @@ def load_library(path=None):
     else:
         raise OSError("libembps not found (tried $EMBPS_LIBRARY, %s): set "
                       "EMBPS_LIBRARY to its path" % ", ".join(tried[:-1]))
+    _check_abi(lib)
     _declare(lib)
     _LIB = lib
     return lib
@@ -300,7 +372,7 @@ def _ptr(a, ctype):
 
 
 def _spec_dict(s):
-    d = {f: getattr(s, f) for f, _ in _Spec._fields_}
+    d = {f: getattr(s, f) for f in _names(_Spec)}
     d["name"] = s.name.decode()
     d["optimizer"] = {v: k for k, v in OPTIMIZERS.items()}[s.optimizer]
     d["dtype"] = {v: k for k, v in DTYPES.items()}.get(s.dtype, "unknown")
@@ -312,8 +384,7 @@ def _spec_dict(s):
 
 def _info_dict(i):
     d = _spec_dict(i.spec)
-    for f in ("rows_allocated", "bytes_used", "pushes", "pulls",
-              "step") + _DYN_COUNTERS:
+    for f in _INFO_COUNTERS:
         d[f] = getattr(i, f)
     return d
 
@@ -643,7 +714,7 @@ class Client:
             s = p[i]
             text = ("address", "version", "data_dir", "fsync",
                     "durability_failed")
-            d = {f: getattr(s, f) for f, _ in _Stats._fields_
+            d = {f: getattr(s, f) for f in _names(_Stats)
                  if f not in ("tables", "n_tables") + text}
             for f in text:
                 d[f] = getattr(s, f).decode()
@@ -659,7 +730,7 @@ class Client:
         n = _lib().embps_client_n_servers(self._c)
         info = (_CheckpointInfo * max(n, 1))()
         self._check(_lib().embps_checkpoint(self._c, info))
-        return [{f: getattr(info[i], f) for f, _ in _CheckpointInfo._fields_}
+        return [{f: getattr(info[i], f) for f in _names(_CheckpointInfo)}
                 for i in range(n)]
 
     def evict(self, name):
