@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "embps_revision.h"
 #include "embps/embps.h"
 #include "util.h"
 
@@ -932,8 +933,8 @@ int main(int argc, char **argv) {
       return 0;
     }
     if (!strcmp(a, "--version")) {
-      printf("embps %s (protocol %d)\n", EMBPS_VERSION_STRING,
-             EMBPS_PROTOCOL_VERSION);
+      printf("embps %s (revision %s)\nprotocol %d\n", EMBPS_VERSION_STRING,
+             EMBPS_REVISION, EMBPS_PROTOCOL_VERSION);
       return 0;
     }
     if (i + 1 >= argc)

@@ -6,10 +6,12 @@ set -euo pipefail
 # build: compiler, cmake, libraries (libmicrohttpd: the metrics endpoint);
 # tests: cmocka, python3 + numpy + torch (the framework comparison suite),
 # promtool (Debian prometheus) and yamllint for the operations tests, redis
-# for the benchmark comparison.
+# for the benchmark comparison; strace (the unit's system call audit);
+# python3-pip and python3-venv (the README's install block, ops.readme).
 PACKAGES=(gcc make cmake pkg-config libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libcmocka-dev libmicrohttpd-dev python3
-          python3-numpy python3-torch prometheus yamllint)
+          python3-numpy python3-torch python3-pip python3-venv prometheus
+          yamllint strace)
 # optional extras: `scripts/install-deps.sh --bench` adds these
 if [[ "${1:-}" == "--bench" ]]; then
   PACKAGES+=(redis-server gnuplot-nox)

@@ -67,9 +67,10 @@
 #include "wal.h"
 #include "wire.h"
 
-#define VERSION 3u    /* 3: shard state with counters, grouped sketch */
+/* 3: shard state with counters, grouped sketch */
+#define VERSION EMBPS_CKPT_FORMAT
 #define VERSION_V2 2u /* still read: shard state without counters */
-#define VERSION_V1 1u /* still read: no shard state */
+#define VERSION_V1 EMBPS_CKPT_FORMAT_OLDEST /* still read: no shard state */
 #define TBL_HAS_STATE 1u
 #define DYNS 0x534e5944u
 #define DYN_HDR 24

@@ -13,6 +13,11 @@
 
 #include "table.h"
 
+/* The format of the checkpoints written (table files and MANIFEST), and
+ * the oldest one still read (--version prints them). */
+#define EMBPS_CKPT_FORMAT 3u
+#define EMBPS_CKPT_FORMAT_OLDEST 1u
+
 typedef struct {
   uint64_t client, seq;
 } embps_ckpt_seen_t;

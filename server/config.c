@@ -11,8 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "about.h"
 #include "cluster.h"
 #include "server.h"
+#include "token.h"
 #include "util.h"
 #include "wal.h"
 
@@ -32,7 +34,8 @@ static const char usage[] =
   "  --complete-tables         with --cluster-servers: create such missing\n"
   "                            tables here from a peer's spec (fresh rows)\n"
     "  --auth-token-file FILE    require this token in every client's hello\n"
-    "                            (FILE must not be readable by group/others)\n"
+    "                            (FILE: 0600, or 0440 owned by root with a\n"
+    "                            group of the server: a Kubernetes Secret)\n"
     "  --insecure                allow a non-loopback --listen without a token\n"
     "  --max-frame-bytes N       largest request frame (default 64M)\n"
     "  --max-connections N       concurrent connections (default 1024)\n"
@@ -153,8 +156,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
       return 1;
     }
     if (!strcmp(a, "--version")) {
-      printf("embps-server %s (protocol %d)\n", EMBPS_VERSION_STRING,
-             EMBPS_PROTOCOL_VERSION);
+      embps_server_version_print(stdout);
       return 1;
     }
     if (strncmp(a, "--", 2) != 0)
@@ -217,28 +219,10 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     } else if (!strcmp(a, "--port-file")) {
       snprintf(cfg->port_file, sizeof cfg->port_file, "%s", v);
     } else if (!strcmp(a, "--auth-token-file")) {
-      char *data;
-      size_t len;
-      struct stat st;
-      if (stat(v, &st) == 0 && (st.st_mode & 077))
-        return fail(err, err_len, "--auth-token-file %s: mode %04o lets "
-                    "group or others read the token; chmod 600 it", v,
-                    (unsigned)(st.st_mode & 07777));
-      int rc = embps_read_file(v, &data, &len);
-      if (rc)
-        return fail(err, err_len, "--auth-token-file %s: %s", v,
-                    strerror(-rc));
-      while (len && (data[len - 1] == '\n' || data[len - 1] == '\r'))
-        len--;
-      if (len == 0 || len > EMBPS_TOKEN_MAX) {
-        free(data);
-        return fail(err, err_len, "--auth-token-file %s: token must be 1-%d "
-                    "bytes", v, EMBPS_TOKEN_MAX);
-      }
-      memcpy(cfg->token, data, len);
-      cfg->token_len = len;
+      if (embps_token_read(v, cfg->token, sizeof cfg->token, &cfg->token_len,
+                           err, err_len))
+        return -1;
       cfg->has_token = 1;
-      free(data);
     } else if (!strcmp(a, "--cluster-servers")) {
       cfg->cluster_servers = v;
     } else if (!strcmp(a, "--metrics-listen")) {

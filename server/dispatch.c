@@ -1,79 +1,34 @@
 /* dispatch.c - what each request kind does, on the I/O thread that read it.
  *
- * Everything a request can get wrong is found here, before anything
- * changes: unknown table, dim, counts, ranges, ownership, non-finite values.
- * A push that passes is merged in place (duplicates summed inside the frame
- * buffer it arrived in, so it costs no allocation) and handed to the apply
- * thread; every other kind is answered at once. */
-#include <stdarg.h>
+ * Reads (hello, describe, list, stats, pull, scan) are answered here, at
+ * once. A request that changes tables is checked here as far as it can be
+ * before anything changes (unknown table, dim, counts, ranges, ownership,
+ * non-finite values) and handed to the apply thread with its handler as
+ * req->run: a push, merged in place first (duplicates summed inside the
+ * frame buffer it arrived in, so it costs no allocation), runs push.c's
+ * step; an import rows.c's; CREATE, DROP and ALTER ddl.c's; EVICT
+ * evict.c's. CHECKPOINT goes to the checkpoint thread (durable.c). Those
+ * are answered later (DEFERRED), through req->complete. The connection
+ * (conn.c) runs a request only once its earlier pushes are applied, so a
+ * read sees the pushes sent before it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ddl.h"
 #include "durable.h"
+#include "evict.h"
+#include "push.h"
 #include "rows.h"
 #include "server.h"
 
-void embps_request_free(embps_request_t *req) {
-  if (!req)
-    return;
-  embps_msg_free(&req->msg);
-  embps_bufpool_give(req->bodies, req->body, req->body_cap);
-  free(req->reply);
-  embps_table_unref(req->table);
-  free(req);
-}
-
-void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
-                        const char *fmt, ...) {
-  char raw[EMBPS_MESSAGE_MAX], msg[EMBPS_MESSAGE_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(raw, sizeof raw, fmt, ap);
-  va_end(ap);
-  embps_escape(raw, msg, sizeof msg); /* it may echo a peer's bytes */
-  free(req->reply);
-  req->reply = NULL;
-  /* a DESCRIBE of a missing table is a probe (create-table asks first),
-   * answered but not counted as an error */
-  if (code != EMBPS_ENOTABLE || req->hdr.kind != EMBPS_KIND_DESCRIBE) {
-    atomic_fetch_add_explicit(&srv->counters.errors, 1, memory_order_relaxed);
-    embps_metrics_error(req, code);
-  }
-  LOG_DEBUG("request %u kind %u refused: %s", req->hdr.req_id, req->hdr.kind,
-            msg);
-  if (embps_frame_error(req->hdr.req_id, code, msg, &req->reply,
-                        &req->reply_len))
-    req->reply_len = 0; /* out of memory: the connection will be closed */
-}
-
-/* Builds a reply frame for m with bulk_len bulk bytes; returns the bulk
- * pointer, or NULL (req failed with ENOMEM). */
-static void *reply(embps_server_t *srv, embps_request_t *req, uint16_t kind,
-                   const embps_msg_t *m, size_t bulk_len) {
-  embps_msg_t empty;
-  if (!m) {
-    memset(&empty, 0, sizeof empty);
-    m = &empty;
-  }
-  embps_msg_t copy = *m;
-  copy.kind = kind | EMBPS_KIND_REPLY;
-  size_t off;
-  free(req->reply);
-  req->reply = NULL;
-  if (embps_frame_build(&copy, req->hdr.req_id, bulk_len, &req->reply,
-                        &req->reply_len, &off)) {
-    embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory for a reply of "
-                       "%zu bytes", bulk_len);
-    return NULL;
-  }
-  return req->reply + off;
-}
-
-static const uint8_t *bulk(const embps_request_t *req, size_t *len) {
-  size_t off = embps_bulk_offset(req->hdr.meta_len);
-  *len = req->hdr.body_len - off;
-  return req->body + off;
+/* Hands req to the apply thread, where run will answer it. */
+static embps_dispatch_t defer(embps_server_t *srv, embps_request_t *req,
+                              void (*run)(embps_apply_ctx_t *,
+                                          embps_request_t *)) {
+  req->run = run;
+  embps_apply_submit(srv->apply, req);
+  return EMBPS_DISPATCH_DEFERRED;
 }
 
 static int token_ok(const embps_server_config_t *cfg, const embps_hello_t *h) {
@@ -107,104 +62,21 @@ static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
   m.u.hello_reply.max_frame_bytes = srv->cfg.max_frame_bytes;
   snprintf(m.u.hello_reply.server_version,
            sizeof m.u.hello_reply.server_version, "%s", EMBPS_VERSION_STRING);
-  reply(srv, req, EMBPS_KIND_HELLO, &m, 0);
+  embps_request_reply(srv, req, EMBPS_KIND_HELLO, &m, 0);
   return EMBPS_DISPATCH_REPLY;
-}
-
-int embps_dispatch_create(embps_server_t *srv, embps_request_t *req) {
-  const embps_table_spec_t *spec = &req->msg.u.spec;
-  char why[256];
-  int rc = embps_table_spec_check(spec, why, sizeof why);
-  if (rc) {
-    embps_request_fail(srv, req, rc, "%s", why);
-    return rc;
-  }
-  uint64_t fixed = embps_table_fixed_bytes(spec, srv->cfg.cluster_size);
-  uint64_t used = embps_tables_total_bytes(), cap = srv->cfg.max_memory;
-  uint64_t left = used < cap ? cap - used : 0;
-  if (cap && fixed > left) {
-    embps_request_fail(srv, req, EMBPS_ELIMIT, "table \"%s\" needs %llu "
-                       "bytes up front (its row bitmap); --max-memory %llu "
-                       "has %llu left", spec->name, (unsigned long long)fixed,
-                       (unsigned long long)cap, (unsigned long long)left);
-    return EMBPS_ELIMIT;
-  }
-  rc = embps_registry_create(&srv->registry, spec, srv->cfg.shards,
-                             srv->cfg.cluster_size, srv->cfg.max_tables);
-  if (rc == EMBPS_EEXIST)
-    embps_request_fail(srv, req, rc, "table \"%s\" already exists",
-                       spec->name);
-  else if (rc == EMBPS_ELIMIT)
-    embps_request_fail(srv, req, rc, "at most %u tables per server",
-                       srv->cfg.max_tables);
-  else if (rc)
-    embps_request_fail(srv, req, rc, "cannot create table \"%s\": %s",
-                       spec->name, embps_strerror(rc));
-  else {
-    LOG_INFO("created table \"%s\": dim %u, %s, %s", spec->name, spec->dim,
-             spec->dynamic ? "dynamic" : "dense",
-             embps_optimizer_name(spec->optimizer));
-    reply(srv, req, EMBPS_KIND_CREATE, NULL, 0);
-  }
-  return rc;
-}
-
-int embps_dispatch_drop(embps_server_t *srv, embps_request_t *req) {
-  int rc = embps_registry_drop(&srv->registry, req->msg.u.name);
-  if (rc)
-    embps_request_fail(srv, req, rc, "unknown table \"%s\"",
-                       req->msg.u.name);
-  else {
-    LOG_INFO("dropped table \"%s\"", req->msg.u.name);
-    reply(srv, req, EMBPS_KIND_DROP, NULL, 0);
-  }
-  return rc;
-}
-
-static embps_table_t *get_table(embps_server_t *srv, embps_request_t *req,
-                                const char *name) {
-  embps_table_t *t = embps_registry_get(&srv->registry, name);
-  if (!t)
-    embps_request_fail(srv, req, EMBPS_ENOTABLE, "unknown table \"%s\"", name);
-  return t;
-}
-
-/* Fails req for ids[bad] after embps_table_check_ids returned rc. */
-static void fail_id(embps_server_t *srv, embps_request_t *req,
-                    const embps_table_t *t, int rc, int64_t id) {
-  const embps_table_spec_t *s = embps_table_spec(t);
-  if (rc == EMBPS_ERANGE)
-    embps_request_fail(srv, req, rc, "index %lld out of range [0, %llu) of "
-                       "table \"%s\"", (long long)id,
-                       (unsigned long long)s->rows, s->name);
-  else
-    embps_request_fail(srv, req, rc, "id %lld belongs to server %u of %u, "
-                       "not to this one (%u)", (long long)id,
-                       embps_route(id, srv->cfg.cluster_size),
-                       srv->cfg.cluster_size, srv->cfg.cluster_index);
-}
-
-static int check_dim(embps_server_t *srv, embps_request_t *req,
-                     const embps_table_t *t, uint32_t dim) {
-  const embps_table_spec_t *s = embps_table_spec(t);
-  if (dim == s->dim)
-    return 0;
-  embps_request_fail(srv, req, EMBPS_EDIM, "table \"%s\" has dim %u, the "
-                     "request has dim %u", s->name, s->dim, dim);
-  return -1;
 }
 
 static void do_pull(embps_server_t *srv, embps_request_t *req) {
   const embps_pull_t *p = &req->msg.u.pull;
-  embps_table_t *t = get_table(srv, req, p->table);
+  embps_table_t *t = embps_request_table(srv, req, p->table);
   if (!t)
     return;
   size_t len;
-  const int64_t *ids = (const int64_t *)bulk(req, &len);
+  const int64_t *ids = (const int64_t *)embps_request_bulk(req, &len);
   size_t bad;
   int rc;
   uint64_t reply_bytes = (uint64_t)p->n_ids * p->dim * sizeof(float);
-  if (check_dim(srv, req, t, p->dim))
+  if (embps_request_check_dim(srv, req, t, p->dim))
     goto out;
   if (len != (size_t)p->n_ids * sizeof *ids) {
     embps_request_fail(srv, req, EMBPS_ECOUNT, "pull says %u ids but carries "
@@ -221,14 +93,14 @@ static void do_pull(embps_server_t *srv, embps_request_t *req) {
   rc = embps_table_check_ids(t, ids, p->n_ids, srv->cfg.cluster_size,
                              srv->cfg.cluster_index, &bad);
   if (rc) {
-    fail_id(srv, req, t, rc, ids[bad]);
+    embps_request_fail_id(srv, req, t, rc, ids[bad]);
     goto out;
   }
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   m.u.pull_reply.n_rows = p->n_ids;
   m.u.pull_reply.dim = p->dim;
-  float *rows = reply(srv, req, EMBPS_KIND_PULL, &m, (size_t)reply_bytes);
+  float *rows = embps_request_reply(srv, req, EMBPS_KIND_PULL, &m, (size_t)reply_bytes);
   if (!rows)
     goto out;
   embps_table_gather(t, ids, p->n_ids, rows);
@@ -243,16 +115,16 @@ out:
 static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
                                 embps_scratch_t *scratch) {
   const embps_push_t *p = &req->msg.u.push;
-  embps_table_t *t = get_table(srv, req, p->table);
+  embps_table_t *t = embps_request_table(srv, req, p->table);
   if (!t)
     return EMBPS_DISPATCH_REPLY;
   const embps_table_spec_t *s = embps_table_spec(t);
   size_t len, bad;
-  uint8_t *b = (uint8_t *)bulk(req, &len);
+  uint8_t *b = (uint8_t *)embps_request_bulk(req, &len);
   int64_t *idx = (int64_t *)b;
   float *vals = (float *)(b + (size_t)p->n * sizeof *idx);
   int rc;
-  if (check_dim(srv, req, t, p->dim))
+  if (embps_request_check_dim(srv, req, t, p->dim))
     goto refuse;
   if (p->dense_rows && !s->dynamic && p->dense_rows != s->rows) {
     embps_request_fail(srv, req, EMBPS_EDIM, "dense_shape [%llu, %u] does "
@@ -275,7 +147,7 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
   rc = embps_table_check_ids(t, idx, p->n, srv->cfg.cluster_size,
                              srv->cfg.cluster_index, &bad);
   if (rc) {
-    fail_id(srv, req, t, rc, idx[bad]);
+    embps_request_fail_id(srv, req, t, rc, idx[bad]);
     goto refuse;
   }
   if (s->sync_workers && p->step == 0) {
@@ -304,8 +176,7 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
   req->idx = idx;
   req->vals = vals;
   req->n_unique = (size_t)k;
-  embps_apply_submit(srv->apply, req);
-  return EMBPS_DISPATCH_DEFERRED;
+  return defer(srv, req, embps_push_run);
 refuse:
   embps_table_unref(t);
   return EMBPS_DISPATCH_REPLY;
@@ -336,7 +207,7 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
     return;
   }
-  reply(srv, req, EMBPS_KIND_STATS, &m, 0);
+  embps_request_reply(srv, req, EMBPS_KIND_STATS, &m, 0);
   free(s->tables);
 }
 
@@ -365,11 +236,13 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
   }
   switch (req->hdr.kind) {
   case EMBPS_KIND_CREATE: /* in order with the pushes, on the apply thread */
+    return defer(srv, req, embps_ddl_create);
   case EMBPS_KIND_DROP:
+    return defer(srv, req, embps_ddl_drop);
   case EMBPS_KIND_ALTER:
+    return defer(srv, req, embps_ddl_alter);
   case EMBPS_KIND_EVICT:
-    embps_apply_submit(srv->apply, req);
-    return EMBPS_DISPATCH_DEFERRED;
+    return defer(srv, req, embps_evict_run);
   case EMBPS_KIND_CHECKPOINT:
     if (!srv->dur) {
       embps_request_fail(srv, req, EMBPS_ENODATADIR, "server has no "
@@ -379,12 +252,12 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     embps_durable_checkpoint_request(srv->dur, req);
     return EMBPS_DISPATCH_DEFERRED;
   case EMBPS_KIND_DESCRIBE: {
-    embps_table_t *t = get_table(srv, req, req->msg.u.name);
+    embps_table_t *t = embps_request_table(srv, req, req->msg.u.name);
     if (t) {
       embps_msg_t m;
       memset(&m, 0, sizeof m);
       embps_table_info(t, &m.u.info);
-      reply(srv, req, EMBPS_KIND_DESCRIBE, &m, 0);
+      embps_request_reply(srv, req, EMBPS_KIND_DESCRIBE, &m, 0);
       embps_table_unref(t);
     }
     break;
@@ -396,7 +269,7 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
       embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
       break;
     }
-    reply(srv, req, EMBPS_KIND_LIST, &m, 0);
+    embps_request_reply(srv, req, EMBPS_KIND_LIST, &m, 0);
     free(m.u.list.v);
     break;
   }
@@ -412,37 +285,12 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     embps_rows_scan(srv, req);
     break;
   case EMBPS_KIND_WRITE_ROWS:
-    return embps_rows_write_check(srv, req);
+    if (embps_rows_write_check(srv, req))
+      break;
+    return defer(srv, req, embps_rows_run);
   default:
     embps_request_fail(srv, req, EMBPS_EKIND, "kind %u is not a request",
                        req->hdr.kind);
   }
   return EMBPS_DISPATCH_REPLY;
-}
-
-/* ---- for handlers in other files (server.h) ---- */
-
-void *embps_request_reply(embps_server_t *srv, embps_request_t *req,
-                          uint16_t kind, const embps_msg_t *m,
-                          size_t bulk_len) {
-  return reply(srv, req, kind, m, bulk_len);
-}
-
-uint8_t *embps_request_bulk(const embps_request_t *req, size_t *len) {
-  return (uint8_t *)bulk(req, len);
-}
-
-embps_table_t *embps_request_table(embps_server_t *srv, embps_request_t *req,
-                                   const char *name) {
-  return get_table(srv, req, name);
-}
-
-int embps_request_check_dim(embps_server_t *srv, embps_request_t *req,
-                            const embps_table_t *t, uint32_t dim) {
-  return check_dim(srv, req, t, dim);
-}
-
-void embps_request_fail_id(embps_server_t *srv, embps_request_t *req,
-                           const embps_table_t *t, int rc, int64_t id) {
-  fail_id(srv, req, t, rc, id);
 }

@@ -1,12 +1,7 @@
-/* durable.c - see durable.h. Log payloads (little-endian):
- *   PUSH   u64 incarnation, u64 step after the push, u32 pairs, u32 rows,
- *          u32 dim, u32 0, pairs x {u64 client, u64 seq}, rows x int64 id,
- *          rows x dim x float32 (the merged gradient, sync: averaged)
- *   CREATE u64 incarnation, packed TableSpec
- *   DROP   u64 incarnation
- *   ROWS   u64 incarnation, u64 step, u32 flags (1: set the step), u32 rows,
- *          u32 dim, u32 state slots k (0: initial state), rows x int64 id,
- *          rows x dim x float32 weights, rows x k x dim x float32 state */
+/* durable.c - see durable.h: the data dir's lock, restore (the newest
+ * checkpoint, then the log replayed through redo.c), the log records
+ * written (payloads in redo.h), acknowledgements after the log, and the
+ * checkpoint thread with its marker. */
 #define _GNU_SOURCE
 #include "durable.h"
 
@@ -24,13 +19,8 @@
 #include <unistd.h>
 
 #include "failpoint.h"
-#include "le.h"
 #include "optim.h"
-#include "route.h"
-
-#define PUSH_HEAD 32
-#define ROWS_HEAD 32
-#define ROWS_SET_STEP 1u
+#include "redo.h"
 
 typedef struct {
   uint64_t unix_s, bytes, ms, lsn;
@@ -38,6 +28,7 @@ typedef struct {
 
 struct embps_durable {
   embps_server_t *srv;
+  embps_durable_hooks_t hooks;
   char dir[1024], log_dir[1100];
   int lock_fd;
   int unsafe_ack;
@@ -46,10 +37,9 @@ struct embps_durable {
   pthread_t thread;
   int thread_started;
   pthread_mutex_t mu;
-  pthread_cond_t cv;
+  pthread_cond_t cv;        /* CLOCK_MONOTONIC */
   embps_request_t *pending; /* CHECKPOINT requests for the next one */
   int stopping;
-  int final_rc;             /* result of the final checkpoint */
   embps_request_t marker;   /* goes through the apply FIFO */
   int marker_done;
   embps_ckpt_t snap;        /* filled by the apply thread at the marker */
@@ -63,16 +53,6 @@ struct embps_durable {
 static const char *fsync_name(embps_fsync_t m) {
   return m == EMBPS_FSYNC_ALWAYS ? "always"
          : m == EMBPS_FSYNC_NEVER ? "never" : "everysec";
-}
-
-/* Reply frame for a request kind with an empty message. */
-static void ack_reply(embps_server_t *srv, embps_request_t *req,
-                      const embps_msg_t *m) {
-  free(req->reply);
-  req->reply = NULL;
-  if (embps_frame_build(m, req->hdr.req_id, 0, &req->reply, &req->reply_len,
-                        NULL))
-    embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
 }
 
 /* ------------------------------------------------------------ logging */
@@ -112,7 +92,7 @@ int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
     pairs[2 * i] = r->msg.u.push.client_id;
     pairs[2 * i + 1] = r->msg.u.push.seq;
   }
-  uint8_t head[PUSH_HEAD] = {0};
+  uint8_t head[EMBPS_REDO_PUSH_HEAD] = {0};
   uint64_t inc = embps_table_incarnation(table);
   uint32_t rows = (uint32_t)n, dim = embps_table_spec(table)->dim;
   memcpy(head, &inc, 8);
@@ -140,9 +120,9 @@ int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
                            int set_step, uint64_t step, char *msg,
                            size_t msg_len) {
   const embps_table_spec_t *s = embps_table_spec(table);
-  uint8_t head[ROWS_HEAD] = {0};
+  uint8_t head[EMBPS_REDO_ROWS_HEAD] = {0};
   uint64_t inc = embps_table_incarnation(table);
-  uint32_t flags = set_step ? ROWS_SET_STEP : 0, rows = (uint32_t)n;
+  uint32_t flags = set_step ? EMBPS_REDO_ROWS_SET_STEP : 0, rows = (uint32_t)n;
   uint32_t dim = s->dim;
   uint32_t sf = state ? embps_optim_state_per_weight(s->optimizer) : 0;
   memcpy(head, &inc, 8);
@@ -214,20 +194,30 @@ int embps_durable_log_evict(embps_durable_t *d, uint64_t lsn,
   return log_record(d, EMBPS_WAL_EVICT, lsn, &part, 1, msg, msg_len);
 }
 
-/* The log thread's completion: an error turns the reply into EIO. */
-static void wal_done(void *ctx, embps_request_t *req, const char *err) {
+/* The log's completion of a request waiting in it (req->wal): an error
+ * turns the reply into EIO. */
+static void wal_done(void *ctx, embps_wal_waiter_t *waiter, const char *err) {
   embps_durable_t *d = ctx;
+  embps_request_t *req =
+      (embps_request_t *)((char *)waiter - offsetof(embps_request_t, wal));
   if (err)
     embps_request_fail(d->srv, req, EMBPS_EIO, "%s", err);
   req->complete(req);
 }
 
-void embps_durable_ack(embps_durable_t *d, embps_request_t *req,
+void embps_durable_ack(embps_durable_t *d, embps_request_t *reqs,
                        uint64_t lsn) {
-  if (d->srv->cfg.fsync == EMBPS_FSYNC_ALWAYS && !d->unsafe_ack)
-    embps_wal_wait(d->wal, req, lsn);
-  else
-    req->complete(req);
+  int wait = d && lsn && d->srv->cfg.fsync == EMBPS_FSYNC_ALWAYS &&
+             !d->unsafe_ack;
+  while (reqs) {
+    embps_request_t *req = reqs;
+    reqs = req->next;
+    req->next = NULL;
+    if (wait)
+      embps_wal_wait(d->wal, &req->wal, lsn);
+    else
+      req->complete(req);
+  }
 }
 
 /* ------------------------------------------------------------ checkpoints */
@@ -237,8 +227,23 @@ static int log_sync(void *ctx, uint64_t lsn, char *err, size_t err_len) {
   return embps_wal_sync(d->wal, lsn, err, err_len);
 }
 
-void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
-                             embps_ckpt_seen_t *seen, size_t n_seen) {
+/* The marker's run, on the apply thread: the core's own work first
+ * (hooks.at_marker: the L2 eviction), then the state at ctx->lsn for the
+ * checkpoint thread: the exactly-once table copied here, the tables
+ * referenced with their steps and specs (their rows are copied there,
+ * shard by shard), and the log rotated so the checkpoint can delete the
+ * segments it covers. */
+static void marker_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
+  embps_durable_t *d =
+      (embps_durable_t *)((char *)req - offsetof(embps_durable_t, marker));
+  if (d->hooks.at_marker)
+    d->hooks.at_marker(ctx);
+  const uint64_t lsn = ctx->lsn;
+  size_t n_seen;
+  embps_ckpt_seen_t *seen = embps_seen_copy(&ctx->seen, &n_seen);
+  if (!seen)
+    LOG_WARN("no memory to copy the exactly-once table: the checkpoint "
+             "holds none");
   embps_ckpt_t *c = &d->snap;
   memset(c, 0, sizeof *c);
   c->lsn = lsn;
@@ -289,7 +294,8 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   pthread_mutex_unlock(&d->mu);
   memset(&d->marker, 0, sizeof d->marker);
   d->marker.hdr.kind = EMBPS_KIND_CHECKPOINT;
-  embps_apply_submit(d->srv->apply, &d->marker);
+  d->marker.run = marker_run;
+  d->hooks.submit(d->hooks.ctx, &d->marker);
   pthread_mutex_lock(&d->mu);
   while (!d->marker_done)
     pthread_cond_wait(&d->cv, &d->mu);
@@ -339,7 +345,7 @@ static void reply_checkpoint(embps_durable_t *d, embps_request_t *req, int rc,
     m.u.checkpoint.duration_ms = d->last.ms;
     m.u.checkpoint.unix_s = d->last.unix_s;
     pthread_mutex_unlock(&d->mu);
-    ack_reply(d->srv, req, &m);
+    embps_request_reply(d->srv, req, EMBPS_KIND_CHECKPOINT, &m, 0);
   }
   req->complete(req);
 }
@@ -353,7 +359,7 @@ static void *ckpt_main(void *arg) {
     while (!d->pending && !d->stopping &&
            !(every_ns && embps_now_ns() >= d->next_due_ns)) {
       struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
+      clock_gettime(CLOCK_MONOTONIC, &ts);
       ts.tv_sec += 1;
       pthread_cond_timedwait(&d->cv, &d->mu, &ts);
     }
@@ -404,318 +410,80 @@ void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s) {
 
 /* ------------------------------------------------------------ restore */
 
-typedef struct {
-  embps_table_t *table;
-  uint64_t incarnation;
-  uint32_t file_shards; /* 0: created after the checkpoint */
-  uint64_t *shard_lsn;
-} known_t;
-
-typedef struct {
-  embps_server_t *srv;
-  known_t *v;
-  size_t n, cap;
-  embps_table_scratch_t scratch;
-  int64_t *ids;
-  float *g;
-  size_t rows_cap, floats_cap; /* of ids and g: rows x floats a row */
-} replay_t;
-
-static known_t *known_find(replay_t *r, uint64_t inc) {
-  for (size_t i = 0; i < r->n; i++)
-    if (r->v[i].incarnation == inc && r->v[i].table)
-      return &r->v[i];
-  return NULL;
-}
-
-static int known_add(replay_t *r, embps_table_t *t, uint64_t inc,
-                     uint32_t file_shards, uint64_t *shard_lsn) {
-  if (r->n == r->cap) {
-    size_t cap = r->cap ? 2 * r->cap : 16;
-    known_t *v = realloc(r->v, cap * sizeof *v);
-    if (!v)
-      return -1;
-    r->v = v;
-    r->cap = cap;
+/* Loads checkpoint lsn of d into c, checks it is this server's, notes its
+ * exactly-once table in seen and registers its tables, each known to r
+ * with its shards' LSNs. 0, or -1 with err. */
+static int restore_checkpoint(embps_durable_t *d, uint64_t lsn,
+                              embps_ckpt_t *c, embps_redo_t *r,
+                              embps_seen_t *seen, char *err, size_t err_len) {
+  embps_server_t *srv = d->srv;
+  uint64_t t0 = embps_now_ns();
+  if (embps_ckpt_load(d->dir, lsn, srv->cfg.shards, srv->cfg.cluster_size, c,
+                      err, err_len))
+    return -1;
+  if (c->cluster_size != srv->cfg.cluster_size ||
+      c->cluster_index != srv->cfg.cluster_index) {
+    snprintf(err, err_len, "checkpoint %s/ckpt-%016" PRIx64 " belongs to "
+             "server %u of a cluster of %u, not %u of %u", d->dir, lsn,
+             c->cluster_index, c->cluster_size, srv->cfg.cluster_index,
+             srv->cfg.cluster_size);
+    return -1;
   }
-  r->v[r->n++] = (known_t){t, inc, file_shards, shard_lsn};
-  return 0;
-}
-
-/* Copies the rows of a PUSH or ROWS record that are not in their old
- * shard's snapshot yet (LSN > the shard's) into r: ids, then per row `a`
- * floats of a (to r->g) and `b` floats of b (to r->g after rows x a
- * floats), and checks the ids. *m = rows kept. 0, or -1 with err. */
-static int replay_keep(replay_t *r, const known_t *k, uint64_t lsn,
-                       const uint8_t *ids, size_t rows, const uint8_t *a,
-                       size_t a_floats, const uint8_t *b, size_t b_floats,
-                       size_t *m, char *err, size_t err_len) {
-  const size_t per_row = a_floats + b_floats;
-  if (rows > r->rows_cap || per_row > r->floats_cap) {
-    free(r->ids);
-    free(r->g);
-    r->ids = malloc((rows ? rows : 1) * sizeof *r->ids);
-    r->g = malloc((rows ? rows : 1) * (per_row ? per_row : 1) * sizeof *r->g);
-    r->rows_cap = rows;
-    r->floats_cap = per_row;
-    if (!r->ids || !r->g) {
-      r->rows_cap = r->floats_cap = 0;
+  for (size_t i = 0; i < c->n_seen; i++)
+    embps_seen_note(seen, c->seen[i].client, c->seen[i].seq);
+  for (size_t i = 0; i < c->n_tables; i++) {
+    embps_ckpt_table_t *ct = &c->tables[i];
+    embps_table_ref(ct->table);
+    if (embps_registry_add(&srv->registry, ct->table)) {
+      snprintf(err, err_len, "checkpoint of %s: table \"%s\" twice", d->dir,
+               embps_table_spec(ct->table)->name);
+      embps_table_unref(ct->table);
+      return -1;
+    }
+    if (embps_redo_add_table(r, ct->table, ct->incarnation, ct->file_shards,
+                             ct->shard_lsn)) {
       snprintf(err, err_len, "out of memory");
       return -1;
     }
   }
-  float *b_out = r->g + rows * a_floats;
-  size_t kept = 0;
-  for (size_t i = 0; i < rows; i++) {
-    int64_t id;
-    memcpy(&id, ids + i * 8, 8);
-    if (k->file_shards &&
-        lsn <= k->shard_lsn[embps_route_shard(id, k->file_shards)])
-      continue; /* already in that shard's snapshot */
-    r->ids[kept] = id;
-    memcpy(r->g + kept * a_floats, a + i * a_floats * 4, a_floats * 4);
-    if (b_floats)
-      memcpy(b_out + kept * b_floats, b + i * b_floats * 4, b_floats * 4);
-    kept++;
-  }
-  size_t bad;
-  if (embps_table_check_ids(k->table, r->ids, kept, r->srv->cfg.cluster_size,
-                            r->srv->cfg.cluster_index, &bad)) {
-    snprintf(err, err_len, "record holds id %lld this server cannot hold",
-             (long long)r->ids[bad]);
-    return -1;
-  }
-  *m = kept;
-  return 0;
-}
-
-static int replay_push(replay_t *r, const embps_wal_rec_t *rec, char *err,
-                       size_t err_len) {
-  const uint8_t *p = rec->payload;
-  if (rec->len < PUSH_HEAD) {
-    snprintf(err, err_len, "short push record");
-    return -1;
-  }
-  uint64_t inc = embps_get64(p), step = embps_get64(p + 8);
-  uint64_t n_pairs = embps_get32(p + 16), rows = embps_get32(p + 20), dim = embps_get32(p + 24);
-  if (rec->len != PUSH_HEAD + n_pairs * 16 + rows * 8 + rows * dim * 4) {
-    snprintf(err, err_len, "push record of %u bytes does not match its "
-             "%" PRIu64 " rows of dim %" PRIu64, rec->len, rows, dim);
-    return -1;
-  }
-  known_t *k = known_find(r, inc);
-  if (!k) {
-    snprintf(err, err_len, "push to table incarnation %" PRIx64 " that does "
-             "not exist", inc);
-    return -1;
-  }
-  embps_table_t *t = k->table;
-  if (dim != embps_table_spec(t)->dim) {
-    snprintf(err, err_len, "push of dim %" PRIu64 " to a table of dim %u",
-             dim, embps_table_spec(t)->dim);
-    return -1;
-  }
-  const uint8_t *pairs = p + PUSH_HEAD;
-  const uint8_t *ids = pairs + n_pairs * 16;
-  const uint8_t *vals = ids + rows * 8;
-  size_t m;
-  if (replay_keep(r, k, rec->lsn, ids, rows, vals, dim, NULL, 0, &m, err,
-                  err_len))
-    return -1;
-  embps_table_set_step(t, step - 1);
-  if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
-    snprintf(err, err_len, "out of memory replaying a push");
-    return -1;
-  }
-  embps_table_commit(t, &r->scratch, r->ids, r->g, m, rec->lsn);
-  for (uint64_t i = 0; i < n_pairs; i++)
-    if (embps_get64(pairs + i * 16) && embps_get64(pairs + i * 16 + 8))
-      embps_apply_seen_note(r->srv->apply, embps_get64(pairs + i * 16),
-                            embps_get64(pairs + i * 16 + 8));
-  return 0;
-}
-
-/* A ROWS record (import): rows not in their shard's snapshot are set
- * again; the step, if the record sets it, is set whatever the shards. */
-static int replay_rows(replay_t *r, const embps_wal_rec_t *rec, char *err,
-                       size_t err_len) {
-  const uint8_t *p = rec->payload;
-  if (rec->len < ROWS_HEAD) {
-    snprintf(err, err_len, "short rows record");
-    return -1;
-  }
-  uint64_t inc = embps_get64(p), step = embps_get64(p + 8);
-  uint64_t flags = embps_get32(p + 16), rows = embps_get32(p + 20);
-  uint64_t dim = embps_get32(p + 24), sf = embps_get32(p + 28);
-  known_t *k = known_find(r, inc);
-  if (!k) {
-    snprintf(err, err_len, "rows of table incarnation %" PRIx64 " that "
-             "does not exist", inc);
-    return -1;
-  }
-  embps_table_t *t = k->table;
-  const embps_table_spec_t *s = embps_table_spec(t);
-  uint32_t slots = embps_optim_state_per_weight(s->optimizer);
-  if (dim != s->dim || (sf && sf != slots) ||
-      rec->len != ROWS_HEAD + rows * 8 + rows * dim * (1 + sf) * 4) {
-    snprintf(err, err_len, "rows record of %u bytes does not match its "
-             "%" PRIu64 " rows of dim %" PRIu64 " (%" PRIu64 " state slots) "
-             "or table \"%s\"", rec->len, rows, dim, sf, s->name);
-    return -1;
-  }
-  const uint8_t *ids = p + ROWS_HEAD, *w = ids + rows * 8;
-  size_t m;
-  if (replay_keep(r, k, rec->lsn, ids, rows, w, dim, w + rows * dim * 4,
-                  sf * dim, &m, err, err_len))
-    return -1;
-  if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
-    snprintf(err, err_len, "out of memory replaying rows");
-    return -1;
-  }
-  embps_table_write_rows(t, &r->scratch, r->ids, r->g,
-                         sf ? r->g + rows * dim : NULL, rec->lsn,
-                         flags & ROWS_SET_STEP ? &step : NULL);
-  return 0;
-}
-
-static int replay_evict(replay_t *r, const embps_wal_rec_t *rec, char *err,
-                        size_t err_len) {
-  known_t *k = rec->len == 16 ? known_find(r, embps_get64(rec->payload))
-                              : NULL;
-  if (!k) {
-    snprintf(err, err_len, "eviction record of %u bytes for no table",
-             rec->len);
-    return -1;
-  }
-  embps_table_t *t = k->table;
-  uint64_t evicted;
-  embps_table_set_step(t, embps_get64(rec->payload + 8));
-  embps_table_evict(t, embps_table_spec(t)->evict_l2_below, rec->lsn,
-                    k->file_shards == embps_table_n_shards(t) ? k->shard_lsn
-                                                              : NULL,
-                    &evicted);
+  LOG_INFO("restored checkpoint %s/ckpt-%016" PRIx64 ": %zu tables in %"
+           PRIu64 " ms", d->dir, lsn, c->n_tables,
+           (embps_now_ns() - t0) / 1000000);
   return 0;
 }
 
 static int replay_visit(void *ctx, const embps_wal_rec_t *rec, char *err,
                         size_t err_len) {
-  replay_t *r = ctx;
-  embps_server_t *srv = r->srv;
-  if (rec->type == EMBPS_WAL_PUSH)
-    return replay_push(r, rec, err, err_len);
-  if (rec->type == EMBPS_WAL_ROWS)
-    return replay_rows(r, rec, err, err_len);
-  if (rec->len < 8) {
-    snprintf(err, err_len, "short record of type %u", rec->type);
-    return -1;
-  }
-  uint64_t inc = embps_get64(rec->payload);
-  embps_msg_t m;
-  char why[256];
-  if ((rec->type == EMBPS_WAL_CREATE || rec->type == EMBPS_WAL_ALTER) &&
-      (embps_msg_unpack(EMBPS_KIND_CREATE, rec->payload + 8, rec->len - 8,
-                        &m) ||
-       embps_table_spec_check(&m.u.spec, why, sizeof why))) {
-    snprintf(err, err_len, "table spec does not decode");
-    return -1;
-  }
-  if (rec->type == EMBPS_WAL_ALTER) {
-    known_t *k = known_find(r, inc);
-    if (!k || !k->table) {
-      snprintf(err, err_len, "alter of table incarnation %" PRIx64 " that "
-               "does not exist", inc);
-      return -1;
-    }
-    embps_table_alter(k->table, &m.u.spec);
-    return 0;
-  }
-  if (rec->type == EMBPS_WAL_CREATE) {
-    embps_table_t *t;
-    if (embps_table_create(&m.u.spec, srv->cfg.shards, srv->cfg.cluster_size,
-                           &t)) {
-      snprintf(err, err_len, "out of memory creating \"%s\"", m.u.spec.name);
-      return -1;
-    }
-    embps_table_set_incarnation(t, inc);
-    if (embps_registry_add(&srv->registry, t) ||
-        known_add(r, t, inc, 0, NULL)) {
-      snprintf(err, err_len, "table \"%s\" created twice", m.u.spec.name);
-      embps_table_unref(t);
-      return -1;
-    }
-    return 0;
-  }
-  if (rec->type == EMBPS_WAL_EVICT)
-    return replay_evict(r, rec, err, err_len);
-  if (rec->type == EMBPS_WAL_DROP) {
-    known_t *k = known_find(r, inc);
-    if (!k) {
-      snprintf(err, err_len, "drop of table incarnation %" PRIx64 " that "
-               "does not exist", inc);
-      return -1;
-    }
-    embps_registry_drop(&srv->registry, embps_table_spec(k->table)->name);
-    k->table = NULL;
-    return 0;
-  }
-  snprintf(err, err_len, "unknown record type %u", rec->type);
-  return -1;
+  return embps_redo_apply(ctx, rec, err, err_len);
 }
 
-static int restore(embps_durable_t *d, uint64_t *last, char *err,
-                   size_t err_len) {
-  embps_server_t *srv = d->srv;
+/* Restores the newest checkpoint, if any, then replays the log after it
+ * into srv->registry: *last = the last LSN, seen = the exactly-once table.
+ * 0, or -1 with err (what was registered stays, for the caller to
+ * close). */
+static int restore(embps_durable_t *d, uint64_t *last, embps_seen_t *seen,
+                   char *err, size_t err_len) {
   uint64_t lsn = 0;
   embps_ckpt_t c;
   memset(&c, 0, sizeof c);
-  replay_t r = {.srv = srv};
-  embps_table_scratch_init(&r.scratch);
+  embps_redo_t r;
+  embps_redo_init(&r, d->srv, seen);
   int rc = embps_ckpt_latest(d->dir, &lsn, err, err_len);
-  if (rc < 0)
-    return -1;
-  uint64_t t0 = embps_now_ns();
   if (rc == 1) {
-    if (embps_ckpt_load(d->dir, lsn, srv->cfg.shards, srv->cfg.cluster_size,
-                        &c, err, err_len))
-      return -1;
-    if (c.cluster_size != srv->cfg.cluster_size ||
-        c.cluster_index != srv->cfg.cluster_index) {
-      snprintf(err, err_len, "checkpoint %s/ckpt-%016" PRIx64 " belongs to "
-               "server %u of a cluster of %u, not %u of %u", d->dir, lsn,
-               c.cluster_index, c.cluster_size, srv->cfg.cluster_index,
-               srv->cfg.cluster_size);
-      embps_ckpt_free(&c);
-      return -1;
-    }
-    for (size_t i = 0; i < c.n_seen; i++)
-      embps_apply_seen_note(srv->apply, c.seen[i].client, c.seen[i].seq);
-    for (size_t i = 0; i < c.n_tables; i++) {
-      embps_table_ref(c.tables[i].table);
-      if (embps_registry_add(&srv->registry, c.tables[i].table) ||
-          known_add(&r, c.tables[i].table, c.tables[i].incarnation,
-                    c.tables[i].file_shards, c.tables[i].shard_lsn)) {
-        snprintf(err, err_len, "checkpoint of %s: table \"%s\" twice",
-                 d->dir, embps_table_spec(c.tables[i].table)->name);
-        embps_table_unref(c.tables[i].table);
-        embps_ckpt_free(&c);
-        return -1;
-      }
-    }
-    d->last.lsn = lsn;
-    LOG_INFO("restored checkpoint %s/ckpt-%016" PRIx64 ": %zu tables in %"
-             PRIu64 " ms", d->dir, lsn, c.n_tables,
-             (embps_now_ns() - t0) / 1000000);
+    rc = restore_checkpoint(d, lsn, &c, &r, seen, err, err_len);
+    if (!rc)
+      d->last.lsn = lsn;
   }
-  rc = embps_wal_replay(d->log_dir, lsn, replay_visit, &r, last, err,
-                        err_len);
-  if (!rc && *last > lsn)
-    LOG_INFO("replayed the log: LSN %" PRIu64 " to %" PRIu64, lsn + 1, *last);
+  if (!rc) {
+    rc = embps_wal_replay(d->log_dir, lsn, replay_visit, &r, last, err,
+                          err_len);
+    if (!rc && *last > lsn)
+      LOG_INFO("replayed the log: LSN %" PRIu64 " to %" PRIu64, lsn + 1,
+               *last);
+  }
+  embps_redo_close(&r);
   embps_ckpt_free(&c); /* shard_lsn arrays freed after the replay */
-  embps_table_scratch_close(&r.scratch);
-  free(r.v);
-  free(r.ids);
-  free(r.g);
-  return rc;
+  return rc ? -1 : 0;
 }
 
 /* flock on DIR/LOCK; the holder's pid is in the file. */
@@ -747,18 +515,24 @@ static int lock_dir(embps_durable_t *d, char *err, size_t err_len) {
   return 0;
 }
 
-int embps_durable_open(embps_server_t *srv, char *err, size_t err_len) {
+int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
+                       char *err, size_t err_len) {
   embps_durable_t *d = calloc(1, sizeof *d);
   if (!d) {
     snprintf(err, err_len, "out of memory");
     return -1;
   }
   d->srv = srv;
+  d->hooks = *hooks;
   d->lock_fd = -1;
   snprintf(d->dir, sizeof d->dir, "%s", srv->cfg.data_dir);
   snprintf(d->log_dir, sizeof d->log_dir, "%s/log", d->dir);
   pthread_mutex_init(&d->mu, NULL);
-  pthread_cond_init(&d->cv, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&d->cv, &attr);
+  pthread_condattr_destroy(&attr);
   embps_failpoint(NULL); /* reads EMBPS_FAILPOINT before threads start */
   const char *unsafe = getenv("EMBPS_TEST_UNSAFE_ACK");
   d->unsafe_ack = unsafe && !strcmp(unsafe, "1");
@@ -783,11 +557,16 @@ int embps_durable_open(embps_server_t *srv, char *err, size_t err_len) {
    * thread's OpenMP setting, put back after it). */
   const int team = omp_get_max_threads();
   omp_set_num_threads(omp_get_num_procs());
-  int restored = !lock_dir(d, err, err_len) && !restore(d, &last, err, err_len);
+  embps_seen_t seen;
+  embps_seen_init(&seen);
+  int restored =
+      !lock_dir(d, err, err_len) && !restore(d, &last, &seen, err, err_len);
   omp_set_num_threads(team);
+  if (restored)
+    d->hooks.restored(d->hooks.ctx, last, &seen);
+  embps_seen_close(&seen);
   if (!restored)
     goto fail;
-  embps_apply_set_lsn(srv->apply, last);
   if (embps_wal_open(d->log_dir, last + 1, srv->cfg.fsync, d->unsafe_ack,
                      wal_done, d, &d->wal, err, err_len))
     goto fail;
@@ -808,6 +587,8 @@ fail:
   embps_wal_close(d->wal);
   if (d->lock_fd >= 0)
     close(d->lock_fd);
+  pthread_mutex_destroy(&d->mu);
+  pthread_cond_destroy(&d->cv);
   free(d);
   return -1;
 }

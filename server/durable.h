@@ -1,31 +1,55 @@
-/* durable.h - --data-dir: the apply thread's log, the checkpoint thread,
- * and restore at start (DURABILITY.md). Without a data dir srv->dur is
- * NULL and none of this runs.
+/* durable.h - --data-dir: the log of every mutation, the checkpoint
+ * thread, and restore at start (DURABILITY.md). Without a data dir
+ * srv->dur is NULL and none of this runs.
  *
- * Threads: the apply thread logs each mutation (embps_durable_log_*)
- * between table prepare and commit and hands the replies to
+ * Threads: the apply thread's runs log each mutation (embps_durable_log_*)
+ * between table prepare and commit and hand their replies to
  * embps_durable_ack; the log thread (wal.c) completes them once synced;
- * the checkpoint thread sends a marker through the apply FIFO, gets the
- * state at that LSN (embps_durable_on_marker, on the apply thread), and
- * writes it while pushes and pulls go on. req->complete is therefore also
- * called from the log thread (acks in --fsync always) and the checkpoint
- * thread (CHECKPOINT replies): it must be callable from any thread, as
- * conn.c's is. */
+ * the checkpoint thread submits a marker to the apply thread (through the
+ * submit hook: this layer never calls up into the core), whose run there
+ * takes the state at that LSN, and writes it while pushes and pulls go
+ * on. req->complete is therefore also called from the log thread (acks in
+ * --fsync always) and the checkpoint thread (CHECKPOINT replies): it must
+ * be callable from any thread, as conn.c's is.
+ *
+ * Restore replays the log through redo.c and hands what the apply thread
+ * must start from (the last LSN, the exactly-once table) to the restored
+ * hook. */
 #ifndef EMBPS_DURABLE_H
 #define EMBPS_DURABLE_H
 #include <stddef.h>
 #include <stdint.h>
 
+#include "apply.h"
 #include "ckpt.h"
 #include "server.h"
 #include "wal.h"
 
 typedef struct embps_durable embps_durable_t;
 
+/* What the core gives the durable layer; ctx is passed to each call. */
+typedef struct {
+  /* Queues req (req->run set) on the apply thread: the checkpoint
+   * markers. Called from the checkpoint thread, and from the thread that
+   * calls embps_durable_shutdown. */
+  void (*submit)(void *ctx, embps_request_t *req);
+  /* Restore is done, before the log and checkpoint threads start: the
+   * apply thread starts from lsn (the last LSN logged) and seen (its
+   * entries may be moved out; freed after the call). */
+  void (*restored)(void *ctx, uint64_t lsn, embps_seen_t *seen);
+  /* At each checkpoint marker, on the apply thread, before the state is
+   * taken: the core's own work (the L2 eviction, which logs). May be
+   * NULL. */
+  void (*at_marker)(embps_apply_ctx_t *actx);
+  void *ctx;
+} embps_durable_hooks_t;
+
 /* Locks DIR, restores the newest checkpoint and replays the log into
- * srv->registry and srv->apply (started, idle), then starts the log and
- * checkpoint threads. 0, or -1 with err (the server must not start). */
-int embps_durable_open(embps_server_t *srv, char *err, size_t err_len);
+ * srv->registry, calls hooks->restored, then starts the log and
+ * checkpoint threads and sets srv->dur. 0, or -1 with err (the server
+ * must not start; everything undone). */
+int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
+                       char *err, size_t err_len);
 /* Shutdown, while the apply thread still runs: takes the final checkpoint
  * and stops the checkpoint thread. Returns 0 or -1 (logged). */
 int embps_durable_shutdown(embps_server_t *srv);
@@ -69,11 +93,9 @@ int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
  * at its current step. */
 int embps_durable_log_evict(embps_durable_t *d, uint64_t lsn,
                             embps_table_t *table, char *msg, size_t msg_len);
-/* Completes req (its reply set) once the log is durable up to lsn in
- * --fsync always, at once otherwise. */
-void embps_durable_ack(embps_durable_t *d, embps_request_t *req, uint64_t lsn);
-/* A checkpoint marker reached the apply thread: the state covers lsn;
- * seen (malloc'd, handed over) is the exactly-once table. */
-void embps_durable_on_marker(embps_durable_t *d, uint64_t lsn,
-                             embps_ckpt_seen_t *seen, size_t n_seen);
+/* Completes every request of the list reqs (linked by next; replies set):
+ * with --fsync always once the log is durable up to lsn, else at once; at
+ * once too without a data dir (d NULL) or with lsn 0 (nothing logged). */
+void embps_durable_ack(embps_durable_t *d, embps_request_t *reqs,
+                       uint64_t lsn);
 #endif

@@ -13,8 +13,6 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "cluster.h"
-#include "durable.h"
 #include "server.h"
 
 /* ------------------------------------------------------------ figures */
@@ -62,6 +60,7 @@ static struct {
   atomic_int ready;
   struct MHD_Daemon *daemon;
   embps_server_t *srv;
+  embps_metrics_hooks_t hooks;
   time_t start_s;
 } m;
 
@@ -372,7 +371,8 @@ static void put_server(text_t *t, embps_server_t *srv) {
   head(t, "embps_cluster_index", "gauge", "This server's --cluster-index.");
   put(t, "embps_cluster_index %u\n", srv->cfg.cluster_index);
   size_t missing, unreachable, peers;
-  if (embps_cluster_counts(&missing, &unreachable, &peers)) {
+  if (m.hooks.cluster_counts &&
+      m.hooks.cluster_counts(&missing, &unreachable, &peers)) {
     head(t, "embps_cluster_missing_tables", "gauge",
          "Tables another server holds and this one lacks (--cluster-servers;"
          " /readyz is 503 while above 0).");
@@ -412,11 +412,11 @@ static void put_server(text_t *t, embps_server_t *srv) {
 
 /* Checkpoint and log figures (--data-dir only). */
 static void put_durability(text_t *t, embps_server_t *srv) {
-  if (!srv->dur)
+  if (!srv->dur || !m.hooks.durable_stats)
     return;
   embps_server_stats_t s;
   memset(&s, 0, sizeof s);
-  embps_durable_stats(srv->dur, &s);
+  m.hooks.durable_stats(srv->dur, &s);
   head(t, "embps_checkpoint_time_seconds", "gauge",
        "Unix time of the last durable checkpoint (0: none yet).");
   put(t, "embps_checkpoint_time_seconds %llu\n",
@@ -478,9 +478,11 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
   if (!strcmp(url, "/readyz")) {
     if (!atomic_load(&m.ready))
       return STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+    if (!m.hooks.cluster_ready)
+      return STATIC_(conn, MHD_HTTP_OK, "ready\n");
     char *body;
     size_t len;
-    int ready = embps_cluster_ready(&body, &len);
+    int ready = m.hooks.cluster_ready(&body, &len);
     if (!body)
       return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
     return respond(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
@@ -515,7 +517,8 @@ static int write_port_file(const char *path, unsigned port) {
   return 0;
 }
 
-int embps_metrics_start(embps_server_t *srv) {
+int embps_metrics_start(embps_server_t *srv,
+                        const embps_metrics_hooks_t *hooks) {
   const embps_server_config_t *cfg = &srv->cfg;
   if (!cfg->metrics_host[0])
     return 0;
@@ -525,6 +528,7 @@ int embps_metrics_start(embps_server_t *srv) {
     return -1;
   }
   m.srv = srv;
+  m.hooks = *hooks;
   m.start_s = time(NULL);
   char port[16];
   snprintf(port, sizeof port, "%d", cfg->metrics_port);

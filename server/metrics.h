@@ -7,19 +7,42 @@
  * claimed once by name (compare-and-swap), so a request costs a hash of its
  * table name and a few atomic adds. The hooks work whether or not the HTTP
  * server was started. The counters are the process's (summed over its
- * servers); one server of a process at a time serves HTTP. */
+ * servers); one server of a process at a time serves HTTP.
+ *
+ * What other parts of the server know (durability, the cluster) is pulled
+ * at scrape time through hooks the core registers at start: this file
+ * calls nothing above it. */
 #ifndef EMBPS_METRICS_H
 #define EMBPS_METRICS_H
 #include <stddef.h>
 #include <stdint.h>
 
+#include "embps/embps.h"
+
 struct embps_server;
 struct embps_request;
+struct embps_durable;
+
+/* Figures the HTTP thread pulls from elsewhere; any may be NULL (then
+ * not shown, and /readyz needs only the server ready). */
+typedef struct {
+  /* The durability fields of a stats reply; called while the server is
+   * ready, with its data dir (srv->dur) when it has one. */
+  void (*durable_stats)(struct embps_durable *d, embps_server_stats_t *s);
+  /* 0 without --cluster-servers, else 1 with the tables missing here, the
+   * peers that could not be asked, and the peers. */
+  int (*cluster_counts)(size_t *missing, size_t *unreachable,
+                        size_t *peers);
+  /* /readyz's cluster part: 1 when it holds, else 0; *body (malloc'd,
+   * NULL when out of memory) says why. */
+  int (*cluster_ready)(char **body, size_t *len);
+} embps_metrics_hooks_t;
 
 /* Starts the HTTP server on cfg->metrics_host:metrics_port (when set) and
- * writes cfg->metrics_port_file. Returns 0 or -1 with a logged reason
- * (also when another server of the process serves HTTP). */
-int embps_metrics_start(struct embps_server *srv);
+ * writes cfg->metrics_port_file; hooks is copied. Returns 0 or -1 with a
+ * logged reason (also when another server of the process serves HTTP). */
+int embps_metrics_start(struct embps_server *srv,
+                        const embps_metrics_hooks_t *hooks);
 /* Stops the HTTP server; NULL-safe, idempotent. */
 void embps_metrics_stop(void);
 /* /readyz answers 200 from set_ready(1) on, 503 before and after

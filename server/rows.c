@@ -7,9 +7,11 @@
  * WRITE_ROWS (kind 11) sets rows and, if given, their optimizer state
  * (otherwise their initial state): validated whole here (dims, counts,
  * ranges, ownership, distinct ids, finite values, non-negative
- * accumulators) before anything changes, then applied by the apply thread
- * as one mutation in order with the pushes and, with --data-dir, logged
- * first (EMBPS_WAL_ROWS, durable.c). */
+ * accumulators) on the I/O thread before anything changes, then run by
+ * the apply thread (embps_rows_run) as one mutation in order with the
+ * pushes and, with --data-dir, logged first (EMBPS_WAL_ROWS, redo.h). */
+#include "rows.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +19,7 @@
 
 #include "durable.h"
 #include "optim.h"
-#include "rows.h"
+#include "server.h"
 
 /* Reply bytes kept below the frame limit for the meta and the header. */
 #define SCAN_META_ROOM 4096u
@@ -154,12 +156,11 @@ static int check_values(embps_server_t *srv, embps_request_t *req,
   return 0;
 }
 
-embps_dispatch_t embps_rows_write_check(embps_server_t *srv,
-                                        embps_request_t *req) {
+int embps_rows_write_check(embps_server_t *srv, embps_request_t *req) {
   const embps_write_rows_t *q = &req->msg.u.write_rows;
   embps_table_t *t = embps_request_table(srv, req, q->table);
   if (!t)
-    return EMBPS_DISPATCH_REPLY;
+    return -1;
   const embps_table_spec_t *s = embps_table_spec(t);
   const uint32_t k = embps_optim_state_per_weight(s->optimizer);
   size_t len, bad;
@@ -208,15 +209,16 @@ embps_dispatch_t embps_rows_write_check(embps_server_t *srv,
   req->idx = ids;
   req->vals = w;
   req->n_unique = q->n;
-  embps_apply_submit(srv->apply, req);
-  return EMBPS_DISPATCH_DEFERRED;
+  return 0;
 refuse:
   embps_table_unref(t);
-  return EMBPS_DISPATCH_REPLY;
+  return -1;
 }
 
-uint64_t embps_rows_apply(embps_server_t *srv, embps_request_t *req,
-                          embps_table_scratch_t *s, uint64_t next_lsn) {
+/* Applies a checked WRITE_ROWS and sets req->reply. Returns the LSN it
+ * was logged at (0: none: refused, or no data dir). */
+static uint64_t rows_apply(embps_apply_ctx_t *ctx, embps_request_t *req) {
+  embps_server_t *srv = ctx->srv;
   embps_durable_t *dur = srv->dur;
   const embps_write_rows_t *q = &req->msg.u.write_rows;
   embps_table_t *t = req->table;
@@ -239,12 +241,14 @@ uint64_t embps_rows_apply(embps_server_t *srv, embps_request_t *req,
   if (failed)
     snprintf(msg, sizeof msg, "%s", failed);
   if (!rc)
-    rc = embps_table_prepare(t, s, req->idx, n, srv->cfg.max_memory);
+    rc = embps_table_prepare(t, &ctx->scratch, req->idx, n,
+                             srv->cfg.max_memory);
   if (!rc && dur) {
-    rc = embps_durable_log_rows(dur, next_lsn, t, req->idx, req->vals, state,
-                                n, q->has_step, q->step, msg, sizeof msg);
+    rc = embps_durable_log_rows(dur, ctx->lsn + 1, t, req->idx, req->vals,
+                                state, n, q->has_step, q->step, msg,
+                                sizeof msg);
     if (!rc)
-      lsn = next_lsn;
+      lsn = embps_apply_logged(ctx, ctx->lsn + 1);
   }
   if (rc == EMBPS_EIO) {
     embps_request_fail(srv, req, rc, "%s", msg);
@@ -256,9 +260,13 @@ uint64_t embps_rows_apply(embps_server_t *srv, embps_request_t *req,
     embps_request_fail(srv, req, rc, "write of rows refused, nothing "
                        "changed: %s", embps_strerror(rc));
   } else {
-    embps_table_write_rows(t, s, req->idx, req->vals, state, lsn,
+    embps_table_write_rows(t, &ctx->scratch, req->idx, req->vals, state, lsn,
                            q->has_step ? &q->step : NULL);
     embps_request_reply(srv, req, EMBPS_KIND_WRITE_ROWS, NULL, 0);
   }
   return lsn;
+}
+
+void embps_rows_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
+  embps_durable_ack(ctx->srv->dur, req, rows_apply(ctx, req));
 }

@@ -2,19 +2,17 @@
  * table's rows on the server; see rows.c. */
 #ifndef EMBPS_ROWS_H
 #define EMBPS_ROWS_H
-#include <stdint.h>
+#include "apply.h"
 
-#include "server.h"
+struct embps_server;
 
 /* I/O thread: answers a SCAN with one chunk of rows (req->reply set). */
-void embps_rows_scan(embps_server_t *srv, embps_request_t *req);
-/* I/O thread: validates a WRITE_ROWS whole and hands it to the apply
- * thread (DEFERRED), or fails it (REPLY) with nothing changed. */
-embps_dispatch_t embps_rows_write_check(embps_server_t *srv,
-                                        embps_request_t *req);
-/* Apply thread: applies a checked WRITE_ROWS (logged at next_lsn with
- * --data-dir) and sets req->reply. Returns the LSN used (0: none, e.g.
- * refused or no data dir). */
-uint64_t embps_rows_apply(embps_server_t *srv, embps_request_t *req,
-                          embps_table_scratch_t *s, uint64_t next_lsn);
+void embps_rows_scan(struct embps_server *srv, embps_request_t *req);
+/* I/O thread: validates a WRITE_ROWS whole: 0 with req->table, idx, vals
+ * and n_unique set, for the apply thread (embps_rows_run), or -1 with req
+ * failed and nothing changed. */
+int embps_rows_write_check(struct embps_server *srv, embps_request_t *req);
+/* The run of a checked WRITE_ROWS: sets the rows (logged first with
+ * --data-dir), replies and completes req (embps_durable_ack). */
+void embps_rows_run(embps_apply_ctx_t *ctx, embps_request_t *req);
 #endif

@@ -38,9 +38,12 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "apply.h"
 #include "cluster.h"
 #include "conn.h"
 #include "durable.h"
+#include "evict.h"
+#include "notify.h"
 #include "server.h"
 
 #define ACCEPT_RETRY_MS 100
@@ -208,6 +211,7 @@ static void begin_stop(net_t *net) {
     return;
   net->stopping = 1;
   set_ready(net, 0);
+  embps_notify_stopping();
   uv_close((uv_handle_t *)&net->listen_poll, NULL);
   uv_close((uv_handle_t *)&net->accept_retry, NULL);
   if (net->srv.cfg.handle_signals) {
@@ -369,6 +373,24 @@ static net_t *net_of(embps_server_t *srv) {
   return (net_t *)((char *)srv - offsetof(net_t, srv));
 }
 
+/* What /metrics reads from the durable layer and the cluster. */
+static const embps_metrics_hooks_t metrics_hooks = {
+    .durable_stats = embps_durable_stats,
+    .cluster_counts = embps_cluster_counts,
+    .cluster_ready = embps_cluster_ready,
+};
+
+/* The durable layer's way back into the core (embps_durable_hooks_t). */
+static void durable_submit(void *ctx, embps_request_t *req) {
+  embps_server_t *srv = ctx;
+  embps_apply_submit(srv->apply, req);
+}
+
+static void durable_restored(void *ctx, uint64_t lsn, embps_seen_t *seen) {
+  embps_server_t *srv = ctx;
+  embps_apply_restore(srv->apply, lsn, seen);
+}
+
 /* create's steps in order; on failure the caller undoes those done. */
 static int net_start(net_t *net) {
   embps_server_t *srv = &net->srv;
@@ -378,12 +400,19 @@ static int net_start(net_t *net) {
     LOG_ERROR("cannot start the apply thread");
     return rc;
   }
-  if (embps_metrics_start(srv)) /* /healthz answers during the restore */
+  /* before the restore: /healthz answers during it */
+  if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;
   net->metrics_started = cfg->metrics_host[0] != 0;
   if (cfg->data_dir[0]) { /* restored before anyone can connect */
     char err[2048];
-    if (embps_durable_open(srv, err, sizeof err)) {
+    const embps_durable_hooks_t hooks = {
+        .submit = durable_submit,
+        .restored = durable_restored,
+        .at_marker = embps_evict_at_checkpoint,
+        .ctx = srv,
+    };
+    if (embps_durable_open(srv, &hooks, err, sizeof err)) {
       LOG_ERROR("%s", err);
       return EMBPS_EIO;
     }
@@ -423,6 +452,7 @@ static int net_start(net_t *net) {
                   net->port, cfg->io_threads, cfg->shards, cfg->cluster_index,
                   cfg->cluster_size);
   set_ready(net, 1);
+  embps_notify_ready(cfg->listen_host, net->port); /* systemd Type=notify */
   return 0;
 }
 

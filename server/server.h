@@ -1,6 +1,7 @@
 /* server.h - the embps server: its configuration, its lifecycle (create,
  * run, stop, destroy: a library that main.c and tests embed), the state
- * every thread shares, and the request object that travels between threads.
+ * every thread shares, and dispatch, where a request read by an I/O thread
+ * begins (the request object itself: request.h).
  *
  * Threading model:
  *   main thread   the thread that calls embps_server_run: its libuv loop
@@ -11,10 +12,27 @@
  *                 for life: read frames, decode, validate, serve pulls
  *                 (gather under shard read locks), merge push duplicates in
  *                 place, write replies.
- *   apply thread  takes validated, merged pushes in arrival order and applies
- *                 them, shards in parallel with OpenMP; posts each reply back
- *                 to the owning loop (queue + uv_async_send).
- * A request crosses threads only through those queues. */
+ *   apply thread  runs, in arrival order, every request that changes tables
+ *                 (validated, merged pushes; imports; DDL; evictions;
+ *                 checkpoint markers), pushes' shards in parallel with
+ *                 OpenMP (apply.h); each reply goes back to the owning loop
+ *                 (queue + uv_async_send).
+ *   log thread, checkpoint thread   with --data-dir (durable.h).
+ * A request crosses threads only through those queues.
+ *
+ * Files, top down: each calls only files after it (no two call each
+ * other, directly or around a loop: tests/ops/test_layers.sh checks it
+ * from the object files):
+ *   server.c       lifecycle, listener, the main loop
+ *   conn.c         connections and their budgets, the I/O threads' loops
+ *   dispatch.c     each request kind on its I/O thread
+ *   apply.c        the apply thread: runs req->run, in order
+ *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
+ *   durable.c      --data-dir: log records, acks, checkpoints, restore
+ *   redo.c         one log record applied to the tables
+ *   ckpt.c dio.c wal.c   checkpoint directories; the log's segments
+ *   sync.c request.c metrics.c seen.c cluster.c   helpers of the above
+ *   registry.c table_io.c table.c policy.c hstore.c ...   the tables */
 #ifndef EMBPS_SERVER_H
 #define EMBPS_SERVER_H
 #include <stdatomic.h>
@@ -27,6 +45,7 @@
 #include "merge.h"
 #include "metrics.h"
 #include "registry.h"
+#include "request.h"
 #include "util.h"
 #include "wire.h"
 
@@ -77,36 +96,12 @@ typedef struct {
 } embps_counters_t;
 
 typedef struct embps_server embps_server_t;
-typedef struct embps_conn embps_conn_t;
 
 /* Buffers below this come from the heap (main.c sets malloc's mmap
  * threshold to it, the largest glibc takes); larger request bodies are
  * kept in srv->bodies, up to EMBPS_BODY_POOL_BYTES in all. */
 #define EMBPS_MMAP_THRESHOLD (32u << 20)
 #define EMBPS_BODY_POOL_BYTES ((size_t)256 << 20)
-
-/* One request, from the frame that carried it to the reply sent for it. */
-typedef struct embps_request {
-  embps_conn_t *conn;
-  embps_frame_header_t hdr;
-  uint8_t *body; /* the frame body (owned); bulk arrays are read in place */
-  size_t body_cap;         /* bytes allocated at body */
-  embps_bufpool_t *bodies; /* where body goes back to */
-  embps_msg_t msg;
-  uint8_t *reply; /* the reply frame (owned until handed to the writer) */
-  size_t reply_len;
-  /* a push on its way to the apply thread */
-  embps_table_t *table; /* referenced */
-  int64_t *idx;         /* merged, in place in body */
-  float *vals;
-  size_t n_unique;
-  uint64_t start_ns; /* when dispatch began (latency metrics) */
-  struct embps_request *next;
-  /* Set by the request's owner: called (on the apply thread) once a
-   * deferred request has its reply; owner is the owner's context. */
-  void (*complete)(struct embps_request *req);
-  void *owner;
-} embps_request_t;
 
 /* State shared by all threads. */
 struct embps_server {
@@ -128,7 +123,7 @@ typedef struct {
 /* ---- dispatch.c: runs on an I/O thread ---- */
 typedef enum {
   EMBPS_DISPATCH_REPLY,    /* req->reply is set: send it, free req */
-  EMBPS_DISPATCH_DEFERRED, /* handed to the apply thread */
+  EMBPS_DISPATCH_DEFERRED, /* handed on; answered through req->complete */
   EMBPS_DISPATCH_CLOSE,    /* send req->reply, then close the connection */
 } embps_dispatch_t;
 
@@ -136,51 +131,6 @@ typedef enum {
  * succeeded; a successful hello sets it. scratch is the thread's own. */
 embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                                 int *authed, embps_scratch_t *scratch);
-/* CREATE and DROP, run by the apply thread (so they are logged in order
- * with the pushes): 0 with req->reply the acknowledgement, or an error
- * code with req->reply the error. */
-int embps_dispatch_create(embps_server_t *srv, embps_request_t *req);
-int embps_dispatch_drop(embps_server_t *srv, embps_request_t *req);
-/* ALTER (alter.c), on the apply thread; lsn is the next LSN. Returns 1
- * when it was logged at lsn, 0 when it took effect unlogged (no
- * --data-dir), -1 with req->reply the error (nothing changed). */
-int embps_dispatch_alter(embps_server_t *srv, embps_request_t *req,
-                         uint64_t lsn);
-/* Sets req->reply to an error frame (code, printf-style message). */
-void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
-                        const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-void embps_request_free(embps_request_t *req);
-/* For handlers outside dispatch.c (rows.c): the reply frame of kind|REPLY
- * for m (NULL: empty) with bulk_len bulk bytes, returning where the bulk
- * goes (NULL: req failed, out of memory); the request's bulk; the table
- * named (NULL: req failed, unknown); a dim check (non-zero: req failed);
- * the failure for ids[bad] after embps_table_check_ids returned rc. */
-void *embps_request_reply(embps_server_t *srv, embps_request_t *req,
-                          uint16_t kind, const embps_msg_t *m,
-                          size_t bulk_len);
-uint8_t *embps_request_bulk(const embps_request_t *req, size_t *len);
-embps_table_t *embps_request_table(embps_server_t *srv, embps_request_t *req,
-                                   const char *name);
-int embps_request_check_dim(embps_server_t *srv, embps_request_t *req,
-                            const embps_table_t *t, uint32_t dim);
-void embps_request_fail_id(embps_server_t *srv, embps_request_t *req,
-                           const embps_table_t *t, int rc, int64_t id);
-
-/* ---- apply.c: the apply thread ---- */
-typedef struct embps_apply embps_apply_t;
-int embps_apply_start(embps_server_t *srv, embps_apply_t **out);
-/* Queues a validated, merged push; req->complete(req) is called on the
- * apply thread once req->reply is set. */
-void embps_apply_submit(embps_apply_t *a, embps_request_t *req);
-/* Shutdown has begun: refuses synchronous pushes from now on and fails the
- * ones held, so no connection waits for a step that cannot complete. */
-void embps_apply_drain(embps_apply_t *a);
-/* Applies everything queued, then stops and joins the thread. */
-void embps_apply_stop(embps_apply_t *a);
-/* Restore, before any request: (client, seq) was applied; the last LSN. */
-void embps_apply_seen_note(embps_apply_t *a, uint64_t client, uint64_t seq);
-void embps_apply_set_lsn(embps_apply_t *a, uint64_t lsn);
 
 /* ---- server.c: a server's lifecycle, in libuv's shape ----
  * create   (cfg is copied) restores --data-dir, starts the apply, metrics,

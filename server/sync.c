@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server.h"
+
 struct embps_sync_step {
   embps_table_t *table; /* referenced */
   uint64_t step;        /* the step being gathered */
@@ -21,19 +23,44 @@ void embps_sync_init(embps_sync_t *s) {
   embps_dedup_init(&s->dedup);
 }
 
-void embps_sync_close(embps_sync_t *s,
-                      void (*release)(void *ctx, embps_request_t *req),
-                      void *ctx) {
-  for (size_t i = 0; i < s->n; i++) {
-    embps_request_t *r = s->steps[i].head;
-    while (r) {
-      embps_request_t *next = r->next;
-      r->next = NULL;
-      release(ctx, r);
-      r = next;
-    }
-    embps_table_unref(s->steps[i].table);
+/* Fails a push the step cannot take or keep: code EMBPS_ESHUTDOWN (the
+ * server is stopping) or EMBPS_ENOTABLE (its table was dropped). */
+static void refuse(embps_server_t *srv, embps_request_t *req, int code) {
+  if (code == EMBPS_ESHUTDOWN)
+    embps_request_fail(srv, req, code, "server stopping before the "
+                       "synchronous step completed");
+  else
+    embps_request_fail(srv, req, code, "table \"%s\" was dropped before "
+                       "synchronous step %llu completed",
+                       embps_table_spec(req->table)->name,
+                       (unsigned long long)req->msg.u.push.step);
+}
+
+/* Refuses (code) and completes every push st holds; lets go of its table. */
+static void step_release(embps_sync_step_t *st, embps_server_t *srv,
+                         int code) {
+  embps_request_t *r = st->head;
+  while (r) {
+    embps_request_t *next = r->next;
+    r->next = NULL;
+    refuse(srv, r, code);
+    r->complete(r);
+    r = next;
   }
+  st->head = NULL;
+  embps_table_unref(st->table);
+  st->table = NULL;
+}
+
+void embps_sync_drain(embps_sync_t *s, embps_server_t *srv) {
+  for (size_t i = 0; i < s->n; i++)
+    step_release(&s->steps[i], srv, EMBPS_ESHUTDOWN);
+  s->n = 0;
+  s->draining = 1;
+}
+
+void embps_sync_close(embps_sync_t *s, embps_server_t *srv) {
+  embps_sync_drain(s, srv);
   free(s->steps);
   free(s->idx);
   free(s->vals);
@@ -41,24 +68,22 @@ void embps_sync_close(embps_sync_t *s,
   memset(s, 0, sizeof *s);
 }
 
-void embps_sync_forget(embps_sync_t *s,
-                       int (*alive)(void *ctx, embps_table_t *t),
-                       void (*release)(void *ctx, embps_request_t *req),
-                       void *ctx) {
+/* 1 while t is the table its name designates (not dropped). */
+static int table_alive(embps_server_t *srv, embps_table_t *t) {
+  embps_table_t *now =
+      embps_registry_get(&srv->registry, embps_table_spec(t)->name);
+  embps_table_unref(now);
+  return now == t;
+}
+
+void embps_sync_forget_dropped(embps_sync_t *s, embps_server_t *srv) {
   for (size_t i = 0; i < s->n;) {
     embps_sync_step_t *st = &s->steps[i];
-    if (alive(ctx, st->table)) {
+    if (table_alive(srv, st->table)) {
       i++;
       continue;
     }
-    embps_request_t *r = st->head;
-    while (r) {
-      embps_request_t *next = r->next;
-      r->next = NULL;
-      release(ctx, r);
-      r = next;
-    }
-    embps_table_unref(st->table);
+    step_release(st, srv, EMBPS_ENOTABLE);
     *st = s->steps[--s->n];
   }
 }
@@ -139,6 +164,11 @@ int embps_sync_offer(embps_sync_t *s, embps_server_t *srv,
                      const int64_t **idx, const float **vals, size_t *n) {
   const embps_table_spec_t *spec = embps_table_spec(req->table);
   const embps_push_t *p = &req->msg.u.push;
+  if (s->draining || !table_alive(srv, req->table)) {
+    int code = s->draining ? EMBPS_ESHUTDOWN : EMBPS_ENOTABLE;
+    refuse(srv, req, code);
+    return code;
+  }
   embps_sync_step_t *st = step_of(s, req->table);
   if (!st) {
     embps_request_fail(srv, req, -ENOMEM, "out of memory");

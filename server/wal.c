@@ -1,9 +1,14 @@
 /* wal.c - see wal.h. Layout of a segment header: char magic[8]
  * "EMBPSLOG", u32 version, u32 reserved, u64 first_lsn, u32 reserved,
- * u32 crc of the first 28 bytes. All integers little-endian. */
-#define _GNU_SOURCE /* pthread_condattr_setclock is POSIX; O_CLOEXEC */
+ * u32 crc of the first 28 bytes. All integers little-endian.
+ *
+ * The log thread sleeps on a condition variable timed on CLOCK_MONOTONIC
+ * (pthread_condattr_setclock), so a step of the wall clock neither delays
+ * nor hastens the everysec syncs. */
+#define _GNU_SOURCE /* O_CLOEXEC, O_DIRECTORY */
 #include "wal.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,11 +26,10 @@
 #include "crc32c.h"
 #include "le.h"
 #include "log.h"
-#include "server.h"
 
 #define SEG_MAGIC "EMBPSLOG"
 #define REC_MAGIC 0x52534245u /* "EBSR" */
-#define VERSION 1u
+#define VERSION EMBPS_WAL_FORMAT
 #define UNSAFE_DELAY_MS 200   /* test-only late writes */
 
 typedef struct deferred {
@@ -41,17 +45,18 @@ struct embps_wal {
   int unsafe_ack;
   uint64_t seg_first;     /* first LSN of the current segment */
   uint64_t seg_records;   /* records appended to it */
+  uint64_t appended;      /* the last LSN appended (apply thread only) */
   pthread_mutex_t def_mu; /* orders the late writes of unsafe_ack */
   pthread_mutex_t mu;     /* everything below */
   int fd;                 /* current segment (written by the apply thread) */
   int retired[16];        /* rotated out, to fdatasync and close */
   int n_retired;
   int dir_dirty;          /* a segment was created: fsync the directory */
-  pthread_cond_t cv;
+  pthread_cond_t cv;        /* work for the log thread (CLOCK_MONOTONIC) */
   pthread_cond_t synced_cv; /* synced advanced or the log failed */
   uint64_t written, synced;
   uint64_t sync_want;       /* embps_wal_sync asks for this LSN */
-  struct embps_request *wait_head, *wait_tail;
+  embps_wal_waiter_t *wait_head, *wait_tail;
   deferred_t *def_head, *def_tail;
   int stopping;
   char failed[2048];
@@ -398,10 +403,10 @@ static int write_all(int fd, struct iovec *iov, int n) {
   return 0;
 }
 
-static void complete_list(embps_wal_t *w, struct embps_request *r,
+static void complete_list(embps_wal_t *w, embps_wal_waiter_t *r,
                           const char *failed) {
   while (r) {
-    struct embps_request *next = r->next;
+    embps_wal_waiter_t *next = r->next;
     r->next = NULL;
     w->done(w->done_ctx, r, failed);
     r = next;
@@ -450,7 +455,7 @@ static void *log_main(void *arg) {
     int stop = w->stopping;
     if (!stop && !has_work_locked(w)) {
       struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
+      clock_gettime(CLOCK_MONOTONIC, &ts);
       long ms = w->unsafe_ack ? UNSAFE_DELAY_MS
                 : w->mode == EMBPS_FSYNC_EVERYSEC ? 1000 : 3600 * 1000;
       ts.tv_sec += ms / 1000;
@@ -467,7 +472,8 @@ static void *log_main(void *arg) {
     pthread_mutex_unlock(&w->mu);
     flush_deferred(w);
     pthread_mutex_lock(&w->mu);
-    struct embps_request *waiting = w->wait_head;
+    embps_wal_waiter_t *waiting = w->wait_head;
+    assert(!w->wait_head == !w->wait_tail);
     w->wait_head = w->wait_tail = NULL;
     uint64_t target = w->written;
     int need = target > w->synced && !w->failed[0] &&
@@ -529,7 +535,7 @@ int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
   w->unsafe_ack = unsafe_ack;
   w->done = done;
   w->done_ctx = done_ctx;
-  w->written = w->synced = next_lsn - 1;
+  w->written = w->synced = w->appended = next_lsn - 1;
   w->seg_first = next_lsn;
   w->fd = seg_create(w, next_lsn, 1, w->path, sizeof w->path, err, err_len);
   if (w->fd < 0) {
@@ -538,7 +544,11 @@ int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
   }
   pthread_mutex_init(&w->mu, NULL);
   pthread_mutex_init(&w->def_mu, NULL);
-  pthread_cond_init(&w->cv, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->cv, &attr);
+  pthread_condattr_destroy(&attr);
   pthread_cond_init(&w->synced_cv, NULL);
   if (pthread_create(&w->thread, NULL, log_main, w)) {
     snprintf(err, err_len, "cannot start the log thread");
@@ -582,6 +592,7 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
   uint8_t h[EMBPS_WAL_HEADER_BYTES];
   uint64_t len = 0;
   uint32_t crc = 0;
+  assert(lsn == w->appended + 1); /* replay refuses a gap */
   if (n_parts > 7) {
     snprintf(err, err_len, "log record of %d parts", n_parts);
     return -EINVAL;
@@ -621,6 +632,7 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
     w->def_tail = d;
     pthread_mutex_unlock(&w->mu);
     w->seg_records++;
+    w->appended = lsn;
     return 0;
   }
   off_t start = lseek(w->fd, 0, SEEK_END);
@@ -639,27 +651,30 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
     return rc;
   }
   pthread_mutex_lock(&w->mu);
+  assert(lsn > w->written);
   w->written = lsn;
   pthread_mutex_unlock(&w->mu);
   w->seg_records++;
+  w->appended = lsn;
   return 0;
 }
 
-void embps_wal_wait(embps_wal_t *w, struct embps_request *req, uint64_t lsn) {
+void embps_wal_wait(embps_wal_t *w, embps_wal_waiter_t *waiter,
+                    uint64_t lsn) {
+  waiter->next = NULL;
   pthread_mutex_lock(&w->mu);
   if (w->failed[0] || lsn <= w->synced) {
     const char *failed = w->failed[0] ? w->failed : NULL;
     pthread_mutex_unlock(&w->mu);
-    req->next = NULL;
-    w->done(w->done_ctx, req, failed);
+    w->done(w->done_ctx, waiter, failed);
     return;
   }
-  req->next = NULL;
+  assert(!w->wait_head == !w->wait_tail);
   if (w->wait_tail)
-    w->wait_tail->next = req;
+    w->wait_tail->next = waiter;
   else
-    w->wait_head = req;
-  w->wait_tail = req;
+    w->wait_head = waiter;
+  w->wait_tail = waiter;
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
 }
@@ -680,6 +695,7 @@ int embps_wal_sync(embps_wal_t *w, uint64_t lsn, char *err, size_t err_len) {
 
 int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
                      size_t err_len) {
+  assert(next_lsn == w->appended + 1);
   if (!w->seg_records && w->seg_first == next_lsn)
     return 0;
   pthread_mutex_lock(&w->def_mu);

@@ -7,7 +7,13 @@
  * log thread fdatasyncs: once per batch of waiting acknowledgements
  * (always, group commit), every second (everysec) or only at rotation and
  * close (never). The apply thread never waits for an fsync except when it
- * rotates the log at a checkpoint marker. */
+ * rotates the log at a checkpoint marker. LSNs are appended one after the
+ * other, without a gap (asserted).
+ *
+ * The log knows nothing of requests: whoever waits for a record to be
+ * durable hands it an embps_wal_waiter_t (embedded in its own object, so
+ * waiting costs no allocation) and gets it back through the done callback
+ * given to embps_wal_open. */
 #ifndef EMBPS_WAL_H
 #define EMBPS_WAL_H
 #include <stddef.h>
@@ -28,15 +34,24 @@ enum { EMBPS_WAL_ALTER = 5 };
  * table's evict_l2_below at that step */
 enum { EMBPS_WAL_EVICT = 6 };
 
+/* The format of the log segments written and read (--version prints it). */
+#define EMBPS_WAL_FORMAT 1u
+
 #define EMBPS_WAL_HEADER_BYTES 32
 
 typedef struct embps_wal embps_wal_t;
-struct embps_request;
 
-/* Called on the log thread for each request handed to embps_wal_wait once
- * the log is durable up to its LSN, with err NULL, or with the failure's
- * message if the log can no longer be made durable. */
-typedef void (*embps_wal_done_fn)(void *ctx, struct embps_request *req,
+/* One wait for durability; owned by the caller, linked by the log while it
+ * waits (from embps_wal_wait until its done call). */
+typedef struct embps_wal_waiter {
+  struct embps_wal_waiter *next;
+} embps_wal_waiter_t;
+
+/* Called for each waiter handed to embps_wal_wait once the log is durable
+ * up to its LSN, with err NULL, or with the failure's message if the log
+ * can no longer be made durable: on the log thread, or at once on the
+ * waiting thread when nothing had to be waited for. */
+typedef void (*embps_wal_done_fn)(void *ctx, embps_wal_waiter_t *waiter,
                                   const char *err);
 
 /* One record as the reader hands it out (payload valid during the call). */
@@ -67,21 +82,23 @@ int embps_wal_open(const char *log_dir, uint64_t next_lsn, embps_fsync_t mode,
 void embps_wal_close(embps_wal_t *w);
 
 /* Appends a record whose payload is the concatenation of parts (apply
- * thread). On a write error the segment is cut back to the record's start:
+ * thread); lsn must follow the last one appended (or next_lsn - 1) by one.
+ * On a write error the segment is cut back to the record's start:
  * returns -errno with a message and nothing was logged; if even that fails
  * the log is failed for good (embps_wal_failed). */
 int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
                      const struct iovec *parts, int n_parts, char *err,
                      size_t err_len);
-/* Completes req through the done callback once the log is durable up to
- * lsn (immediately if it already is). */
-void embps_wal_wait(embps_wal_t *w, struct embps_request *req, uint64_t lsn);
+/* Hands waiter to the done callback once the log is durable up to lsn
+ * (immediately if it already is). */
+void embps_wal_wait(embps_wal_t *w, embps_wal_waiter_t *waiter, uint64_t lsn);
 /* Blocks until the log is durable up to lsn (the log thread syncs for
  * it, in every fsync mode). 0, or -1 with err if the log failed. Any
  * thread but the apply thread (which must have appended lsn already). */
 int embps_wal_sync(embps_wal_t *w, uint64_t lsn, char *err, size_t err_len);
-/* Closes the current segment (fdatasync) and starts one at next_lsn, unless
- * the current one has no record yet. 0, or -1 with err. Apply thread. */
+/* Closes the current segment (fdatasync) and starts one at next_lsn (the
+ * LSN after the last one appended), unless the current one has no record
+ * yet. 0, or -1 with err. Apply thread. */
 int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
                      size_t err_len);
 /* The failure message if the log can no longer be made durable, or NULL. */

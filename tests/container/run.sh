@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# run.sh [BUILD_DIR] - the container image and the Kubernetes manifests,
-# end to end with podman (not part of `make test`: the first run builds a
-# Debian base image and the embps image, minutes on 2 cores).
+# run.sh [BUILD_DIR] - the container image, compose file and Kubernetes
+# manifests, end to end with podman (not part of `make test`: the first run
+# builds a Debian base image and the embps image, minutes on 2 cores).
 #
-#  1. offline checks of docker/ (tests/ops/test_configs.sh: yamllint, the
-#     restricted Pod Security Standard, promtool, systemd-analyze);
+#  1. offline checks of docker/ (tests/ops/test_configs.sh);
 #  2. podman set-up as ../shared/reference/containers.md describes (runc,
 #     cgroupfs, explicit ulimits; storage under $EMBPS_CTR_DIR), and a local
 #     Debian 12 base image built with debootstrap when it is missing;
-#  3. podman build of docker/Dockerfile;
-#  4. two servers (a cluster of 2) in containers, ports on 127.0.0.1 only;
-#     the example workers (embps-mf-demo, in a container of the same image)
-#     train against them and must reach their RMSE target; both servers'
-#     /metrics pass promtool, /readyz answers 200, each member holds part
-#     of the rows (embps --member I tables);
-#  5. `podman kube play` of the StatefulSet's pod template (podman has no
-#     StatefulSet: the pod embps-0 and its PersistentVolumeClaim are cut out
-#     of docker/k8s/statefulset.yaml unchanged), which must start as uid
-#     10001 with a read-only root, pass --cluster-servers and become ready;
-#     then `kube down`.
+#  3. podman build of docker/Dockerfile (docker format: its HEALTHCHECK),
+#     with the revision; the image: uid 10001, OCI labels, its files (the
+#     programs, their libraries, sh: no apt, dpkg, perl, coreutils, setuid
+#     file or demo), the data volume owned by 10001;
+#  4. secure by default: the default command without a token refuses to
+#     start, naming the file; a secret of podman's default mode (0444) is
+#     refused too;
+#  5. durable by default: two servers (a cluster of 2, their default flags:
+#     token, data dir on the volume) with a podman secret of uid 10001 and
+#     mode 0400, ports on 127.0.0.1 only; the health check passes; a client
+#     without the token is refused; the example workers (embps-mf-demo of
+#     BUILD_DIR) train against them with the token and reach their target;
+#     /metrics passes promtool; each member holds part of the rows; podman
+#     stop exits 0, and server 0 started again on its volume restores them;
+#  6. `podman kube play` of the StatefulSet's pod template (the pod embps-0
+#     and its claim cut out of docker/k8s/statefulset.yaml), its Secret laid
+#     out as the kubelet does (root:10001 0440 behind ..data symlinks, in a
+#     host directory: podman 4.3 ignores defaultMode and fsGroup): the
+#     server runs as uid 10001 with the fsGroup, auth on, read-only root,
+#     its data dir on the claim, --cluster-servers and JSON logs;
+#  7. with podman-compose: docker/compose.yaml up (token service, three
+#     servers, the demo client) and down.
 # Run as root. Prints "N passed, N failed" last.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,18 +37,22 @@ CTR=${EMBPS_CTR_DIR:-/tmp/embps-ctr}
 IMAGE=localhost/embps:test
 BASE=localhost/debian:bookworm-slim
 NAME=embps-ctest-$$
-AUTH=embps-auth     # the Secret the StatefulSet mounts (optional there)
+SECRET=embps-token-$$
 TMP=$(mktemp -d /tmp/embps-container-test.XXXXXX)
 
 . "$ROOT/tests/ops/tap.sh"
 
 export CONTAINERS_CONF=$CTR/containers.conf
 export CONTAINERS_STORAGE_CONF=$CTR/storage.conf
+COMPOSE_UP=0
 cleanup() {
-  podman rm -f -v -t 5 "$NAME-0" "$NAME-1" >/dev/null 2>&1
+  podman rm -f -v -t 5 "$NAME-0" "$NAME-1" "$NAME-x" >/dev/null 2>&1
+  podman volume rm -f "$NAME-d0" "$NAME-d1" >/dev/null 2>&1
   [ -f "$TMP/kube.yaml" ] && podman kube down "$TMP/kube.yaml" >/dev/null 2>&1
   podman volume rm -f "$NAME-data" >/dev/null 2>&1
-  podman secret rm "$AUTH" >/dev/null 2>&1
+  podman secret rm "$SECRET" "$SECRET-open" >/dev/null 2>&1
+  [ $COMPOSE_UP = 1 ] && (cd "$ROOT/docker" && EMBPS_TOKEN_FILE=$TMP/token \
+    podman-compose -p "$NAME" -f compose.yaml down -v >/dev/null 2>&1)
   rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -90,54 +104,128 @@ else
 fi
 
 # ---- 3. the image
+REV=$(git -C "$ROOT" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
 if podman build --format docker -f "$ROOT/docker/Dockerfile" \
-     --build-arg BASE="$BASE" -t "$IMAGE" "$ROOT" >"$TMP/build.log" 2>&1; then
-  ok "podman build docker/Dockerfile"
+     --build-arg BASE="$BASE" --build-arg EMBPS_REVISION="$REV" \
+     -t "$IMAGE" "$ROOT" >"$TMP/build.log" 2>&1; then
+  ok "podman build docker/Dockerfile ($(grep -ci warn "$TMP/build.log") warnings)"
 else
   bad "podman build docker/Dockerfile" "$(tail -30 "$TMP/build.log")"; finish
 fi
-user=$(podman image inspect -f '{{.Config.User}}' "$IMAGE")
-[ "$user" = 10001:10001 ] && ok "image runs as 10001:10001" || bad "image runs as 10001:10001" "User: $user"
-
-# ---- 4. a cluster of two, the example workers against it
-for i in 0 1; do
-  if ! podman run -d --name "$NAME-$i" -p 127.0.0.1::7070 -p 127.0.0.1::9464 \
-       "$IMAGE" --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:9464 \
-       --cluster-size 2 --cluster-index "$i" --insecure >"$TMP/out" 2>&1; then
-    bad "podman run server $i" "$(cat "$TMP/out")"; finish
-  fi
+inspect() { podman image inspect -f "$1" "$IMAGE"; }
+[ "$(inspect '{{.Config.User}}')" = 10001:10001 ] && ok "image runs as 10001:10001" ||
+  bad "image runs as 10001:10001" "$(inspect '{{.Config.User}}')"
+[ "$(inspect '{{index .Config.Healthcheck.Test 1}}')" = embps-healthcheck ] &&
+  ok "image keeps its HEALTHCHECK" || bad "image keeps its HEALTHCHECK" "$(inspect '{{json .Config.Healthcheck}}')"
+version=$(sed -n 's/^project(embps VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")
+labels=$(inspect '{{json .Config.Labels}}')
+for kv in "org.opencontainers.image.version\":\"$version" \
+          "org.opencontainers.image.revision\":\"$REV" \
+          'org.opencontainers.image.licenses":"Apache-2.0' \
+          'org.opencontainers.image.title":"embps'; do
+  case $labels in
+    *"$kv"*) ;;
+    *) bad "OCI label ${kv%%\"*}" "$labels"; kv= ;;
+  esac
+  [ -n "$kv" ] && ok "OCI label ${kv%%\"*}: ${kv##*\"}"
 done
+podman create --name "$NAME-x" "$IMAGE" >/dev/null 2>&1 &&
+  podman export "$NAME-x" | tar --numeric-owner -tvf - >"$TMP/files" 2>/dev/null
+podman rm -f "$NAME-x" >/dev/null 2>&1
+/usr/bin/python3 - "$TMP/files" >"$TMP/out" 2>&1 <<'PY'
+import re, sys
+bins, setuid, bad, n = [], [], [], 0
+data_owner = None
+for line in open(sys.argv[1]):
+    f = line.split()
+    mode, owner, path = f[0], f[1], f[5]
+    n += 1
+    if mode[0] == "-" and ("s" in mode[1:10] or "S" in mode[1:10]):
+        setuid.append(path)
+    if re.match(r"(\./)?usr/bin/[^/]+$", path):
+        bins.append(path.split("/")[-1])
+    if re.match(r"(\./)?usr/s?bin/(apt|apt-get|dpkg|perl[0-9.]*|ls|cat|cp|mv|rm|bash|su|"
+                r"mount|passwd|embps-mf-demo)$", path) or \
+            re.match(r"(\./)?(var/lib/dpkg|var/cache/apt|var/lib/apt|usr/share/perl)", path):
+        bad.append(path)
+    if re.match(r"(\./)?var/lib/embps/?$", path):
+        data_owner = owner
+assert not setuid, ("setuid/setgid files", setuid)
+assert not bad, ("tools the image must not have", bad)
+assert sorted(bins) == ["dash", "embps", "embps-healthcheck", "embps-server", "sh"], bins
+assert data_owner and data_owner.startswith("10001/"), ("/var/lib/embps owner", data_owner)
+print("%d files; /usr/bin: %s; /var/lib/embps: %s" % (n, " ".join(sorted(bins)), data_owner))
+PY
+[ $? = 0 ] && ok "image files: $(cat "$TMP/out")" || bad "image files" "$(cat "$TMP/out")"
+ok "image size: $(podman image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.1f MB", $1 / 1e6}')"
+
+# ---- 4. secure by default
+podman run --rm "$IMAGE" >"$TMP/out" 2>&1
+st=$?
+[ $st = 2 ] && grep -q '/run/secrets/embps-token: No such file' "$TMP/out" &&
+  ok "no token: the default command refuses to start ($(grep -o 'embps-server: .*' "$TMP/out" | head -1))" ||
+  bad "no token: the default command refuses to start" "exit $st" "$(cat "$TMP/out")"
+umask 077
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/token"
+podman secret create "$SECRET" "$TMP/token" >/dev/null
+podman run --rm --secret "$SECRET,target=embps-token" "$IMAGE" >"$TMP/out" 2>&1
+st=$?
+[ $st = 2 ] && grep -q 'mode 0444 lets every user' "$TMP/out" &&
+  ok "a secret of podman's default mode 0444 is refused, naming the fix" ||
+  bad "a secret of mode 0444 is refused" "exit $st" "$(cat "$TMP/out")"
+
+# ---- 5. a cluster of two, durable, with the token
+server() { # server I: the image's default flags and cluster ones
+  podman run -d --name "$NAME-$1" -p 127.0.0.1::7070 -p 127.0.0.1::9464 \
+    --secret "$SECRET,target=embps-token,uid=10001,mode=0400" \
+    -v "$NAME-d$1:/var/lib/embps" "$IMAGE" \
+    --listen 0.0.0.0:7070 --metrics-listen 0.0.0.0:9464 \
+    --auth-token-file /run/secrets/embps-token --data-dir /var/lib/embps \
+    --checkpoint-every 300 --cluster-size 2 --cluster-index "$1"
+}
 port() { podman port "$1" "$2" | head -1 | sed 's/.*://'; }
+for i in 0 1; do
+  server "$i" >"$TMP/out" 2>&1 || { bad "podman run server $i" "$(cat "$TMP/out")"; finish; }
+done
 S0=127.0.0.1:$(port "$NAME-0" 7070/tcp)
 S1=127.0.0.1:$(port "$NAME-1" 7070/tcp)
 M0=http://127.0.0.1:$(port "$NAME-0" 9464/tcp)
 M1=http://127.0.0.1:$(port "$NAME-1" 9464/tcp)
-ready=0
-for _ in $(seq 1 100); do
-  if [ "$(curl -s -o /dev/null -w '%{http_code}' "$M0/readyz")" = 200 ] &&
-     [ "$(curl -s -o /dev/null -w '%{http_code}' "$M1/readyz")" = 200 ]; then
-    ready=1; break
-  fi
-  sleep 0.1
-done
-[ $ready = 1 ] && ok "both servers ready (/readyz 200)" ||
+wait_ready() {
+  for _ in $(seq 1 200); do
+    local all=1 m
+    for m in "$@"; do
+      [ "$(curl -s -o /dev/null -w '%{http_code}' "$m/readyz")" = 200 ] || all=0
+    done
+    [ $all = 1 ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+wait_ready "$M0" "$M1" && ok "both servers ready (/readyz 200)" ||
   bad "both servers ready (/readyz 200)" "$(podman logs "$NAME-0" 2>&1 | tail -5)"
+podman healthcheck run "$NAME-0" >"$TMP/out" 2>&1 && ok "health check (embps-healthcheck with the secret): healthy" ||
+  bad "health check: healthy" "$(cat "$TMP/out")"
 comm=$(podman top "$NAME-0" user comm 2>/dev/null | tail -1)
 case "$comm" in
   *embps-server*) ok "server process: $comm" ;;
   *) bad "server process named embps-server, not root" "$comm" ;;
 esac
-
-if podman run --rm --network host --entrypoint embps-mf-demo "$IMAGE" \
-     --servers "$S0,$S1" --workers 2 >"$TMP/demo.log" 2>&1; then
-  ok "example workers (embps-mf-demo, 2 workers) reach their target: $(grep -i rmse "$TMP/demo.log" | tail -1)"
+if "$BUILD/embps" --servers "$S0,$S1" tables >"$TMP/out" 2>&1; then
+  bad "a client without the token is refused" "$(cat "$TMP/out")"
+else
+  grep -q 'auth token' "$TMP/out" && ok "a client without the token is refused" ||
+    bad "a client without the token is refused for its token" "$(cat "$TMP/out")"
+fi
+export EMBPS_TOKEN_FILE=$TMP/token
+if "$BUILD/embps-mf-demo" --servers "$S0,$S1" --workers 2 >"$TMP/demo.log" 2>&1; then
+  ok "example workers (embps-mf-demo, 2 workers, the token) reach their target: $(grep -i rmse "$TMP/demo.log" | tail -1)"
 else
   bad "example workers (embps-mf-demo) reach their target" "$(tail -15 "$TMP/demo.log")"
 fi
 rows=()
 for i in 0 1; do
-  r=$(podman run --rm --network host --entrypoint embps "$IMAGE" \
-        --servers "$S0,$S1" --member "$i" tables 2>"$TMP/err" | awk '$1 == "users" {print $6}')
+  r=$("$BUILD/embps" --servers "$S0,$S1" --member "$i" tables 2>"$TMP/err" | awk '$1 == "users" {print $6}')
   rows+=("${r:-0}")
 done
 [ "${rows[0]}" -gt 0 ] && [ "${rows[1]}" -gt 0 ] &&
@@ -152,32 +240,41 @@ for m in "$M0" "$M1"; do
     bad "$m/metrics: promtool passes, pushes counted" "$(cat "$TMP/out")" "$(grep users "$TMP/metrics" | head -5)"
   fi
 done
-podman stop -t 30 "$NAME-0" >/dev/null 2>&1
+podman stop -t 60 "$NAME-0" >/dev/null 2>&1
 st=$(podman inspect -f '{{.State.ExitCode}}' "$NAME-0")
 [ "$st" = 0 ] && ok "SIGTERM (podman stop): exit 0" || bad "SIGTERM (podman stop): exit 0" "exit $st"
+podman rm "$NAME-0" >/dev/null 2>&1
+server 0 >"$TMP/out" 2>&1 || bad "server 0 again" "$(cat "$TMP/out")"
+S0=127.0.0.1:$(port "$NAME-0" 7070/tcp)
+M0=http://127.0.0.1:$(port "$NAME-0" 9464/tcp)
+wait_ready "$M0" && podman logs "$NAME-0" 2>&1 | grep -q 'restored checkpoint' &&
+  r=$("$BUILD/embps" --servers "$S0,$S1" --member 0 tables 2>"$TMP/err" | awk '$1 == "users" {print $6}') &&
+  [ "${r:-0}" = "${rows[0]}" ] &&
+  ok "server 0 restarted on its volume restores its ${rows[0]} rows" ||
+  bad "server 0 restarted on its volume restores its rows" "${r:-none} of ${rows[0]}" \
+    "$(podman logs "$NAME-0" 2>&1 | tail -5)" "$(cat "$TMP/err")"
+unset EMBPS_TOKEN_FILE
+podman rm -f -t 30 "$NAME-0" "$NAME-1" >/dev/null 2>&1
 
-# ---- 5. podman kube play: the StatefulSet's pod, unchanged but for hostPort
-if python3 "$ROOT/tests/ops/k8s_pod.py" "$ROOT/docker/k8s/statefulset.yaml" \
-     "$IMAGE" "$NAME-data" >"$TMP/kube.yaml" 2>"$TMP/out"; then
+# ---- 6. podman kube play: the StatefulSet's pod, the Secret as the kubelet
+# lays it out (root:fsGroup, defaultMode, ..data links) in a host directory
+S=$TMP/secret
+TS=..2026_11_25_14_03_12.123456789
+mkdir -p "$S/$TS"
+cp "$TMP/token" "$S/$TS/token"
+ln -s "$TS" "$S/..data"
+ln -s ..data/token "$S/token"
+chown -hR 0:10001 "$S"
+chmod 0755 "$TMP"
+chmod 3777 "$S"
+chmod 2755 "$S/$TS"
+chmod 0440 "$S/$TS/token"
+if /usr/bin/python3 "$ROOT/tests/ops/k8s_pod.py" "$ROOT/docker/k8s/statefulset.yaml" \
+     "$IMAGE" "$NAME-data" "$S" >"$TMP/kube.yaml" 2>"$TMP/out"; then
   ok "pod embps-0 and its claim cut out of the StatefulSet"
 else
   bad "pod embps-0 and its claim cut out of the StatefulSet" "$(cat "$TMP/out")"; finish
 fi
-# podman 4.3 looks the pod's secret volume up even though it is optional:
-# give it the Secret (podman 4.3 then does not show its key as
-# /etc/embps/auth/token as Kubernetes does, so the token is not checked)
-head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/token"
-podman secret rm "$AUTH" >/dev/null 2>&1
-{ cat <<YAML
-apiVersion: v1
-kind: Secret
-metadata:
-  name: $AUTH
-data:
-  token: $(base64 -w0 <"$TMP/token")
----
-YAML
-  cat "$TMP/kube.yaml"; } >"$TMP/kube-all.yaml" && mv "$TMP/kube-all.yaml" "$TMP/kube.yaml"
 if podman kube play "$TMP/kube.yaml" >"$TMP/out" 2>&1; then
   ok "podman kube play"
 else
@@ -189,7 +286,8 @@ for _ in $(seq 1 100); do
   podman logs "$ctr" 2>&1 | grep -q 'ready on' && { ready=1; break; }
   sleep 0.1
 done
-[ $ready = 1 ] && ok "kube pod: server ready" || bad "kube pod: server ready" "$(podman logs "$ctr" 2>&1 | tail -5)"
+[ $ready = 1 ] && ok "kube pod: server ready with the kubelet's token layout (root:10001 0440)" ||
+  bad "kube pod: server ready" "$(podman logs "$ctr" 2>&1 | tail -5)"
 # the start script built --cluster-servers from EMBPS_CLUSTER_SIZE (the
 # other pods do not exist here: they do not hold back readiness)
 if podman logs "$ctr" 2>&1 | grep -q 'cluster: asking the other 2 server(s)'; then
@@ -197,22 +295,63 @@ if podman logs "$ctr" 2>&1 | grep -q 'cluster: asking the other 2 server(s)'; th
 else
   bad "kube pod: --cluster-servers lists the 3 pods" "$(podman logs "$ctr" 2>&1 | tail -5)"
 fi
-uid=$(podman exec "$ctr" id -u 2>&1)
-[ "$uid" = 10001 ] && ok "kube pod: runs as uid 10001" || bad "kube pod: runs as uid 10001" "$uid"
-if podman exec "$ctr" touch /probe 2>/dev/null; then
+pid=$(podman inspect -f '{{.State.Pid}}' "$ctr")
+uid=$(awk '/^Uid:/{print $2}' "/proc/$pid/status" 2>/dev/null)
+groups=$(awk '/^Groups:/{$1 = ""; print}' "/proc/$pid/status" 2>/dev/null)
+[ "$uid" = 10001 ] && ok "kube pod: runs as uid 10001 (groups:$groups)" || bad "kube pod: runs as uid 10001" "$uid"
+if podman exec "$ctr" sh -c ': >/probe' 2>/dev/null; then
   bad "kube pod: root filesystem read-only"
 else
   ok "kube pod: root filesystem read-only"
 fi
-if podman exec "$ctr" sh -c 'touch /var/lib/embps/probe && rm /var/lib/embps/probe' 2>"$TMP/out"; then
-  ok "kube pod: data volume writable by the server"
-else
-  bad "kube pod: data volume writable by the server" "$(cat "$TMP/out")"
-fi
+podman logs "$ctr" 2>&1 | grep -q '"data dir /var/lib/embps: --fsync' &&
+  ok "kube pod: its data dir on the claim" ||
+  bad "kube pod: its data dir on the claim" "$(podman logs "$ctr" 2>&1 | tail -3)"
+podman exec "$ctr" embps-healthcheck >"$TMP/out" 2>&1 &&
+  ok "kube pod: health check passes with the mounted token" ||
+  bad "kube pod: health check passes" "$(cat "$TMP/out")"
+podman exec -e EMBPS_TOKEN_FILE= "$ctr" embps --servers 127.0.0.1:7070 tables >"$TMP/out" 2>&1
+grep -q 'auth token' "$TMP/out" && ok "kube pod: auth on (no token: refused)" ||
+  bad "kube pod: auth on (no token: refused)" "$(cat "$TMP/out")"
 if podman logs "$ctr" 2>&1 | grep -q '"event":"ready"'; then
   ok "kube pod: JSON log lines"
 else
   bad "kube pod: JSON log lines" "$(podman logs "$ctr" 2>&1 | tail -3)"
 fi
 podman kube down "$TMP/kube.yaml" >/dev/null 2>&1 && ok "podman kube down" || bad "podman kube down"
+
+# ---- 7. compose
+if command -v podman-compose >/dev/null; then
+  podman tag "$IMAGE" localhost/embps:latest
+  cd "$ROOT/docker"
+  export EMBPS_TOKEN_FILE=$TMP/token
+  COMPOSE_UP=1
+  pc() { podman-compose -p "$NAME" -f compose.yaml "$@" >>"$TMP/compose.log" 2>&1; }
+  # the token service first (podman-compose 1.0 does not wait for it)
+  pc up -d --no-build token
+  for _ in $(seq 1 100); do
+    [ "$(podman inspect -f '{{.State.Status}}' "${NAME}_token_1" 2>/dev/null)" = exited ] && break
+    sleep 0.1
+  done
+  pc up -d --no-build
+  done=0
+  for _ in $(seq 1 300); do
+    [ "$(podman inspect -f '{{.State.Status}}' "${NAME}_demo_1" 2>/dev/null)" = exited ] && { done=1; break; }
+    sleep 0.2
+  done
+  podman logs "${NAME}_demo_1" >"$TMP/out" 2>&1
+  st=$(podman inspect -f '{{.State.ExitCode}}' "${NAME}_demo_1" 2>/dev/null)
+  [ $done = 1 ] && [ "$st" = 0 ] && grep -q '^demo ' "$TMP/out" &&
+    ok "compose: token service, 3 servers with auth and data volumes, the demo client" ||
+    bad "compose: the demo client" "exit ${st:-none}" "$(tail -5 "$TMP/out")" "$(tail -20 "$TMP/compose.log")"
+  tok=$(podman volume inspect -f '{{.Mountpoint}}' "${NAME}_auth" 2>/dev/null)/token
+  [ "$(stat -c '%u:%g %a' "$tok" 2>/dev/null)" = "0:10001 440" ] &&
+    ok "compose: the token in the auth volume as the kubelet shows it (root:10001 0440)" ||
+    bad "compose: the token root:10001 0440" "$(stat -c '%u:%g %a' "$tok" 2>&1)"
+  pc down -v && COMPOSE_UP=0
+  cd - >/dev/null
+  unset EMBPS_TOKEN_FILE
+else
+  echo "# podman-compose not installed: compose not run (apt-get install podman-compose)"
+fi
 finish

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <pthread.h>
 
+#include "apply.h"
 #include "fuzz.h"
 #include "server.h"
 

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # test_configs.sh ROOT [SERVER] - offline checks of the deployment files:
 # yamllint of docker/; every pod spec in docker/k8s/ meets the restricted
-# Pod Security Standard and probes /readyz and /healthz over HTTP; the
-# Prometheus config passes promtool and every Grafana panel's query parses;
-# the systemd unit passes systemd-analyze verify (ExecStart pointed at
-# SERVER when given) with the settings it must have; README.md and
-# docker/README.md give the same bytes-per-row formula and /readyz
-# paragraph; the StatefulSet's start script builds --cluster-servers.
+# Pod Security Standard and probes /readyz and /healthz over HTTP, mounts
+# its token Secret as required with defaultMode 0440 and an fsGroup, keeps
+# its data on a claim with periodic checkpoints; the NetworkPolicy admits
+# only workers and members to 7070 and Prometheus to 9464; compose and the
+# image default to a token and a data dir (no --insecure anywhere), the
+# image is pinned, labelled, health-checked and built FROM scratch; the
+# Prometheus config (with its alert rules) passes promtool and every
+# Grafana panel's query parses; the systemd unit passes systemd-analyze
+# verify (ExecStart pointed at SERVER when given) with the settings it must
+# have; README.md and docker/README.md give the same bytes-per-row formula
+# and /readyz paragraph; the StatefulSet's start script builds
+# --cluster-servers and passes the token and checkpoint flags.
 set -u
 ROOT=$1
 SERVER=${2:-}
 TMP=$(mktemp -d /tmp/embps-configs-test.XXXXXX)
+mkdir "$TMP/token"
 trap 'rm -rf "$TMP"' EXIT
 . "$(dirname "$0")/tap.sh"
 PY=/usr/bin/python3
@@ -18,12 +25,12 @@ D=$ROOT/docker
 
 check "yamllint docker/" yamllint -s -c "$D/yamllint.yaml" "$D/k8s" "$D/compose.yaml" "$D/monitoring"
 
-check "k8s: restricted Pod Security Standard, HTTP probes, claims" $PY - "$D/k8s" <<'PY'
+check "k8s: restricted Pod Security Standard, HTTP probes, claims, auth on, NetworkPolicy" $PY - "$D/k8s" <<'PY'
 import glob, sys, yaml
 docs = [d for f in sorted(glob.glob(sys.argv[1] + "/*.yaml"))
         for d in yaml.safe_load_all(open(f)) if d]
 kinds = {d["kind"] for d in docs}
-assert {"StatefulSet", "Service", "PodDisruptionBudget"} <= kinds, kinds
+assert {"StatefulSet", "Service", "PodDisruptionBudget", "NetworkPolicy"} <= kinds, kinds
 ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                    "persistentVolumeClaim", "projected", "secret"}
 for d in docs:
@@ -54,17 +61,102 @@ for d in docs:
         assert "--data-dir /var/lib/embps" in " ".join(c.get("args", [])), c["name"]
         r = c["resources"]
         assert r["requests"]["memory"] == r["limits"]["memory"], r
+        args = " ".join(c.get("args", []))
+        assert "--insecure" not in args, "auth is on by default"
+        assert "--auth-token-file /etc/embps/auth/token" in args, args
+        assert "--checkpoint-every " in args, "periodic checkpoints bound the log"
+        assert mounts.get("/etc/embps/auth") == "auth", mounts
+    # the token Secret: required, shown 0440 to the pod's fsGroup, which
+    # the server's uid holds (README, Security)
+    auth = [v for v in pod["volumes"] if v["name"] == "auth"][0]["secret"]
+    assert auth.get("optional") is False, ("the Secret is required", auth)
+    assert auth.get("defaultMode") == 0o440, oct(auth.get("defaultMode", 0))
+    assert psc.get("fsGroup") and psc.get("runAsUser", 0) != 0, psc
     if d["kind"] == "StatefulSet":
         t = [v["metadata"]["name"] for v in d["spec"]["volumeClaimTemplates"]]
         assert t == ["data"], t
         aa = pod["affinity"]["podAntiAffinity"]
         terms = aa.get("requiredDuringSchedulingIgnoredDuringExecution", [])
         assert terms and terms[0]["topologyKey"] == "kubernetes.io/hostname", aa
+        pods = d["spec"]["selector"]["matchLabels"]
+# the NetworkPolicy: selects the embps pods, only ingress rules with a
+# source each, the protocol port from workers and members, metrics from
+# Prometheus, nothing else
+np = [d for d in docs if d["kind"] == "NetworkPolicy"]
+assert len(np) == 1, np
+np = np[0]["spec"]
+assert np["podSelector"]["matchLabels"] == pods, np["podSelector"]
+assert np["policyTypes"] == ["Ingress"], np["policyTypes"]
+allowed = {}
+for rule in np["ingress"]:
+    assert rule.get("from"), ("a rule without a source admits everyone", rule)
+    for p in rule["ports"]:
+        allowed.setdefault(p["port"], []).extend(rule["from"])
+assert set(allowed) == {"embps", "metrics"}, allowed
+sel = lambda f: f.get("podSelector", {}).get("matchLabels", {})
+assert {"embps-client": "true"} in [sel(f) for f in allowed["embps"]], allowed["embps"]
+assert pods in [sel(f) for f in allowed["embps"]], "members ask each other"
+assert [sel(f).get("app.kubernetes.io/name") for f in allowed["metrics"]] == ["prometheus"]
+kust = yaml.safe_load(open(sys.argv[1] + "/kustomization.yaml"))
+assert "networkpolicy.yaml" in kust["resources"], kust
+PY
+
+check "compose: a token secret laid out root:10001 0440, data volumes, no --insecure" \
+  $PY - "$D/compose.yaml" <<'PY'
+import sys, yaml
+c = yaml.safe_load(open(sys.argv[1]))
+servers = {n: s for n, s in c["services"].items() if n.startswith("embps-")}
+assert len(servers) == 3, list(c["services"])
+for n, s in servers.items():
+    args = s["command"]
+    assert "--insecure" not in args, n
+    assert args[args.index("--auth-token-file") + 1] == "/etc/embps/auth/token", n
+    assert args[args.index("--data-dir") + 1] == "/var/lib/embps", n
+    assert "--checkpoint-every" in args, n
+    vols = dict(v.split(":", 1) for v in s["volumes"])
+    assert vols["data-" + n[-1]] == "/var/lib/embps", vols
+    assert vols["auth"] == "/etc/embps/auth:ro", vols
+    assert s["depends_on"]["token"]["condition"] == "service_completed_successfully"
+    assert all(p.startswith("127.0.0.1:") for p in s["ports"]), s["ports"]
+t = c["services"]["token"]
+assert t["user"] == "0:10001" and "umask 0227" in t["command"][0], t
+assert c["secrets"]["embps-token"]["file"], c["secrets"]
+assert c["services"]["demo"]["environment"]["EMBPS_TOKEN_FILE"] == "/etc/embps/auth/token"
+PY
+
+check "image: pinned base, FROM scratch, token and data dir by default, labels, health check" \
+  $PY - "$D/Dockerfile" "$ROOT/CMakeLists.txt" <<'PY'
+import json, re, sys
+text = open(sys.argv[1]).read()
+df = re.sub(r"\\\n", " ", text)
+lines = [l.strip() for l in df.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+base = re.search(r"^ARG BASE=(\S+)", df, re.M).group(1)
+assert re.search(r"@sha256:[0-9a-f]{64}$|:[a-z]+-\d{8}-slim$|:\d+\.\d+-slim$", base), \
+    ("the base image is pinned (a dated tag or a digest)", base)
+froms = [l for l in lines if l.startswith("FROM ")]
+assert froms[-1] == "FROM scratch", froms
+for l in lines:
+    if "apt-get install" in l:
+        assert "rm -rf /var/lib/apt/lists/*" in l, ("no apt lists left", l)
+cmd = json.loads(re.search(r"^CMD (\[.*\])$", df, re.M).group(1))
+assert "--insecure" not in cmd, cmd
+assert cmd[cmd.index("--auth-token-file") + 1] == "/run/secrets/embps-token", cmd
+vol = json.loads(re.search(r"^VOLUME (\[.*\])$", df, re.M).group(1))
+assert cmd[cmd.index("--data-dir") + 1] in vol, (cmd, vol)
+assert re.search(r"^HEALTHCHECK .*CMD \[\"embps-healthcheck\"\]", df, re.M), "health check"
+assert re.search(r"^USER 10001:10001$", df, re.M)
+labels = dict(re.findall(r"(org\.opencontainers\.image\.[a-z.]+)=\"([^\"]*)\"", df))
+for k in ("title", "description", "version", "revision", "licenses", "base.name"):
+    assert "org.opencontainers.image." + k in labels, ("OCI label", k, labels)
+version = re.search(r"project\(embps VERSION ([0-9.]+)", open(sys.argv[2]).read()).group(1)
+assert re.search(r"^ARG EMBPS_VERSION=%s$" % re.escape(version), df, re.M), \
+    ("the image version label follows CMakeLists.txt", version)
+assert "embps-mf-demo" not in df, "no demo binary in the image"
 PY
 
 # the StatefulSet's start script, run as pod embps-1 with embps-server
 # replaced by a stub that prints its arguments
-check "k8s: pod embps-1 gets --cluster-servers of every pod, slot 1" $PY - "$D/k8s/statefulset.yaml" "$TMP" <<'PY'
+check "k8s: pod embps-1 gets --cluster-servers of every pod, slot 1, the token" $PY - "$D/k8s/statefulset.yaml" "$TMP" <<'PY'
 import os, subprocess, sys, yaml
 sts = next(d for d in yaml.safe_load_all(open(sys.argv[1]))
            if d and d["kind"] == "StatefulSet")
@@ -85,6 +177,8 @@ want = ",".join("%s-%d.%s:7070" % (sts["metadata"]["name"], i, svc)
                 for i in range(n))
 assert args[args.index("--cluster-servers") + 1] == want, args
 assert args[args.index("--cluster-index") + 1] == "1", args
+assert args[args.index("--auth-token-file") + 1] == "/etc/embps/auth/token", args
+assert "--insecure" not in args and "--checkpoint-every" in args, args
 assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 PY
 
@@ -117,15 +211,41 @@ fi
 
 UNIT=$ROOT/server/embps-server.service
 missing=
-for want in 'LimitNOFILE=' 'NoNewPrivileges=yes' 'ProtectSystem=strict' \
-            'StateDirectory=embps' '--data-dir %S/embps/data' '--metrics-listen'; do
+for want in 'Type=notify' 'LimitNOFILE=' 'NoNewPrivileges=yes' 'ProtectSystem=strict' \
+            'StateDirectory=embps' '--data-dir %S/embps/data' '--metrics-listen' \
+            '--checkpoint-every ' 'UMask=0077' 'SystemCallFilter=@system-service' \
+            'MemoryDenyWriteExecute=yes' 'ProtectClock=yes' 'ProtectKernelLogs=yes' \
+            'ProtectHostname=yes' 'ProtectProc=invisible' 'ProcSubset=pid' \
+            'RestrictRealtime=yes' '#LoadCredential=token:' '--auth-token-file %d/token' \
+            'ExecStart=/opt/embps/bin/embps-server'; do
   grep -qF -- "$want" "$UNIT" || missing="$missing $want"
 done
 [ -z "$missing" ] && ok "systemd unit has its settings" || bad "systemd unit has its settings" "missing:$missing"
 if command -v systemd-analyze >/dev/null && [ -n "$SERVER" ]; then
-  sed "s|/usr/local/bin/embps-server|$SERVER|" "$UNIT" >"$TMP/embps-server.service"
+  sed "s|/opt/embps/bin/embps-server|$SERVER|" "$UNIT" >"$TMP/embps-server.service"
   check "systemd-analyze verify embps-server.service" \
-    systemd-analyze verify "$TMP/embps-server.service"
+    systemd-analyze verify --man=no "$TMP/embps-server.service"
+  # the token variant its comments describe: LoadCredential= and the
+  # commented ExecStart= in place of the first
+  $PY - "$TMP/embps-server.service" >"$TMP/token/embps-server.service" 2>"$TMP/out" <<'PY'
+import re, sys
+s = open(sys.argv[1]).read()
+first = re.search(r"^ExecStart=.*?[^\\]\n", s, re.M | re.S)
+s = s[:first.start()] + s[first.end():]
+s = re.sub(r"^#(LoadCredential=.*\n)", r"\1", s, flags=re.M)
+s = re.sub(r"^#(ExecStart=.*?\n)((?:#  .*\n)*)",
+           lambda m: m.group(1) + re.sub(r"^#", "", m.group(2), flags=re.M),
+           s, flags=re.M)
+assert s.count("\nExecStart=") == 1 and "\nLoadCredential=token:" in s, s
+print(s, end="")
+PY
+  check "systemd-analyze verify: the LoadCredential= variant" \
+    systemd-analyze verify --man=no "$TMP/token/embps-server.service"
+  exposure=$(systemd-analyze security --offline=yes "$TMP/embps-server.service" 2>/dev/null |
+             sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+  awk -v e="${exposure:-99}" 'BEGIN { exit !(e <= 2.0) }' &&
+    ok "systemd-analyze security: exposure $exposure (at most 2.0)" ||
+    bad "systemd-analyze security: exposure at most 2.0" "${exposure:-none}"
 fi
 
 # the formula: the fenced lines after "Bytes per row" in each README

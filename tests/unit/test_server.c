@@ -12,7 +12,9 @@
  *    while another server of the process runs it, after every thread is
  *    up) returns its code, never prints the ready line (a successful one
  *    does), leaves no thread or descriptor behind (and no memory: LSan in
- *    `make test-sanitize`), and leaves the live server serving. */
+ *    `make test-sanitize`), and leaves the live server serving;
+ *  - a checkpoint that lists one table name twice is refused, and the
+ *    failed restore leaves nothing behind either. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -28,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt.h"
 #include "embps/embps.h"
 #include "server.h"
 
@@ -396,6 +399,37 @@ static void test_create_failures(void **state) {
   free(dir);
 }
 
+/* A checkpoint whose manifest holds two tables named "emb" (two
+ * incarnations): the restore must refuse it and undo everything it did,
+ * memory included (LSan sees what it kept). */
+static void test_checkpoint_table_twice(void **state) {
+  (void)state;
+  char *dir = make_tmpdir(), err[512];
+  embps_ckpt_table_t tables[2];
+  memset(tables, 0, sizeof tables);
+  for (int i = 0; i < 2; i++) {
+    embps_table_spec_init(&tables[i].spec, "emb", DIM, EMBPS_OPT_SGD);
+    tables[i].spec.rows = ROWS;
+    assert_int_equal(embps_table_create(&tables[i].spec, 4, 1,
+                                        &tables[i].table), 0);
+    tables[i].incarnation = (uint64_t)i + 1;
+    embps_table_set_incarnation(tables[i].table, tables[i].incarnation);
+  }
+  embps_ckpt_t c = {.lsn = 2, .cluster_size = 1, .shards = 4,
+                    .tables = tables, .n_tables = 2};
+  embps_ckpt_result_t res;
+  assert_int_equal(embps_ckpt_write(dir, &c, &res, err, sizeof err), 0);
+  for (int i = 0; i < 2; i++)
+    embps_table_unref(tables[i].table);
+
+  embps_server_config_t cfg;
+  config(&cfg, "--data-dir", dir, NULL);
+  create_fails(&cfg, EMBPS_EIO, NULL);
+  create_fails(&cfg, EMBPS_EIO, NULL); /* and again: the lock was released */
+  remove_tree(dir);
+  free(dir);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN); /* as the daemon does (server.h) */
   embps_log_set_level(EMBPS_LOG_WARN);
@@ -404,6 +438,7 @@ int main(void) {
       cmocka_unit_test(test_data_dir_final_checkpoint),
       cmocka_unit_test(test_stop_before_run_and_destroy_unrun),
       cmocka_unit_test(test_create_failures),
+      cmocka_unit_test(test_checkpoint_table_twice),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

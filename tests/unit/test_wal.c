@@ -17,7 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "server.h"
 #include "wal.h"
 
 typedef struct {
@@ -38,10 +37,10 @@ static int visit(void *ctx, const embps_wal_rec_t *r, char *err,
 }
 
 static int acks;
-static void done(void *ctx, embps_request_t *req, const char *err) {
+static void done(void *ctx, embps_wal_waiter_t *waiter, const char *err) {
   assert_null(err);
   acks++;
-  free(req);
+  free(waiter);
 }
 
 static void make_dir(char *dir, size_t len) {
@@ -72,8 +71,8 @@ static void write_log(const char *dir, uint64_t first, int n,
     struct iovec parts[2] = {{a, sizeof a}, {b, (size_t)i % 40}};
     assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, first + i, parts, 2,
                                       err, sizeof err), 0);
-    embps_request_t *req = calloc(1, sizeof *req);
-    embps_wal_wait(w, req, first + i);
+    embps_wal_waiter_t *waiter = calloc(1, sizeof *waiter);
+    embps_wal_wait(w, waiter, first + i);
   }
   embps_wal_close(w);
 }

@@ -1,0 +1,118 @@
+/* push.c - see push.h. One step: prepare the table (rows made, memory
+ * reserved; may refuse with nothing changed), log the merged gradient with
+ * every request's (client, seq) at the next LSN, commit; then every
+ * request of the step is recorded as applied (exactly once) and answered.
+ * A refusal at any point leaves the table as it was. */
+#include "push.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "durable.h"
+#include "server.h"
+
+/* "applied" (built in place: this is every push's reply). */
+static void push_reply(embps_server_t *srv, embps_request_t *req,
+                       int duplicate) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PUSH | EMBPS_KIND_REPLY;
+  m.u.push_reply.applied = 1;
+  m.u.push_reply.duplicate = duplicate;
+  m.u.push_reply.n_unique = (uint32_t)req->n_unique;
+  if (embps_frame_build(&m, req->hdr.req_id, 0, &req->reply, &req->reply_len,
+                        NULL))
+    embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
+}
+
+/* Applies one step to table (prepare, log, commit); on success records
+ * every request's (client, seq) and replies "applied" to each of `reqs`
+ * (linked list), else fails each. Returns the LSN to acknowledge at (0:
+ * now). */
+static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
+                     embps_table_t *table, const int64_t *idx,
+                     const float *vals, size_t n) {
+  embps_server_t *srv = ctx->srv;
+  embps_durable_t *dur = srv->dur;
+  char msg[2048];
+  uint64_t lsn = 0;
+  const char *failed = dur ? embps_durable_failed(dur) : NULL;
+  int rc = failed ? EMBPS_EIO : 0;
+  if (failed)
+    snprintf(msg, sizeof msg, "%s", failed);
+  if (!rc)
+    rc = embps_table_prepare(table, &ctx->scratch, idx, n,
+                             srv->cfg.max_memory);
+  if (!rc && dur) {
+    embps_table_info_t info;
+    embps_table_info(table, &info);
+    rc = embps_durable_log_push(dur, ctx->lsn + 1, table, info.step + 1,
+                                reqs, idx, vals, n, msg, sizeof msg);
+    if (!rc)
+      lsn = embps_apply_logged(ctx, ctx->lsn + 1);
+  }
+  if (!rc)
+    embps_table_commit(table, &ctx->scratch, idx, vals, n, lsn);
+  for (embps_request_t *req = reqs; req; req = req->next) {
+    const embps_push_t *p = &req->msg.u.push;
+    if (rc == EMBPS_EIO) {
+      embps_request_fail(srv, req, rc, "%s", msg);
+    } else if (rc == EMBPS_ELIMIT) {
+      embps_request_fail(srv, req, rc, "--max-memory %llu bytes reached; "
+                         "push refused, nothing changed",
+                         (unsigned long long)srv->cfg.max_memory);
+    } else if (rc) {
+      embps_request_fail(srv, req, rc, "push refused, nothing changed: %s",
+                         embps_strerror(rc));
+    } else {
+      if (p->client_id && p->seq)
+        embps_seen_record(&ctx->seen, p->client_id, p->seq);
+      atomic_fetch_add_explicit(&srv->counters.pushes, 1,
+                                memory_order_relaxed);
+      atomic_fetch_add_explicit(&srv->counters.push_rows, req->n_unique,
+                                memory_order_relaxed);
+      embps_metrics_pushed(req);
+      push_reply(srv, req, 0);
+    }
+  }
+  return lsn;
+}
+
+void embps_push_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
+  embps_server_t *srv = ctx->srv;
+  const embps_push_t *p = &req->msg.u.push;
+  if (embps_seen_applied(&ctx->seen, p->client_id, p->seq)) {
+    push_reply(srv, req, 1); /* acknowledged once what it saw is durable */
+    embps_durable_ack(srv->dur, req, ctx->lsn);
+    return;
+  }
+  if (srv->dur) { /* dropped since dispatch: its pushes are not logged */
+    embps_table_t *now = embps_registry_get(&srv->registry, p->table);
+    embps_table_unref(now);
+    if (now != req->table) {
+      embps_request_fail(srv, req, EMBPS_ENOTABLE, "table \"%s\" was "
+                         "dropped", p->table);
+      embps_durable_ack(srv->dur, req, 0);
+      return;
+    }
+  }
+  if (!embps_table_spec(req->table)->sync_workers) {
+    uint64_t lsn =
+        step(ctx, req, req->table, req->idx, req->vals, req->n_unique);
+    embps_durable_ack(srv->dur, req, lsn);
+    return;
+  }
+  embps_request_t *ready = NULL;
+  const int64_t *idx = NULL;
+  const float *vals = NULL;
+  size_t n = 0;
+  int rc = embps_sync_offer(&ctx->sync, srv, req, &ready, &idx, &vals, &n);
+  if (rc < 0) {
+    embps_durable_ack(srv->dur, req, 0);
+  } else if (rc == 1) {
+    uint64_t lsn = step(ctx, ready, req->table, idx, vals, n);
+    embps_durable_ack(srv->dur, ready, lsn);
+  } else if (rc == 2) {
+    embps_durable_ack(srv->dur, ready, 0);
+  } /* rc == 0: held until the step's other pushes arrive */
+}
