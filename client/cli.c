@@ -40,7 +40,9 @@ static const char usage[] =
     "             --indices-file F --values-file F) [--step S]\n"
     "  stats [--json]\n"
     "  checkpoint           take a checkpoint on every server (--data-dir)\n"
-    "  export NAME --out DIR [--with-state]   rows to .npy files + spec.json\n"
+    "  export NAME --out DIR [--with-state | --dense]\n"
+    "                       rows to .npy files + spec.json (--dense: every\n"
+    "                       row of a fixed-size table, [rows, dim] by id)\n"
     "  import NAME --from DIR [--with-state] [--create]\n"
     "  evict NAME           evict expired rows and those of L2 norm below\n"
     "                       --evict-l2-below now\n"
@@ -780,7 +782,7 @@ static int cmd_checkpoint(cmd_t *cmd) {
 }
 
 /* export and import: NAME, then DIR after `dir_flag`; --with-state (or
- * DESIGN.md's --state) and, for import, --create. */
+ * DESIGN.md's --state), for export --dense and for import --create. */
 static int export_import(cmd_t *cmd, int import) {
   const char *what = import ? "import" : "export";
   const char *dir_flag = import ? "--from" : "--out", *dir = NULL;
@@ -793,6 +795,8 @@ static int export_import(cmd_t *cmd, int import) {
       flags |= import ? EMBPS_IMPORT_STATE : EMBPS_EXPORT_STATE;
     else if (import && !strcmp(a, "--create"))
       flags |= EMBPS_IMPORT_CREATE;
+    else if (!import && !strcmp(a, "--dense"))
+      flags |= EMBPS_EXPORT_DENSE;
     else if (!strcmp(a, dir_flag) && i + 1 < cmd->argc)
       dir = cmd->argv[++i];
     else
