@@ -152,7 +152,12 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
  *   /metrics counters (summed over the process's servers), and the table
  *   bytes --max-memory limits (likewise summed); at most one server of a
  *   process may serve --metrics-listen, and one --cluster-servers, at a
- *   time. The process must ignore SIGPIPE (main.c does). */
+ *   time. The process must ignore SIGPIPE (main.c does).
+ * The process should also start with OMP_WAIT_POLICY=passive in its
+ *   environment: the OpenMP runtime reads it once, as it loads, and
+ *   without it the apply's team threads spin after every push, taking
+ *   cores from the I/O threads. The daemon re-executes itself to set it
+ *   (main.c); an embedder sets it before its process starts. */
 int embps_server_create(const embps_server_config_t *cfg,
                         embps_server_t **out);
 int embps_server_port(const embps_server_t *srv);

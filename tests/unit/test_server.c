@@ -225,12 +225,11 @@ static footprint_t footprint(void) {
                        count_entries("/proc/self/fd")};
 }
 
-/* This process's threads once they are `want`, or after 2 s: the /proc
- * entries of threads a stopped server joined (and libgomp's team of its
- * apply thread) may outlive it briefly. */
-static int threads_settle(int want) {
+/* This process's threads once they are no more than `most`, or after
+ * 2 s: a joined thread's /proc entry may outlive pthread_join briefly. */
+static int threads_settle(int most) {
   int n = count_entries("/proc/self/task");
-  for (int ms = 0; n != want && ms < 2000; ms += 10) {
+  for (int ms = 0; n > most && ms < 2000; ms += 10) {
     usleep(10000);
     n = count_entries("/proc/self/task");
   }
@@ -254,7 +253,9 @@ static void create_fails(const embps_server_config_t *cfg, int code,
     fail_msg("create returned %s, expected %s", embps_err_name(rc),
              embps_err_name(code));
   assert_null(srv);
-  assert_int_equal(after.threads, before.threads);
+  /* a joined thread's /proc entry may outlive pthread_join briefly (so
+   * `before` may count one of an earlier create, gone since) */
+  assert_in_range(after.threads, 0, before.threads);
   assert_int_equal(after.fds, before.fds);
   if (strstr(said, READY_LINE))
     fail_msg("a failed create printed the ready line");
@@ -342,9 +343,15 @@ static void test_create_failures(void **state) {
   embps_client_t *c = start_pushed(&live, dir);
   embps_server_config_t cfg;
   snprintf(busy, sizeof busy, "127.0.0.1:%d", embps_server_port(live.srv));
+  /* LLVM's OpenMP runtime (make test-tsan's) keeps the workers of a team
+   * whose thread exited in a pool, for the next team: the first apply
+   * thread to run beside live's leaves one there. A first failed create
+   * fills the pool before any footprint is taken. */
+  embps_server_t *srv;
+  config(&cfg, "--listen", busy, NULL);
+  assert_int_equal(embps_server_create(&cfg, &srv), -EADDRINUSE);
 
   /* the port is taken: before any data dir, and after one was restored */
-  config(&cfg, "--listen", busy, NULL);
   create_fails(&cfg, -EADDRINUSE, NULL);
   char other[512];
   snprintf(other, sizeof other, "%s/other", dir);
@@ -352,11 +359,9 @@ static void test_create_failures(void **state) {
   create_fails(&cfg, -EADDRINUSE, NULL);
   /* its lock was released: the same data dir opens again */
   config(&cfg, "--data-dir", other, NULL);
-  int threads = footprint().threads;
   running_t again;
   start(&again, &cfg);
   assert_int_equal(finish(&again), 0);
-  assert_int_equal(threads_settle(threads), threads);
 
   /* the data dir cannot be made (under a file), or a live server has it */
   snprintf(path, sizeof path, "%s/file", dir);
