@@ -1,6 +1,6 @@
 /* main.c - the embps-server daemon: the OpenMP wait policy (one re-exec,
- * below), flags, process set-up, then the server library (net.c): create,
- * run until SIGTERM or SIGINT, destroy. */
+ * below), flags, process set-up, then the server library (server.c):
+ * create, run until SIGTERM or SIGINT, destroy. */
 #include <errno.h>
 #include <malloc.h>
 #include <omp.h>

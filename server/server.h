@@ -26,7 +26,8 @@
  * Files, top down: each calls only files after it (no two call each
  * other, directly or around a loop: tests/ops/test_layers.sh checks it
  * from the object files):
- *   net.c          lifecycle, listener, connections, event loops
+ *   server.c       lifecycle, listener, the main loop
+ *   conn.c         connections and their budgets, the I/O threads' loops
  *   dispatch.c     each request kind on its I/O thread
  *   apply.c        the apply thread: runs req->run, in order
  *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
@@ -146,7 +147,7 @@ typedef enum {
 embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                                 int *authed, embps_scratch_t *scratch);
 
-/* ---- net.c: a server's lifecycle, in libuv's shape ----
+/* ---- server.c: a server's lifecycle, in libuv's shape ----
  * create   (cfg is copied) restores --data-dir, starts the apply, metrics,
  *          checkpoint and I/O threads, listens, writes --port-file and
  *          prints the ready line. 0 with *out set, or a negative code
