@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -426,12 +427,12 @@ typedef struct {
   const char *reply; /* whole HTTP response; NULL: accept, never answer */
   size_t reply_len;
   pthread_t th;
-  volatile int stop;
+  atomic_int stop;
 } fake_t;
 
 static void *fake_run(void *arg) {
   fake_t *f = arg;
-  while (!f->stop) {
+  while (!atomic_load(&f->stop)) {
     int c = accept(f->fd, NULL, NULL);
     if (c < 0)
       break;
@@ -453,7 +454,7 @@ static void *fake_run(void *arg) {
       it_send_full(c, f->reply, f->reply_len);
       close(c);
     } else {
-      while (!f->stop) /* never answer */
+      while (!atomic_load(&f->stop)) /* never answer */
         it_sleep_ms(20);
       close(c);
     }
@@ -477,7 +478,7 @@ static void fake_start(fake_t *f, const char *reply, size_t len) {
 }
 
 static void fake_stop(fake_t *f) {
-  f->stop = 1;
+  atomic_store(&f->stop, 1);
   shutdown(f->fd, SHUT_RDWR);
   pthread_join(f->th, NULL);
   close(f->fd);
