@@ -48,6 +48,7 @@
 #include <uv.h>
 
 #include "conn.h"
+#include "failover.h"
 #include "framer.h"
 #include "server.h"
 
@@ -200,6 +201,7 @@ static void on_write(uv_write_t *w, int status) {
 
 /* Sends req's reply (taking it) and frees req. */
 static void send_reply(embps_conn_t *c, embps_request_t *req) {
+  embps_failover_check_reply(c->io->srv, req); /* a fence that just ended */
   uint8_t *buf = req->reply;
   size_t len = req->reply_len;
   req->reply = NULL;

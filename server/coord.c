@@ -69,6 +69,7 @@ struct embps_coord {
   /* the thread's own */
   int64_t lease;
   uint64_t lease_sent_ns, next_renew_ns;
+  uint64_t lease_sent_boot; /* lease_sent_ns on the fence's clock */
   int registered;          /* P/servers/ADDR exists under this lease */
   int promoted;            /* won an epoch and promoted: may hold the fence */
   int was_primary;         /* held the key before: a rejoin follows */
@@ -190,9 +191,15 @@ int embps_coord_create(const embps_coord_config_t *cfg, embps_coord_t **out,
   return 0;
 }
 
+uint64_t embps_coord_clock_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 int embps_coord_may_write(const embps_coord_t *c) {
   uint64_t f = atomic_load_explicit(&c->fence, memory_order_acquire);
-  return f && embps_now_ns() < f;
+  return f && embps_coord_clock_ns() < f;
 }
 
 uint64_t embps_coord_fence_ns(const embps_coord_t *c) {
@@ -220,7 +227,7 @@ void embps_coord_kick(embps_coord_t *c) {
 static void publish_fence(embps_coord_t *c) {
   uint64_t f = 0;
   if (c->promoted && c->lease)
-    f = c->lease_sent_ns + c->lease_ns - c->margin_ns;
+    f = c->lease_sent_boot + c->lease_ns - c->margin_ns;
   atomic_store_explicit(&c->fence, f, memory_order_release);
 }
 
@@ -248,7 +255,7 @@ static void etcd_ok(embps_coord_t *c) {
 static int grant(embps_coord_t *c) {
   const int64_t ttl_s = (int64_t)((c->lease_ns + 999 * MS) / (1000 * MS));
   int64_t id, ttl;
-  const uint64_t sent = embps_now_ns();
+  const uint64_t sent = embps_now_ns(), sent_boot = embps_coord_clock_ns();
   if (embps_etcd_lease_grant(c->etcd, ttl_s, &id, &ttl)) {
     etcd_failed(c, "lease grant");
     return -1;
@@ -256,6 +263,7 @@ static int grant(embps_coord_t *c) {
   etcd_ok(c);
   c->lease = id;
   c->lease_sent_ns = sent;
+  c->lease_sent_boot = sent_boot;
   c->next_renew_ns = sent + c->renew_ns;
   c->registered = 0;
   logf_(c, 0, "coordinator: lease %" PRIx64 " of %" PRId64 " s from %s",
@@ -277,11 +285,12 @@ static void lease_lost(embps_coord_t *c, const char *why) {
 
 static void renew(embps_coord_t *c) {
   int64_t ttl;
-  const uint64_t sent = embps_now_ns();
+  const uint64_t sent = embps_now_ns(), sent_boot = embps_coord_clock_ns();
   int rc = embps_etcd_lease_keepalive(c->etcd, c->lease, &ttl);
   if (rc == 0) {
     etcd_ok(c);
     c->lease_sent_ns = sent;
+    c->lease_sent_boot = sent_boot;
     c->next_renew_ns = sent + c->renew_ns;
     publish_fence(c);
     pthread_mutex_lock(&c->mu);
@@ -377,6 +386,29 @@ static int parse_value(const embps_etcd_kv_t *kv, char *addr, uint32_t *epoch,
   return rc;
 }
 
+int embps_coord_read_primary(embps_etcd_t *e, const char *cluster,
+                             uint32_t member, char *addr, size_t cap,
+                             uint32_t *epoch) {
+  char key[160];
+  embps_coord_prefix(cluster, member, key, sizeof key - 8);
+  strcat(key, "/primary");
+  embps_etcd_kvs_t kvs;
+  int rc = embps_etcd_range(e, key, strlen(key), 0, &kvs);
+  if (rc)
+    return rc;
+  char a[EMBPS_COORD_ADDR_MAX];
+  uint64_t lsn;
+  rc = 0;
+  if (kvs.n) {
+    rc = parse_value(&kvs.v[0], a, epoch, &lsn, NULL, NULL, NULL) ? -EPROTO
+                                                                  : 1;
+    if (rc == 1)
+      snprintf(addr, cap, "%s", a);
+  }
+  embps_etcd_kvs_free(&kvs);
+  return rc;
+}
+
 static int read_slot(embps_coord_t *c, view_t *v) {
   memset(v, 0, sizeof *v);
   embps_etcd_kvs_t kvs;
@@ -441,25 +473,32 @@ static void set_status(embps_coord_t *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* We hold P/primary of epoch e: promote, then let writes through. */
+/* We hold P/primary of epoch e: a fresh fence, then the promotion. The
+ * fence is published first so that writes go through the moment the
+ * owner takes them (its role changes inside promote): the owner accepts
+ * none before promote returns. */
 static void become_primary(embps_coord_t *c, uint32_t e) {
   c->in_election = 0;
   c->epoch = e;
+  c->promoted = 1;
+  renew(c); /* a fresh fence (the last one stands if etcd does not answer) */
+  publish_fence(c);
+  if (!c->promoted) /* the lease was gone at renewal: the key with it */
+    return;
   if (c->cfg.promote(c->cfg.ctx, e)) {
     logf_(c, 1, "coordinator: promotion to epoch %" PRIu32 " failed: giving "
           "the key back", e);
+    c->promoted = 0;
+    publish_fence(c);
     embps_etcd_lease_revoke(c->etcd, c->lease);
     c->lease = 0;
     c->registered = 0;
     return;
   }
-  c->promoted = 1;
   c->was_primary = 0;
   c->role = EMBPS_COORD_PRIMARY;
   c->following[0] = 0;
   c->following_epoch = e;
-  renew(c); /* a fresh fence */
-  publish_fence(c);
   pthread_mutex_lock(&c->mu);
   c->st.elections_won++;
   pthread_mutex_unlock(&c->mu);

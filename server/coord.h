@@ -24,8 +24,9 @@
  *
  * Fencing. etcd restarts a lease's TTL when it receives a keepalive,
  * which is after we sent it. So if the holder measures from the moment it
- * sent its last successful keepalive (t_s, CLOCK_MONOTONIC), its lease
- * cannot have ended at etcd before t_s + lease. The holder acknowledges
+ * sent its last successful keepalive (t_s, CLOCK_BOOTTIME: monotonic and,
+ * unlike CLOCK_MONOTONIC, counting the time a suspended machine slept),
+ * its lease cannot have ended at etcd before t_s + lease. The holder acknowledges
  * writes only while now < t_s + lease - margin (embps_coord_may_write;
  * margin = max(lease/10, 100 ms)): the margin covers the rate difference
  * of two machines' clocks (parts per million) and the time between the
@@ -136,7 +137,7 @@ typedef struct {
   char primary[EMBPS_COORD_ADDR_MAX]; /* its address ("" none known) */
   uint64_t renewals, renewal_failures; /* lease keepalives */
   uint64_t elections_won, demotions;
-  uint64_t fence_ns;                /* may write before this (0: not) */
+  uint64_t fence_ns; /* may write before this (0: not; embps_coord_clock_ns) */
   char error[256];                  /* the last etcd error ("" none) */
 } embps_coord_status_t;
 
@@ -153,12 +154,22 @@ void embps_coord_destroy(embps_coord_t *c, int resign);
 /* Whether this server may acknowledge a write now: primary, promoted,
  * and before its fence. Cheap: one atomic load and the clock. */
 int embps_coord_may_write(const embps_coord_t *c);
-/* The fence: may write while CLOCK_MONOTONIC < this (0: may not). */
+/* The fence: may write while embps_coord_clock_ns() < this (0: may
+ * not). */
 uint64_t embps_coord_fence_ns(const embps_coord_t *c);
+/* The fence's clock: CLOCK_BOOTTIME, in ns. */
+uint64_t embps_coord_clock_ns(void);
 void embps_coord_status(embps_coord_t *c, embps_coord_status_t *s);
 /* The owner's state changed (e.g. caught up): look again now. */
 void embps_coord_kick(embps_coord_t *c);
 const char *embps_coord_role_name(embps_coord_role_t r);
+/* Reads who holds the slot's primary key now, with client e: 1 with its
+ * address (cap bytes) and epoch, 0 when no one does, or a negative code
+ * (embps_etcd_error says why; -EPROTO: a value that does not parse). */
+struct embps_etcd;
+int embps_coord_read_primary(struct embps_etcd *e, const char *cluster,
+                             uint32_t member, char *addr, size_t cap,
+                             uint32_t *epoch);
 /* The key prefix of a slot: /embps/NAME/member/I (cap bytes). */
 void embps_coord_prefix(const char *cluster, uint32_t member, char *out,
                         size_t cap);

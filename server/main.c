@@ -102,6 +102,7 @@ int main(int argc, char **argv) {
   if (cfg.omp_threads)
     omp_set_num_threads((int)cfg.omp_threads);
   cfg.handle_signals = 1;
+  cfg.argv = argv; /* a server the coordinator demotes starts over with it */
   embps_server_t *srv;
   if (embps_server_create(&cfg, &srv))
     return 1;
