@@ -54,20 +54,36 @@ static int parse_servers(embps_client_t *c, const char *list, char *err,
   for (uint32_t i = 0; i < n; i++) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
-    char item[300];
     conn_t *k = &c->conns[i];
     k->fd = -1;
-    if (len == 0 || len >= sizeof item) {
+    if (len == 0 || len >= sizeof k->alts) {
       snprintf(err, err_len, "bad server list \"%s\"", list);
       return EMBPS_EINVAL;
     }
-    memcpy(item, p, len);
-    item[len] = 0;
-    if (embps_parse_hostport(item, k->host, sizeof k->host, &k->port)) {
-      snprintf(err, err_len, "\"%s\" is not HOST:PORT", item);
-      return EMBPS_EINVAL;
+    memcpy(k->alts, p, len);
+    k->alts[len] = 0;
+    /* "a:1|b:2": the servers of one member, each HOST:PORT */
+    int rc = 0;
+    for (const char *a = k->alts; !rc; k->n_alts++) {
+      const char *bar = strchr(a, '|');
+      size_t alen = bar ? (size_t)(bar - a) : strlen(a);
+      char item[300], host[256];
+      int port;
+      if (alen >= sizeof item)
+        alen = sizeof item - 1;
+      memcpy(item, a, alen);
+      item[alen] = 0;
+      if (!alen || embps_parse_hostport(item, host, sizeof host, &port)) {
+        snprintf(err, err_len, "\"%s\" is not HOST:PORT", item);
+        return EMBPS_EINVAL;
+      }
+      if (!bar)
+        rc = 1;
+      else
+        a = bar + 1;
     }
-    snprintf(k->addr, sizeof k->addr, "%s", item);
+    k->to_primary = k->n_alts > 1;
+    embps_conn_use_(k, 0);
     k->index = i;
     c->n++;
     p = end ? end + 1 : p + len;
@@ -168,7 +184,8 @@ int embps_client_create_member(const embps_client_options_t *opts,
     c->client_id = embps_now_ns() ^ ((uint64_t)getpid() << 32);
   c->client_id |= 1; /* 0 means "no exactly-once" on the wire */
   for (uint32_t i = 0; !rc && i < c->n; i++) {
-    rc = member < c->n && i != member ? 0 : embps_client_connect_(c, i);
+    rc = member < c->n && i != member ? 0
+                                      : embps_client_connect_member_(c, i);
     if (rc)
       snprintf(errbuf, errbuf_len, "%s", c->last_error);
   }

@@ -53,6 +53,17 @@ typedef struct {
   int backoff_ms;
   int down_code;      /* why the last connection or attempt failed */
   char down_why[1024];
+  /* A member's servers (issue 22): the list's item "a:1|b:2" holds the
+   * servers of one member slot; host/port/addr are the one in use, which
+   * changes when it cannot be reached, when its hello says it is not the
+   * primary (to the primary it names, else the next one), or after an
+   * EMBPS_ENOTPRIMARY reply. */
+  char alts[1024];
+  int n_alts, alt;
+  int hops;       /* connections tried since the last one that served */
+  int to_primary; /* a follower's hello redirects (several servers, or an
+                     EMBPS_ENOTPRIMARY seen) */
+  char redirect[300]; /* the primary the last hello named, or "" */
 } conn_t;
 
 typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH } op_t;
@@ -179,9 +190,15 @@ int embps_client_frame_fits_(embps_client_t *c, uint32_t s,
  * requests still pending from the broken one. 0, or an error (c's last
  * error set) with the next attempt scheduled. */
 int embps_client_connect_(embps_client_t *c, uint32_t s);
+/* embps_client_connect_, going on at once through the servers of member
+ * s (listed "a|b") and the primary a hello names, until one serves or all
+ * failed once. */
+int embps_client_connect_member_(embps_client_t *c, uint32_t s);
 /* Closes k, if open, failing every part waiting on it with code (or
  * keeping those that may retry when may_retry); frees its buffers. */
 void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry);
+/* Makes k's alternative i (of k->alts) the server it connects to. */
+void embps_conn_use_(conn_t *k, int i);
 
 /* ---- a server talking to another (peer.c; issue 21: a follower and its
  * primary) ---- */

@@ -44,6 +44,10 @@
 #define MAX_REPLY_BYTES (1u << 30)
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
+/* A member listed with several servers is in a failover while none is
+ * primary: its servers are asked more often, for the first to be elected
+ * to be found within this of its promotion. */
+#define BACKOFF_MEMBER_MAX_MS 250
 
 /* ------------------------------------------------------------ errors */
 
@@ -122,7 +126,56 @@ void embps_ticket_free_(embps_ticket_t *t) {
  * server's answer (or ours) and final. */
 static int code_retryable(int code) {
   return code == EMBPS_ECONN || code == EMBPS_ETIMEDOUT ||
-         code == EMBPS_ESHUTDOWN || code == EMBPS_ENOREPLICAS;
+         code == EMBPS_ESHUTDOWN || code == EMBPS_ENOREPLICAS ||
+         code == EMBPS_ENOTPRIMARY;
+}
+
+/* Points k at addr ("HOST:PORT"); -1 when it does not parse. */
+static int conn_use_addr(conn_t *k, const char *addr) {
+  char host[256];
+  int port;
+  if (embps_parse_hostport(addr, host, sizeof host, &port))
+    return -1;
+  snprintf(k->host, sizeof k->host, "%s", host);
+  k->port = port;
+  snprintf(k->addr, sizeof k->addr, "%s", addr);
+  return 0;
+}
+
+void embps_conn_use_(conn_t *k, int i) {
+  const char *a = k->alts;
+  for (int j = 0; j < i && strchr(a, '|'); j++)
+    a = strchr(a, '|') + 1;
+  const char *bar = strchr(a, '|');
+  char item[300];
+  size_t len = bar ? (size_t)(bar - a) : strlen(a);
+  if (len >= sizeof item)
+    len = sizeof item - 1;
+  memcpy(item, a, len);
+  item[len] = 0;
+  k->alt = i;
+  (void)conn_use_addr(k, item); /* checked when the list was parsed */
+}
+
+/* After a failed attempt on k: the next server to try (the primary a
+ * hello named, else the member's next one). 1 when it should be tried at
+ * once (a server of the member not tried since the last connection that
+ * served, or a redirect), 0 when a backoff comes first. */
+static int conn_next(conn_t *k) {
+  k->hops++;
+  if (k->redirect[0] && k->hops <= k->n_alts + 2 &&
+      !conn_use_addr(k, k->redirect)) {
+    k->redirect[0] = 0;
+    return 1;
+  }
+  k->redirect[0] = 0;
+  if (k->n_alts < 2)
+    return 0;
+  embps_conn_use_(k, (k->alt + 1) % k->n_alts);
+  if (k->hops < k->n_alts)
+    return 1;
+  k->hops = 0; /* a whole round failed: back off */
+  return 0;
 }
 
 static void pending_append(conn_t *k, part_t *p) {
@@ -426,13 +479,24 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
       return EMBPS_FRAMER_STOP;
     }
     const char *bad = reply_mismatch(p, &m, in_place);
-    if (bad || (m.kind == EMBPS_KIND_ERROR &&
-                (m.u.error.code == EMBPS_ESHUTDOWN ||
-                 (m.u.error.code == EMBPS_ENOREPLICAS &&
-                  p->t->retry_until_ns > embps_now_ns())))) {
+    const int notprimary = m.kind == EMBPS_KIND_ERROR &&
+                           m.u.error.code == EMBPS_ENOTPRIMARY &&
+                           p->t->retry_until_ns > embps_now_ns();
+    if (bad || notprimary ||
+        (m.kind == EMBPS_KIND_ERROR &&
+         (m.u.error.code == EMBPS_ESHUTDOWN ||
+          (m.u.error.code == EMBPS_ENOREPLICAS &&
+           p->t->retry_until_ns > embps_now_ns())))) {
       /* a lying server is dropped; one going away is retried elsewhere,
-       * as is a write it could not get enough followers for (the same
-       * bytes: exactly once, whether it was applied or not) */
+       * as is a write it could not get enough followers for, or a write
+       * a server that is not the primary refused: the next connection's
+       * hello says who is (the same bytes: exactly once, whether it was
+       * applied or not) */
+      if (notprimary) {
+        k->to_primary = 1;
+        if (k->n_alts > 1) /* a deposed primary's hello may not know */
+          embps_conn_use_(k, (k->alt + 1) % k->n_alts);
+      }
       char why[EMBPS_MESSAGE_MAX + 64];
       snprintf(why, sizeof why, "%s", bad ? bad : m.u.error.message);
       embps_msg_free(&m);
@@ -689,6 +753,14 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
       snprintf(t->error, sizeof t->error, "%s is server %u of a cluster of "
                "%u, but the client lists it as server %u of %u", k->addr,
                r->cluster_index, r->cluster_size, index, c->n);
+    } else if (!c->peer && k->to_primary &&
+               r->role == EMBPS_ROLE_FOLLOWER) {
+      /* not the primary (any more, or yet): the one it names, if any */
+      rc = EMBPS_ENOTPRIMARY;
+      snprintf(k->redirect, sizeof k->redirect, "%s", r->primary);
+      snprintf(t->error, sizeof t->error, "%.200s is not the primary of "
+               "member %u (%.100s)", k->addr, index,
+               r->primary[0] ? r->primary : "none elected yet");
     }
   }
   if (rc)
@@ -722,13 +794,19 @@ int embps_client_connect_(embps_client_t *c, uint32_t s) {
     }
   }
   if (rc) {
+    if (conn_next(k)) { /* another server of the member: at once */
+      k->retry_at_ns = embps_now_ns();
+      return embps_client_error_(c, rc, "%s", k->down_why);
+    }
+    const int cap = k->n_alts > 1 ? BACKOFF_MEMBER_MAX_MS : BACKOFF_MAX_MS;
     k->backoff_ms = k->backoff_ms < BACKOFF_MIN_MS ? BACKOFF_MIN_MS
-                    : 2 * k->backoff_ms > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
-                                                         : 2 * k->backoff_ms;
+                    : 2 * k->backoff_ms > cap     ? cap
+                                                  : 2 * k->backoff_ms;
     k->retry_at_ns = embps_now_ns() + (uint64_t)k->backoff_ms * 1000000ULL;
     return embps_client_error_(c, rc, "%s", k->down_why);
   }
   k->backoff_ms = 0;
+  k->hops = 0;
   for (part_t *p = k->pending_head; p; p = p->next) {
     if (out_queue(k, p)) {
       embps_conn_drop_(k, -ENOMEM, "out of memory", 0);
@@ -736,6 +814,16 @@ int embps_client_connect_(embps_client_t *c, uint32_t s) {
     }
   }
   return 0;
+}
+
+int embps_client_connect_member_(embps_client_t *c, uint32_t s) {
+  const conn_t *k = &c->conns[s];
+  int rc = embps_client_connect_(c, s);
+  /* the member's other servers, and the primary a hello named, at once */
+  for (int i = 0; rc && i < k->n_alts + 2 && k->retry_at_ns <= embps_now_ns();
+       i++)
+    rc = embps_client_connect_(c, s);
+  return rc;
 }
 
 /* Refuses a frame larger than server s accepts, before sending it. */

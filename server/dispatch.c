@@ -82,7 +82,10 @@ static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
   m.u.hello_reply.role = (uint32_t)atomic_load(&srv->role);
   m.u.hello_reply.epoch = embps_feed_epoch(srv->feed);
   m.u.hello_reply.applied_lsn = embps_apply_lsn(srv->apply);
-  if (m.u.hello_reply.role == EMBPS_ROLE_FOLLOWER)
+  if (srv->failover) /* coordinated: primary only while it may write */
+    embps_failover_hello(srv, &m.u.hello_reply.role, m.u.hello_reply.primary,
+                         sizeof m.u.hello_reply.primary);
+  else if (m.u.hello_reply.role == EMBPS_ROLE_FOLLOWER)
     embps_follow_primary(srv, m.u.hello_reply.primary,
                          sizeof m.u.hello_reply.primary);
   embps_request_reply(srv, req, EMBPS_KIND_HELLO, &m, 0);

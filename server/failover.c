@@ -294,6 +294,25 @@ void embps_failover_check_reply(embps_server_t *srv, embps_request_t *req) {
                      "number is applied once)");
 }
 
+void embps_failover_hello(embps_server_t *srv, uint32_t *role,
+                          char *primary, size_t cap) {
+  embps_failover_t *f = srv->failover;
+  primary[0] = 0;
+  if (embps_failover_may_write(srv)) {
+    *role = EMBPS_ROLE_PRIMARY;
+    return;
+  }
+  *role = EMBPS_ROLE_FOLLOWER;
+  embps_coord_status_t st;
+  memset(&st, 0, sizeof st);
+  if (embps_failover_status(srv, &st) && st.primary[0])
+    snprintf(primary, cap, "%s", st.primary);
+  else if (srv->follow)
+    embps_follow_primary(srv, primary, cap);
+  if (f && !strcmp(primary, f->addr))
+    primary[0] = 0; /* itself, its fence ended: it knows no other yet */
+}
+
 /* ---- figures ---- */
 
 int embps_failover_status(embps_server_t *srv, embps_coord_status_t *s) {

@@ -68,6 +68,11 @@ void embps_failover_refuse(embps_server_t *srv, embps_request_t *req);
 /* Just before a reply is sent (I/O thread): a mutation's success reply
  * becomes EMBPS_ENOTPRIMARY when the fence ended meanwhile. */
 void embps_failover_check_reply(embps_server_t *srv, embps_request_t *req);
+/* A hello reply's role and primary (cap bytes): the primary only while
+ * it may acknowledge writes, else a follower naming the primary it knows
+ * ("" none, or only itself), so that clients go there. */
+void embps_failover_hello(embps_server_t *srv, uint32_t *role,
+                          char *primary, size_t cap);
 /* The stats reply's replication fields, the coordinator's primary and
  * figures included. */
 void embps_failover_stats(embps_server_t *srv, embps_server_stats_t *s);

@@ -17,6 +17,11 @@
  *       (median and worst) and must stay within lease + 2 s; at the end
  *       witness == acknowledged exactly, Adagrad equals its replay, the
  *       follower equals the primary.
+ *   test_autofailover direct [N]   the same (6; EMBPS_LONG=1: 30) with
+ *       the workers listing both servers ("b|a") instead of a proxy: the
+ *       library finds the primary by itself (a follower's hello names it;
+ *       EMBPS_ENOTPRIMARY and unreachable servers move it along the
+ *       list), the workers see no error.
  *   test_autofailover splitbrain   the primary frozen (SIGSTOP) for two
  *       leases: the follower takes over; resumed, the old primary
  *       acknowledges nothing (pushes sent straight to it are refused),
@@ -157,7 +162,10 @@ static void teardown(dur_server_t s[2], char dirs[2][256], it_proxy_t *x) {
     it_proxy_stop(x);
 }
 
-static int scenario_cycles(int cycles) {
+/* direct: the workers list the member's two servers ("a|b") and find the
+ * primary themselves (hello, EMBPS_ENOTPRIMARY); else they push through
+ * the proxy, which the test points at the new primary. */
+static int scenario_cycles(int cycles, int direct) {
   uint64_t seed = dur_seed(), rng = seed;
   dur_workload_t wl = {.n_workers = 2, .rows_per_worker = 16, .seed = seed};
   dur_server_t s[2];
@@ -169,8 +177,11 @@ static int scenario_cycles(int cycles) {
   }
   dur_shared_t *sh = dur_shared_new();
   pid_t pids[DUR_MAX_WORKERS] = {0};
+  char both[2 * sizeof s[0].addr + 2];
+  snprintf(both, sizeof both, "%s|%s", s[1].addr, s[0].addr);
   for (int w = 0; w < wl.n_workers; w++)
-    pids[w] = dur_worker_spawn(sh, &wl, w, it_proxy_addr(x), NULL, 120000);
+    pids[w] = dur_worker_spawn(sh, &wl, w, direct ? both : it_proxy_addr(x),
+                               NULL, 120000);
   double *rto = calloc((size_t)cycles, sizeof *rto);
   double *ert = calloc((size_t)cycles, sizeof *ert);
   int p = 0, cycle;
@@ -191,8 +202,10 @@ static int scenario_cycles(int cycles) {
     }
     const double elected = dur_now_ms();
     ert[cycle] = elected - killed;
-    it_proxy_set_upstream(x, s[f].addr);
-    it_proxy_cut(x); /* the workers retry on the new primary */
+    if (!direct) {
+      it_proxy_set_upstream(x, s[f].addr);
+      it_proxy_cut(x); /* the workers retry on the new primary */
+    }
     const uint64_t base = acked_total(sh, wl.n_workers);
     /* the killed one starts again: its coordinator finds the new primary
        and it rejoins as a follower (acknowledgements need it) */
@@ -236,10 +249,10 @@ static int scenario_cycles(int cycles) {
        backoff (the library's: 20 ms doubling up to 1 s) */
     qsort(rto, (size_t)cycle, sizeof *rto, cmp_double);
     qsort(ert, (size_t)cycle, sizeof *ert, cmp_double);
-    printf("[autofailover] %d failovers, lease %d ms: kill to the new "
+    printf("[autofailover%s] %d failovers, lease %d ms: kill to the new "
            "primary's promotion median %.0f ms, worst %.0f ms; kill to first "
            "acknowledged push median %.0f ms, 90th %.0f ms, worst %.0f ms\n",
-           cycle, LEASE_MS, ert[cycle / 2], ert[cycle - 1], rto[cycle / 2],
+           direct ? " direct" : "", cycle, LEASE_MS, ert[cycle / 2], ert[cycle - 1], rto[cycle / 2],
            rto[cycle * 9 / 10], rto[cycle - 1]);
   }
   free(rto);
@@ -259,7 +272,7 @@ static int scenario_cycles(int cycles) {
  * refused before it was applied, 2 refused after (applied, not
  * acknowledged), 3 no answer. */
 static int direct_push(const char *addr, const dur_workload_t *wl) {
-  embps_client_t *c = dur_connect(addr, 3000, 0, NULL);
+  embps_client_t *c = dur_connect(addr, 3000, -1, NULL); /* its own answer */
   if (!c)
     return 3;
   int rc = dur_push_wit(c, wl, 0);
@@ -347,7 +360,7 @@ static int scenario_etcd(void) {
     return 1;
   }
   /* one client pushing witness increments to the primary, counting */
-  embps_client_t *c = dur_connect(s[0].addr, 5000, 0, "pusher");
+  embps_client_t *c = dur_connect(s[0].addr, 5000, -1, "pusher"); /* its answers */
   uint64_t acked = 0, unknown = 0, refused_during = 0, acked_late = 0;
   double last_ack_down = 0;
   int phase = 0; /* 0 before, 1 etcd down, 2 back */
@@ -437,7 +450,9 @@ int main(int argc, char **argv) {
     return 1;
   int rc;
   if (!strcmp(what, "cycles"))
-    rc = scenario_cycles(argc > 2 ? atoi(argv[2]) : dur_long() ? 30 : 10);
+    rc = scenario_cycles(argc > 2 ? atoi(argv[2]) : dur_long() ? 30 : 10, 0);
+  else if (!strcmp(what, "direct"))
+    rc = scenario_cycles(argc > 2 ? atoi(argv[2]) : dur_long() ? 30 : 6, 1);
   else if (!strcmp(what, "splitbrain"))
     rc = scenario_splitbrain();
   else if (!strcmp(what, "etcd"))

@@ -378,7 +378,11 @@ typedef struct {
   /* sizeof(embps_client_options_t): embps_client_options_init() sets it */
   size_t size;
   /* "host:port[,host:port...]"; NULL: $EMBPS_SERVERS, else 127.0.0.1:7070.
-   * The order is the cluster order: entry I is --cluster-index I. */
+   * The order is the cluster order: entry I is --cluster-index I. An
+   * entry may list the servers of one member, "a:7070|b:7070" (a primary
+   * and its followers): the library uses the one that is primary (a
+   * follower's hello names it) and moves on when it cannot be reached or
+   * refuses a write with EMBPS_ENOTPRIMARY, within retry_ms. */
   const char *servers;
   /* the auth token; NULL: read $EMBPS_TOKEN_FILE if set, else none */
   const char *token;
@@ -389,7 +393,9 @@ typedef struct {
    * order. Pushes keep their (client id, sequence), so a push the server
    * already applied is acknowledged as a duplicate, never applied twice;
    * pulls and describe/list/stats are reads. A server's answer (validation
-   * errors, EMBPS_EIO, ...) is never retried, nor are create and drop.
+   * errors, EMBPS_EIO, ...) is never retried, nor are create and drop,
+   * except EMBPS_ENOTPRIMARY (a failover): the call goes to the server
+   * that is primary now, the same bytes.
    * 0: 30000; negative: never retry. */
   int retry_ms;
 } embps_client_options_t;
