@@ -169,10 +169,10 @@ static int conn_next(conn_t *k) {
     return 1;
   }
   k->redirect[0] = 0;
-  if (k->n_alts < 2)
-    return 0;
-  embps_conn_use_(k, (k->alt + 1) % k->n_alts);
-  if (k->hops < k->n_alts)
+  /* the member's next server; with one, the listed address again (a
+     primary some hello named may be gone for good) */
+  embps_conn_use_(k, k->n_alts > 1 ? (k->alt + 1) % k->n_alts : 0);
+  if (k->n_alts > 1 && k->hops < k->n_alts)
     return 1;
   k->hops = 0; /* a whole round failed: back off */
   return 0;

@@ -346,6 +346,12 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     return embps_feed_fetch(srv->feed, req) ? EMBPS_DISPATCH_DEFERRED
                                             : EMBPS_DISPATCH_REPLY;
   case EMBPS_KIND_PROMOTE:
+    if (srv->failover) { /* one primary at a time: etcd's to decide */
+      embps_request_fail(srv, req, EMBPS_EINVAL, "this server's member is "
+                         "elected in etcd (--coordinator): a follower is "
+                         "promoted when it wins the election, not by hand");
+      break;
+    }
     return embps_follow_promote(srv, req) ? EMBPS_DISPATCH_DEFERRED
                                           : EMBPS_DISPATCH_REPLY;
   default:

@@ -6,7 +6,8 @@
 # naming the primary on both servers, the CLI given only the follower's
 # address reaching the primary for a push (its hello names it), a push
 # sent with no retries to the follower refused with EMBPS_ENOTPRIMARY
-# naming the primary, and a primary stopped with SIGTERM giving its lease
+# naming the primary, `embps promote` refused (etcd elects), and a
+# primary stopped with SIGTERM giving its lease
 # back (the follower elected at once, well before the lease would end).
 set -u
 [ $# -eq 3 ] || { echo "usage: $0 SERVER CLI ETCD" >&2; exit 2; }
@@ -74,6 +75,10 @@ assert s["primary"] == sys.argv[2], s' "$TMP/s$s" "$a_ADDR" &&
     bad "stats on $s names the primary" "$(cat "$TMP/s$s")"
 done
 
+timeout 30 "$CLI" --servers "$b_ADDR" promote >"$TMP/out" 2>&1 &&
+  bad "promote by hand refused" ||
+  { grep -q "elected in etcd" "$TMP/out" && ok "promote by hand refused" ||
+      bad "promote by hand refused" "$(cat "$TMP/out")"; }
 curl -s "$MA/metrics" >"$TMP/ma"
 curl -s "$MB/metrics" >"$TMP/mb"
 check "promtool check metrics (primary)" promtool check metrics <"$TMP/ma"
