@@ -215,8 +215,9 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                                 int *authed, embps_scratch_t *scratch) {
   atomic_fetch_add_explicit(&srv->counters.requests, 1, memory_order_relaxed);
   req->start_ns = embps_metrics_request(req->hdr.kind);
-  int rc = embps_msg_unpack(req->hdr.kind, req->body, req->hdr.meta_len,
-                            &req->msg);
+  char why[160];
+  int rc = embps_msg_unpack_why(req->hdr.kind, req->body, req->hdr.meta_len,
+                                &req->msg, why, sizeof why);
   if (rc == EMBPS_EKIND || (req->hdr.kind & EMBPS_KIND_REPLY)) {
     embps_request_fail(srv, req, EMBPS_EKIND, "unknown request kind %u",
                        req->hdr.kind);
@@ -224,7 +225,7 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
   }
   if (rc) {
     embps_request_fail(srv, req, EMBPS_EPROTO, "request of kind %u does not "
-                       "decode", req->hdr.kind);
+                       "decode%s%s", req->hdr.kind, why[0] ? ": " : "", why);
     return *authed ? EMBPS_DISPATCH_REPLY : EMBPS_DISPATCH_CLOSE;
   }
   if (req->hdr.kind == EMBPS_KIND_HELLO)

@@ -34,18 +34,24 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
                      const float *vals, size_t n) {
   embps_server_t *srv = ctx->srv;
   embps_durable_t *dur = srv->dur;
-  char msg[2048];
+  char msg[2048] = "";
   uint64_t lsn = 0;
   const char *failed = dur ? embps_durable_failed(dur) : NULL;
   int rc = failed ? EMBPS_EIO : 0;
   if (failed)
     snprintf(msg, sizeof msg, "%s", failed);
+  embps_table_info_t info;
+  embps_table_info(table, &info);
+  if (!rc && info.step >= EMBPS_STEP_MAX) {
+    rc = EMBPS_ELIMIT;
+    snprintf(msg, sizeof msg, "table \"%s\" is at step %llu, the largest "
+             "(EMBPS_STEP_MAX): push refused, nothing changed",
+             info.spec.name, (unsigned long long)info.step);
+  }
   if (!rc)
     rc = embps_table_prepare(table, &ctx->scratch, idx, n,
                              srv->cfg.max_memory);
   if (!rc && dur) {
-    embps_table_info_t info;
-    embps_table_info(table, &info);
     rc = embps_durable_log_push(dur, ctx->lsn + 1, table, info.step + 1,
                                 reqs, idx, vals, n, msg, sizeof msg);
     if (!rc)
@@ -55,7 +61,7 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
     embps_table_commit(table, &ctx->scratch, idx, vals, n, lsn);
   for (embps_request_t *req = reqs; req; req = req->next) {
     const embps_push_t *p = &req->msg.u.push;
-    if (rc == EMBPS_EIO) {
+    if (rc == EMBPS_EIO || (rc == EMBPS_ELIMIT && msg[0])) {
       embps_request_fail(srv, req, rc, "%s", msg);
     } else if (rc == EMBPS_ELIMIT) {
       embps_request_fail(srv, req, rc, "--max-memory %llu bytes reached; "

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -753,6 +754,143 @@ static void test_names_nul_and_escaped(void **state) {
   stop_ok(&s);
 }
 
+/* Appends v as a protobuf varint to b (at *n). */
+static void pb_varint(uint8_t *b, size_t *n, uint64_t v) {
+  while (v >= 0x80) {
+    b[(*n)++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  b[(*n)++] = (uint8_t)v;
+}
+
+/* Sends a frame of kind whose meta is the given protobuf bytes. */
+static void send_raw_meta(int fd, uint16_t kind, uint32_t req_id,
+                          const uint8_t *meta, size_t meta_len) {
+  uint8_t buf[256] = {0};
+  embps_frame_header_t h = {
+      .body_len = (uint32_t)embps_bulk_offset(meta_len),
+      .meta_len = (uint32_t)meta_len, .req_id = req_id, .kind = kind};
+  assert_true(EMBPS_FRAME_HEADER_LEN + h.body_len <= sizeof buf);
+  embps_frame_header_encode(&h, buf);
+  memcpy(buf + EMBPS_FRAME_HEADER_LEN, meta, meta_len);
+  size_t len = EMBPS_FRAME_HEADER_LEN + h.body_len;
+  assert_int_equal(put_bytes(fd, buf, len, 2000), len);
+}
+
+/* Issue 18.3: sizes are refused, not cut. A CREATE whose dim varint is
+ * 2^32 + 4 is refused naming the field (protobuf-c alone hands over 4);
+ * a spec whose initial rows would not be finite (normal std 1e300) is
+ * refused by the server itself (the library checks before sending too);
+ * nothing is created either time. */
+static void test_sizes_refused_not_truncated(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  int fd = tcp_to(s.port);
+  say_hello(fd, 1);
+  uint8_t spec[64], meta[80];
+  size_t ns = 0, nm = 0;
+  spec[ns++] = 1 << 3 | 2; /* name "big" */
+  spec[ns++] = 3;
+  memcpy(spec + ns, "big", 3);
+  ns += 3;
+  spec[ns++] = 2 << 3; /* dim */
+  pb_varint(spec, &ns, (1ULL << 32) + 4);
+  spec[ns++] = 3 << 3; /* rows */
+  pb_varint(spec, &ns, 8);
+  meta[nm++] = 1 << 3 | 2; /* CreateTable.spec */
+  pb_varint(meta, &nm, ns);
+  memcpy(meta + nm, spec, ns);
+  nm += ns;
+  send_raw_meta(fd, EMBPS_KIND_CREATE, 2, meta, nm);
+  want_error(fd, EMBPS_EPROTO, "dim", 3000);
+  /* std 1e300: every row would be -inf/inf in float32 */
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  embps_table_spec_init(&m.u.spec, "huge", 4, EMBPS_OPT_SGD);
+  m.u.spec.rows = 8;
+  m.u.spec.init = EMBPS_INIT_NORMAL;
+  m.u.spec.init_value = 1e300;
+  assert_int_equal(send_msg(fd, EMBPS_KIND_CREATE, &m, 3, NULL, 0), 0);
+  want_error(fd, EMBPS_EPARAM, "std", 3000);
+  close(fd);
+  embps_client_t *c = client_to(&s);
+  embps_table_info_t info;
+  assert_int_equal(embps_describe_table(c, "big", &info), EMBPS_ENOTABLE);
+  assert_int_equal(embps_describe_table(c, "huge", &info), EMBPS_ENOTABLE);
+  assert_int_equal(embps_create_table(c, &m.u.spec), EMBPS_EPARAM);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Writes text to DIR/spec.json. */
+static void write_spec_json(const char *dir, const char *text) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/spec.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_true(fputs(text, f) >= 0);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* Issue 18.3: a table's step stays at most EMBPS_STEP_MAX (2^53). A
+ * WRITE_ROWS setting 2^64 - 1 is refused (it wrapped to 0 at the next
+ * Adam push: NaN rows), the step unchanged; at the maximum a push is
+ * refused with nothing changed. An import's spec.json is held to the
+ * same bounds: "step" past the maximum, and a "dim" of 2^32 + 4 (once a
+ * dim-4 table), are refused before anything is created or written. */
+static void test_step_bounded(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  embps_client_t *c = client_to(&s);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "adam", 2, EMBPS_OPT_ADAM);
+  spec.rows = 4;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  assert_int_equal(embps_write_rows(c, "adam", NULL, 0, NULL, 2, NULL, 1,
+                                    UINT64_MAX), EMBPS_EINVAL);
+  assert_non_null(strstr(embps_client_last_error(c), "EMBPS_STEP_MAX"));
+  assert_int_equal(embps_write_rows(c, "adam", NULL, 0, NULL, 2, NULL, 1,
+                                    EMBPS_STEP_MAX + 1), EMBPS_EINVAL);
+  embps_table_info_t info;
+  assert_int_equal(embps_describe_table(c, "adam", &info), 0);
+  assert_true(info.step == 0);
+  /* one below the maximum: one push reaches it, the next is refused */
+  assert_int_equal(embps_write_rows(c, "adam", NULL, 0, NULL, 2, NULL, 1,
+                                    EMBPS_STEP_MAX - 1), 0);
+  int64_t id = 1;
+  float g[2] = {0.5f, -0.25f}, w[2], w2[2];
+  assert_int_equal(embps_push(c, "adam", &id, 1, g, 2, 0), 0);
+  assert_int_equal(embps_pull(c, "adam", &id, 1, w, 2), 0);
+  assert_true(isfinite(w[0]) && isfinite(w[1]) && w[0] != 0);
+  assert_int_equal(embps_push(c, "adam", &id, 1, g, 2, 0), EMBPS_ELIMIT);
+  assert_non_null(strstr(embps_client_last_error(c), "largest"));
+  assert_int_equal(embps_pull(c, "adam", &id, 1, w2, 2), 0);
+  assert_memory_equal(w, w2, sizeof w);
+  assert_int_equal(embps_describe_table(c, "adam", &info), 0);
+  assert_true(info.step == EMBPS_STEP_MAX);
+
+  /* spec.json: the client refuses what the server could not see */
+  char dir[sizeof s.dir + 8];
+  snprintf(dir, sizeof dir, "%s/imp", s.dir);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  write_spec_json(dir, "{\"dim\": 4294967300, \"optimizer\": \"sgd\", "
+                       "\"rows\": 8, \"step\": 0, \"n\": 0}\n");
+  uint64_t rows = 0;
+  assert_int_equal(embps_import_table(c, "wide", dir, EMBPS_IMPORT_CREATE,
+                                      &rows), EMBPS_EBADFILE);
+  assert_non_null(strstr(embps_client_last_error(c), "\"dim\""));
+  assert_int_equal(embps_describe_table(c, "wide", &info), EMBPS_ENOTABLE);
+  write_spec_json(dir, "{\"dim\": 2, \"optimizer\": \"adam\", \"rows\": 4, "
+                       "\"step\": 18446744073709551615, \"n\": 0}\n");
+  assert_int_equal(embps_import_table(c, "adam", dir, EMBPS_IMPORT_STATE,
+                                      &rows), EMBPS_EBADFILE);
+  assert_non_null(strstr(embps_client_last_error(c), "\"step\""));
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -768,6 +906,8 @@ int main(void) {
       cmocka_unit_test(test_empty_token_hello),
       cmocka_unit_test(test_shutdown_with_held_push_of_closed_conn),
       cmocka_unit_test(test_names_nul_and_escaped),
+      cmocka_unit_test(test_sizes_refused_not_truncated),
+      cmocka_unit_test(test_step_bounded),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
