@@ -437,6 +437,39 @@ static void put_durability(text_t *t, embps_server_t *srv) {
   head(t, "embps_durability_failed", "gauge",
        "1 when a write or fsync failed and pushes are refused.");
   put(t, "embps_durability_failed %d\n", s.durability_failed[0] != 0);
+  if (m.hooks.durable_stall_ms) {
+    head(t, "embps_log_stall_seconds", "gauge",
+         "How long the log's oldest write or sync in progress has taken (0: "
+         "none); /readyz is 503 past 5 s.");
+    put(t, "embps_log_stall_seconds %.3f\n",
+        (double)m.hooks.durable_stall_ms(srv->dur) / 1e3);
+  }
+}
+
+/* /readyz's data dir part (the server is ready, so srv->dur is set when
+ * it has one): 1 when it takes pushes, else 0 with the reason in why. */
+static int durable_ready(char *why, size_t len) {
+  embps_server_t *srv = m.srv;
+  if (!srv->dur)
+    return 1;
+  if (m.hooks.durable_stats) {
+    embps_server_stats_t s;
+    memset(&s, 0, sizeof s);
+    m.hooks.durable_stats(srv->dur, &s);
+    if (s.durability_failed[0]) {
+      snprintf(why, len, "%s", s.durability_failed);
+      return 0;
+    }
+  }
+  uint64_t ms = m.hooks.durable_stall_ms ? m.hooks.durable_stall_ms(srv->dur)
+                                         : 0;
+  if (ms > EMBPS_WAL_STALL_MS) {
+    snprintf(why, len, "the log's write or sync has been in progress for %llu"
+             " ms (more than %d): the data dir's disk is not taking writes, "
+             "pushes wait", (unsigned long long)ms, EMBPS_WAL_STALL_MS);
+    return 0;
+  }
+  return 1;
 }
 
 /* ------------------------------------------------------------ HTTP */
@@ -478,6 +511,15 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
   if (!strcmp(url, "/readyz")) {
     if (!atomic_load(&m.ready))
       return STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+    char why[400];
+    if (!durable_ready(why, sizeof why)) {
+      char *body = malloc(sizeof why + 16);
+      if (!body)
+        return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                       "out of memory\n");
+      int n = snprintf(body, sizeof why + 16, "not ready: %s\n", why);
+      return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, body, (size_t)n, 2);
+    }
     if (!m.hooks.cluster_ready)
       return STATIC_(conn, MHD_HTTP_OK, "ready\n");
     char *body;
