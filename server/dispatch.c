@@ -21,6 +21,7 @@
 #include "push.h"
 #include "rows.h"
 #include "server.h"
+#include "token.h"
 
 /* Hands req to the apply thread, where run will answer it. */
 static embps_dispatch_t defer(embps_server_t *srv, embps_request_t *req,
@@ -32,12 +33,8 @@ static embps_dispatch_t defer(embps_server_t *srv, embps_request_t *req,
 }
 
 static int token_ok(const embps_server_config_t *cfg, const embps_hello_t *h) {
-  if (!cfg->has_token)
-    return 1;
-  unsigned diff = h->token_len != cfg->token_len;
-  for (size_t i = 0; i < cfg->token_len; i++)
-    diff |= (unsigned)(cfg->token[i] ^ (i < h->token_len ? h->token[i] : 0));
-  return diff == 0;
+  return !cfg->has_token || embps_token_equal(cfg->token, cfg->token_len,
+                                              h->token, h->token_len);
 }
 
 static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,

@@ -67,6 +67,12 @@ int it_send_full(int fd, const void *p, size_t n) {
 
 int it_http_get(const char *ip, int port, const char *path, int timeout_ms,
                 char *body, size_t body_cap) {
+  return it_http_request(ip, port, path, NULL, timeout_ms, body, body_cap);
+}
+
+int it_http_request(const char *ip, int port, const char *path,
+                    const char *headers, int timeout_ms, char *body,
+                    size_t body_cap) {
   if (body_cap)
     body[0] = 0;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -85,9 +91,11 @@ int it_http_get(const char *ip, int port, const char *path, int timeout_ms,
   if (poll(&pfd, 1, timeout_ms) != 1 ||
       getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err)
     goto out;
-  char req[512], resp[8192];
+  char req[1024];
+  static _Thread_local char resp[1 << 16];
   int len = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\n"
-                     "Connection: close\r\n\r\n", path, ip);
+                     "%sConnection: close\r\n\r\n", path, ip,
+                     headers ? headers : "");
   if (it_send_full(fd, req, (size_t)len))
     goto out;
   size_t got = 0;

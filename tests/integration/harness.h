@@ -93,4 +93,8 @@ int it_send_full(int fd, const void *p, size_t n);
  * body), or -1 when no whole answer came in time. */
 int it_http_get(const char *ip, int port, const char *path, int timeout_ms,
                 char *body, size_t body_cap);
+/* The same with more header lines (each ending in "\r\n"; may be NULL). */
+int it_http_request(const char *ip, int port, const char *path,
+                    const char *headers, int timeout_ms, char *body,
+                    size_t body_cap);
 #endif
