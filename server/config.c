@@ -40,7 +40,7 @@ static const char usage[] =
     "  --max-frame-bytes N       largest request frame (default 64M)\n"
     "  --max-connections N       concurrent connections (default 1024)\n"
     "  --max-tables N            tables per server (default 1024)\n"
-    "  --idle-timeout SECONDS    close idle connections (default 0: never)\n"
+    "  --idle-timeout SECONDS    close idle connections (default 600; 0: never)\n"
     "  --hello-timeout SECONDS   close connections with no hello by then\n"
     "                            (default 5)\n"
     "  --max-conn-buffer-bytes N requests and unsent replies one connection\n"
@@ -148,6 +148,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   cfg->log_level = EMBPS_LOG_INFO;
   cfg->fsync = EMBPS_FSYNC_EVERYSEC;
   cfg->hello_timeout_s = 5;
+  cfg->idle_timeout_s = 600; /* idle workers reconnect on their next call */
 
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];

@@ -891,6 +891,55 @@ static void test_step_bounded(void **state) {
   stop_ok(&s);
 }
 
+/* Issue 18.8: idle authenticated connections at --max-connections lock
+ * new clients out only until --idle-timeout (600 s by default; 1 s here)
+ * closes them; a library client whose idle connection was closed goes on
+ * as if nothing happened (it reconnects on its next call). */
+static void test_idle_connections_make_room(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--max-connections", "8", "--idle-timeout", "1",
+                        NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  embps_client_t *c = client_to(&s);
+  create_dense(c, "t", 2, 8, 0);
+  int fds[7];
+  for (int i = 0; i < 7; i++) {
+    fds[i] = tcp_to(s.port);
+    say_hello(fds[i], 1);
+  }
+  /* full, every connection authenticated: the next one is refused */
+  int fd = tcp_to(s.port);
+  want_error(fd, EMBPS_ELIMIT, "max-connections", 3000);
+  close(fd);
+  /* a second on, they are idle: closed, and a new client gets in */
+  double t0 = it_now_ms();
+  embps_client_t *d = NULL;
+  while (!d && it_now_ms() - t0 < 10000) {
+    embps_client_options_t o;
+    embps_client_options_init(&o);
+    o.servers = s.addr;
+    char err[256];
+    if (embps_client_create(&o, &d, err, sizeof err))
+      sleep_ms(200);
+  }
+  if (!d)
+    fail_msg("no new client got in within 10 s of the idle timeout");
+  for (int i = 0; i < 7; i++) {
+    assert_int_equal(closed_by_peer(fds[i], 5000), 1);
+    close(fds[i]);
+  }
+  /* c's connection was closed too: its next calls reconnect */
+  int64_t id = 3;
+  float g[2] = {1, 1}, w[2];
+  assert_int_equal(embps_push(c, "t", &id, 1, g, 2, 0), 0);
+  assert_int_equal(embps_pull(d, "t", &id, 1, w, 2), 0);
+  assert_true(w[0] != 0);
+  embps_client_destroy(d);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -908,6 +957,7 @@ int main(void) {
       cmocka_unit_test(test_names_nul_and_escaped),
       cmocka_unit_test(test_sizes_refused_not_truncated),
       cmocka_unit_test(test_step_bounded),
+      cmocka_unit_test(test_idle_connections_make_room),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -350,6 +350,17 @@ static void test_checkpoint_table_twice(void **state) {
   free(dir);
 }
 
+/* Issue 18.8: idle connections do not hold --max-connections for ever by
+ * default (integration.hardening shows the closing and the reconnect). */
+static void test_idle_timeout_default(void **state) {
+  (void)state;
+  embps_server_config_t cfg;
+  config(&cfg, NULL);
+  assert_int_equal(cfg.idle_timeout_s, 600);
+  config(&cfg, "--idle-timeout", "0", NULL);
+  assert_int_equal(cfg.idle_timeout_s, 0);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN); /* as the daemon does (server.h) */
   embps_log_set_level(EMBPS_LOG_WARN);
@@ -359,6 +370,7 @@ int main(void) {
       cmocka_unit_test(test_stop_before_run_and_destroy_unrun),
       cmocka_unit_test(test_create_failures),
       cmocka_unit_test(test_checkpoint_table_twice),
+      cmocka_unit_test(test_idle_timeout_default),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
