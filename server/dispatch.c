@@ -173,6 +173,7 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
   req->idx = idx;
   req->vals = vals;
   req->n_unique = (size_t)k;
+  req->vals_small = embps_table_g_small(vals, (size_t)k * p->dim);
   return defer(srv, req, embps_push_run);
 refuse:
   embps_table_unref(t);

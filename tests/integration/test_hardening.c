@@ -940,6 +940,61 @@ static void test_idle_connections_make_room(void **state) {
   stop_ok(&s);
 }
 
+/* Issue 18.8: a push whose update would make a value non-finite (finite
+ * gradients can overflow a weight, an accumulator, an f16 weight) is
+ * refused whole, naming the row, and changes nothing: not the other rows
+ * of the push, not the step; the next good push applies. */
+static void test_nonfinite_results_refused(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  embps_client_t *c = client_to(&s);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "sgd", 2, EMBPS_OPT_SGD);
+  spec.rows = 4;
+  spec.lr = 1;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  int64_t ids[2] = {1, 0};
+  float g[4] = {1, 1, -3e38f, -3e38f}, w[4], w2[4];
+  assert_int_equal(embps_push(c, "sgd", ids, 2, g, 2, 0), 0); /* 3e38 */
+  assert_int_equal(embps_pull(c, "sgd", ids, 2, w, 2), 0);
+  assert_true(w[2] == 3e38f && w[0] == -1);
+  /* 3e38 + 3e38 is inf in float32 */
+  assert_int_equal(embps_push(c, "sgd", ids, 2, g, 2, 0), EMBPS_ENONFINITE);
+  const char *msg = embps_client_last_error(c);
+  if (!strstr(msg, "row 0") || !strstr(msg, "nothing changed"))
+    fail_msg("the refusal does not name the row: %s", msg);
+  assert_int_equal(embps_pull(c, "sgd", ids, 2, w2, 2), 0);
+  assert_memory_equal(w, w2, sizeof w); /* row 1 unchanged too */
+  embps_table_info_t info;
+  assert_int_equal(embps_describe_table(c, "sgd", &info), 0);
+  assert_true(info.step == 1);
+  float back[4] = {0, 0, 1e38f, 1e38f};
+  assert_int_equal(embps_push(c, "sgd", ids, 2, back, 2, 0), 0);
+  assert_int_equal(embps_pull(c, "sgd", ids, 2, w2, 2), 0);
+  assert_true(w2[2] == 3e38f - 1e38f && w2[0] == -1);
+
+  /* Adagrad: g^2 past float32 in the accumulator */
+  embps_table_spec_init(&spec, "ada", 2, EMBPS_OPT_ADAGRAD);
+  spec.rows = 4;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  float big[2] = {1e20f, 1e20f};
+  assert_int_equal(embps_push(c, "ada", ids, 1, big, 2, 0), EMBPS_ENONFINITE);
+  /* f16: a weight past 65504, fine in float32 */
+  embps_table_spec_init(&spec, "half", 2, EMBPS_OPT_SGD);
+  spec.rows = 4;
+  spec.lr = 1;
+  spec.dtype = EMBPS_DTYPE_F16;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  float up[2] = {-60000, -60000};
+  assert_int_equal(embps_push(c, "half", ids, 1, up, 2, 0), 0);
+  assert_int_equal(embps_push(c, "half", ids, 1, up, 2, 0), EMBPS_ENONFINITE);
+  assert_int_equal(embps_pull(c, "half", ids, 1, w, 2), 0);
+  assert_true(w[0] == 60000);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -958,6 +1013,7 @@ int main(void) {
       cmocka_unit_test(test_sizes_refused_not_truncated),
       cmocka_unit_test(test_step_bounded),
       cmocka_unit_test(test_idle_connections_make_room),
+      cmocka_unit_test(test_nonfinite_results_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
