@@ -9,7 +9,7 @@
  * step; an import rows.c's; CREATE, DROP and ALTER ddl.c's; EVICT
  * evict.c's. CHECKPOINT goes to the checkpoint thread (durable.c). Those
  * are answered later (DEFERRED), through req->complete. The connection
- * (net.c) runs a request only once its earlier pushes are applied, so a
+ * (conn.c) runs a request only once its earlier pushes are applied, so a
  * read sees the pushes sent before it. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -217,8 +217,8 @@ static int damaged(const char *path, int fd, int last, int torn,
              PRIu64 " '%s'  and start again; otherwise the disk lost logged "
              "data: restore a backup", path, off, what, lsn, good, path);
   else
-    snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": %s", path,
-             off, what);
+    snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": %s%s",
+             path, off, what, torn ? " in a segment that is not the last" : "");
   return -1;
 }
 

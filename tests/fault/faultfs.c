@@ -18,7 +18,13 @@
  * only. HANG 1 makes fsync and
  * fdatasync under the dir block until HANG is 0 again. The file is
  * re-read on every intercepted call on such a file, so a test switches
- * faults by rewriting it (write a temporary file and rename it over). */
+ * faults by rewriting it (write a temporary file and rename it over).
+ *
+ * $FAULTFS_SYNC_LOG names a file to which every fsync and fdatasync of a
+ * file or directory under the dir appends one line once it returns:
+ * "fdatasync 0 PATH" (the call, its return value, the file), so a test
+ * counts the syncs a process makes and of what, whatever it makes them
+ * fail with. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -54,19 +60,43 @@ static struct {
 } dirty[DIRTY_MAX];
 static int n_dirty;
 
-/* 1 if fd is a file under $FAULTFS_DIR. */
-static int faulty_fd(int fd) {
+/* 1 if fd is a file under $FAULTFS_DIR; its path in path (cap bytes). */
+static int fd_under_dir(int fd, char *path, size_t cap) {
   const char *dir = getenv("FAULTFS_DIR");
   if (!dir || !*dir || fd < 0)
     return 0;
-  char link[64], path[4096];
+  char link[64];
   snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(link, path, sizeof path - 1);
+  ssize_t n = readlink(link, path, cap - 1);
   if (n <= 0)
     return 0;
   path[n] = 0;
   size_t dl = strlen(dir);
   return !strncmp(path, dir, dl) && (path[dl] == '/' || path[dl] == 0);
+}
+
+static int faulty_fd(int fd) {
+  char path[4096];
+  return fd_under_dir(fd, path, sizeof path);
+}
+
+/* Appends "CALL RC PATH" to $FAULTFS_SYNC_LOG (raw syscalls: the write
+ * is not intercepted; one write of O_APPEND, whole among threads). */
+static void log_sync(const char *call, int rc, const char *path) {
+  const char *log = getenv("FAULTFS_SYNC_LOG");
+  if (!log || !*log)
+    return;
+  char line[4200];
+  int n = snprintf(line, sizeof line, "%s %d %s\n", call, rc, path);
+  if (n <= 0 || (size_t)n >= sizeof line)
+    return;
+  int fd = (int)syscall(SYS_openat, AT_FDCWD, log,
+                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return;
+  ssize_t w = syscall(SYS_write, fd, line, (size_t)n);
+  (void)w;
+  syscall(SYS_close, fd);
 }
 
 /* Reads the control file (raw syscalls: not intercepted). mu held. */
@@ -211,23 +241,28 @@ static void lose_unsynced(int fd, int zero) {
   syscall(SYS_close, w);
 }
 
-/* The fsync of fd under the dir: hangs while HANG, fails (EIO, with the
- * loss ZERO says) while FSYNC_EIO; else real_sync. */
-static int faulty_sync(int fd, int (*real_sync)(int)) {
+/* The fsync (call) of fd, the file path under the dir: hangs while HANG,
+ * fails (EIO, with the loss ZERO says) while FSYNC_EIO, else real_sync;
+ * then logs the call. */
+static int faulty_sync(int fd, int (*real_sync)(int), const char *call,
+                       const char *path) {
   ctl_t c = ctl_now();
   while (c.hang) {
     struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL);
     c = ctl_now();
   }
+  int rc = -1, e = EIO;
   if (c.fsync_eio) {
     lose_unsynced(fd, c.zero);
-    errno = EIO;
-    return -1;
+  } else {
+    rc = real_sync(fd);
+    e = errno;
+    if (!rc)
+      note_synced(fd);
   }
-  int rc = real_sync(fd);
-  if (!rc)
-    note_synced(fd);
+  log_sync(call, rc, path);
+  errno = e;
   return rc;
 }
 
@@ -339,14 +374,16 @@ int fallocate(int fd, int mode, off_t off, off_t len) {
 
 int fsync(int fd) {
   REAL(fsync);
-  if (faulty_fd(fd))
-    return faulty_sync(fd, real_fsync);
+  char path[4096];
+  if (fd_under_dir(fd, path, sizeof path))
+    return faulty_sync(fd, real_fsync, "fsync", path);
   return real_fsync(fd);
 }
 
 int fdatasync(int fd) {
   REAL(fdatasync);
-  if (faulty_fd(fd))
-    return faulty_sync(fd, real_fdatasync);
+  char path[4096];
+  if (fd_under_dir(fd, path, sizeof path))
+    return faulty_sync(fd, real_fdatasync, "fdatasync", path);
   return real_fdatasync(fd);
 }

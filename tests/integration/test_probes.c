@@ -272,12 +272,8 @@ static int server_exit(const char *const *args, char *log, size_t cap) {
   for (int i = 0; args[i] && n < 15; i++)
     argv[n++] = args[i];
   argv[n] = NULL;
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    it_child_reset_signals();
-    it_exec_logged(argv, path);
-  }
+  pid_t pid = it_spawn(argv, path, NULL);
+  assert_true(pid > 0);
   int code = -1;
   if (it_wait_exit(pid, 10000, &code) != 1) {
     kill(pid, SIGKILL);
