@@ -51,7 +51,6 @@
 #define VERSION_PAGED 2 /* from this version on: a new page after a sync */
 #define UNSAFE_DELAY_MS 200   /* test-only late writes */
 
-
 typedef struct deferred {
   struct deferred *next;
   uint64_t lsn;
@@ -69,7 +68,7 @@ struct embps_wal {
   pthread_mutex_t wmu;    /* an append, from placing its record until it
                              counts as written; the log thread takes it to
                              start a sync. Before mu. */
-  int pad_next;           /* wmu: a sync began; the next record starts a
+  int page_next;           /* wmu: a sync began; the next record starts a
                              page */
   _Atomic uint64_t append_since_ns, sync_since_ns; /* in progress since */
   pthread_mutex_t def_mu; /* orders the late writes of unsafe_ack */
@@ -562,7 +561,7 @@ static void *log_main(void *arg) {
     char path[sizeof w->path];
     memcpy(path, w->path, sizeof path);
     if (need)
-      w->pad_next = 1; /* what this sync covers may be acknowledged */
+      w->page_next = 1; /* what this sync covers may be acknowledged */
     pthread_mutex_unlock(&w->mu);
     pthread_mutex_unlock(&w->wmu);
     /* older segments first, then the current one, then the directory */
@@ -733,7 +732,7 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
   atomic_store(&w->append_since_ns, embps_now_ns());
   off_t start = lseek(w->fd, 0, SEEK_END);
   int rc = 0;
-  if (w->pad_next && start > 0 && start % EMBPS_WAL_PAGE &&
+  if (w->page_next && start > 0 && start % EMBPS_WAL_PAGE &&
       ftruncate(w->fd, (start / EMBPS_WAL_PAGE + 1) * EMBPS_WAL_PAGE))
     rc = -errno; /* the gap: an append writes past it (O_APPEND) */
   if (!rc)
@@ -753,7 +752,7 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
     }
     return rc;
   }
-  w->pad_next = 0;
+  w->page_next = 0;
   pthread_mutex_lock(&w->mu);
   assert(lsn > w->written);
   w->written = lsn;
@@ -814,7 +813,7 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
   int rc = fd < 0 ? -1 : 0;
   if (!rc) {
     pthread_mutex_lock(&w->wmu);
-    w->pad_next = 0; /* a sync under way covers the old segment only */
+    w->page_next = 0; /* a sync under way covers the old segment only */
     pthread_mutex_lock(&w->mu);
     if (w->n_retired == (int)(sizeof w->retired / sizeof *w->retired)) {
       pthread_mutex_unlock(&w->mu); /* the log thread is far behind */
