@@ -63,8 +63,8 @@ static void remove_dir(const char *dir) {
   assert_int_equal(system(cmd), 0);
 }
 
-/* Writes n records (lsn first..) of growing payloads; returns the sum of
- * what visit() computes for them into sums. */
+/* Writes n records (lsn first..) of growing payloads, then waits for
+ * their acknowledgements. */
 static void write_log(const char *dir, uint64_t first, int n,
                       embps_fsync_t mode) {
   embps_wal_t *w;
@@ -80,6 +80,11 @@ static void write_log(const char *dir, uint64_t first, int n,
     struct iovec parts[2] = {{a, sizeof a}, {b, (size_t)i % 40}};
     assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, first + i, parts, 2,
                                       err, sizeof err), 0);
+  }
+  /* waited for once all are written: no sync begins between two records,
+   * so the records lie back to back (a record appended after a sync began
+   * would start a new page) */
+  for (int i = 0; i < n; i++) {
     embps_wal_waiter_t *waiter = calloc(1, sizeof *waiter);
     embps_wal_wait(w, waiter, first + i);
   }
