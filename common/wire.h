@@ -116,6 +116,10 @@ void embps_msg_pack(const embps_msg_t *m, uint8_t *out);
  * fields out of their bounds. On success release m with embps_msg_free. */
 int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
                      embps_msg_t *m);
+/* The same; on EMBPS_EPROTO why says which field is wrong when it knows
+ * ("" when the bytes do not decode at all). why may be NULL. */
+int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
+                         embps_msg_t *m, char *why, size_t why_len);
 void embps_msg_free(embps_msg_t *m);
 
 /* Allocates a whole frame for m with room for bulk_len bulk bytes:

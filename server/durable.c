@@ -408,6 +408,10 @@ void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s) {
            f ? f : "");
 }
 
+uint64_t embps_durable_stall_ms(embps_durable_t *d) {
+  return embps_wal_stall_ms(d->wal);
+}
+
 /* ------------------------------------------------------------ restore */
 
 /* Loads checkpoint lsn of d into c, checks it is this server's, notes its

@@ -62,6 +62,10 @@ void embps_durable_checkpoint_request(embps_durable_t *d,
                                       embps_request_t *req);
 /* Fills the durability fields of a stats reply (any thread). */
 void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s);
+/* How long the log's oldest write or sync in progress has taken, in ms
+ * (0: none); past EMBPS_WAL_STALL_MS the disk is not taking writes. Any
+ * thread. */
+uint64_t embps_durable_stall_ms(embps_durable_t *d);
 
 /* ---- apply thread ---- */
 /* The reason pushes are refused for good, or NULL. */

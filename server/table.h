@@ -50,6 +50,8 @@ typedef struct {
   uint32_t *start;      /* n_shards + 1 bucket starts */
   uint32_t *fresh;      /* apply: new rows per shard */
   float *wide;          /* apply: a float32 row per OpenMP thread */
+  float *check;         /* check_finite: a row and its state per thread */
+  size_t check_floats;
   unsigned char *what;  /* apply, tables with a policy: fate of each position */
   uint32_t *slot;       /* ... and its slot */
   int raw;              /* restore: no admission, no expiry */
@@ -116,6 +118,21 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
 void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, const float *g, size_t n,
                         uint64_t lsn);
+/* After prepare, before commit: whether commit would leave every value it
+ * writes finite (weights rounded to the table's dtype, and the optimizer
+ * state). Proved from bounds when the table's values and the gradients
+ * are moderate (g_small: every |g| is within EMBPS_TABLE_G_SCREEN, which
+ * embps_table_g_small tells; table.c, "envelope"), else each row the push
+ * updates is updated in a scratch copy, nothing written. 0,
+ * EMBPS_ENONFINITE with *bad the position in ids of the first row that
+ * would not be, or -ENOMEM. */
+int embps_table_check_finite(const embps_table_t *t, embps_table_scratch_t *s,
+                             const int64_t *ids, const float *g, size_t n,
+                             int g_small, size_t *bad);
+#define EMBPS_TABLE_G_SCREEN 0x1p20f
+/* 1 if every |g[i]| of g[0..n) is within EMBPS_TABLE_G_SCREEN (any
+ * thread). */
+int embps_table_g_small(const float *g, size_t n);
 /* Replay: the table's step counter (the next commit makes it step + 1). */
 void embps_table_set_step(embps_table_t *t, uint64_t step);
 /* A number naming this table's life across restarts (its CREATE's LSN). */
