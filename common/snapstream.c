@@ -176,8 +176,9 @@ int embps_snapstream_head(embps_snapstream_reader_t *r,
              h->version, EMBPS_SNAPSTREAM_VERSION);
     return fail(r, err, err_len, why);
   }
-  if (!h->cluster_size || h->cluster_index >= h->cluster_size || !h->shards)
-    return fail(r, err, err_len, "head names no cluster slot or shards");
+  if (!h->cluster_size || h->cluster_index >= h->cluster_size ||
+      !h->shards || h->flags & ~EMBPS_SNAPSTREAM_WITH_LOG || get64(b + 40))
+    return fail(r, err, err_len, "bad head fields");
   r->state = S_ENTRY;
   return 0;
 }
@@ -197,6 +198,10 @@ int embps_snapstream_entry(embps_snapstream_reader_t *r,
   if (get32(b) == SEND_) {
     r->end.entries = get32(b + 4);
     r->end.lsn = get64(b + 8);
+    if (get64(b + 16) || get64(b + 24)) {
+      r->at -= sizeof b;
+      return fail(r, err, err_len, "bad end fields");
+    }
     if (r->end.entries != r->entries) {
       char why[128];
       snprintf(why, sizeof why, "its end counts %u files, %u came",
@@ -216,7 +221,10 @@ int embps_snapstream_entry(embps_snapstream_reader_t *r,
   e->step = get64(b + 16);
   e->info_len = get32(b + 24);
   if (get32(b) != FILE_ || e->type < EMBPS_SNAPSTREAM_TABLE ||
-      e->type > EMBPS_SNAPSTREAM_LOG || e->info_len > EMBPS_SNAPSTREAM_INFO_MAX) {
+      e->type > EMBPS_SNAPSTREAM_LOG || get32(b + 28) ||
+      e->info_len > EMBPS_SNAPSTREAM_INFO_MAX ||
+      (e->type != EMBPS_SNAPSTREAM_TABLE && (e->step || e->info_len)) ||
+      (e->type == EMBPS_SNAPSTREAM_MANIFEST && e->id)) {
     r->at -= sizeof b;
     return fail(r, err, err_len, "bad entry header");
   }
@@ -228,6 +236,12 @@ int embps_snapstream_entry(embps_snapstream_reader_t *r,
     if (take(r, info, padded, "an entry's info", err, err_len)) {
       free(info);
       return -1;
+    }
+    for (size_t i = e->info_len; i < padded; i++) {
+      if (info[i]) {
+        free(info);
+        return fail(r, err, err_len, "an entry's padding is not zero");
+      }
     }
     e->info = info;
   }
@@ -259,10 +273,11 @@ static int next_data(embps_snapstream_reader_t *r, char *err, size_t err_len) {
   }
   if (take(r, b + 8, 8, "a file's end", err, err_len))
     return -1;
-  if (get64(b + 8) != r->file_bytes) {
+  if (get32(b + 4) || get64(b + 8) != r->file_bytes) {
     char why[128];
-    snprintf(why, sizeof why, "a file's end says %" PRIu64 " bytes, %"
-             PRIu64 " came", get64(b + 8), r->file_bytes);
+    snprintf(why, sizeof why, "a file's end says %" PRIu64 " bytes (flags "
+             "%u), %" PRIu64 " came", get64(b + 8), get32(b + 4),
+             r->file_bytes);
     return fail(r, err, err_len, why);
   }
   r->state = S_ENTRY;

@@ -19,6 +19,7 @@
  *                table from it before the file's bytes come)
  *       MANIFEST the checkpoint's MANIFEST (after the table files)
  *       LOG      a log segment: id its first LSN
+ *     (fields an entry's type does not use are 0)
  *     the file's bytes in pieces: u32 'DATA', u32 n (1 .. 2^30), n bytes
  *     end 16 B: u32 'FEND', u32 0, u64 the file's bytes
  *   end    32 B: u32 'SEND', u32 entries, u64 L, u64 0, u64 0: replaying

@@ -861,7 +861,8 @@ typedef struct {
  * malloc'd), tables into *tables (malloc'd, *n; packed points into p). */
 static int parse_manifest(const uint8_t *p, size_t len, const char *path,
                           uint64_t lsn, embps_ckpt_t *c, man_table_t **tables,
-                          uint32_t *n, char *err, size_t err_len) {
+                          uint32_t *n, uint32_t *version, char *err,
+                          size_t err_len) {
   *tables = NULL;
   *n = 0;
   if (len < MAN_HDR + 8 || len > MANIFEST_MAX ||
@@ -878,6 +879,7 @@ static int parse_manifest(const uint8_t *p, size_t len, const char *path,
              "version or LSN", path);
     return -1;
   }
+  *version = embps_get32(p + 8);
   c->lsn = lsn;
   c->cluster_size = embps_get32(p + 24);
   c->cluster_index = embps_get32(p + 28);
@@ -975,9 +977,9 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
     return -1;
   }
   man_table_t *mt = NULL;
-  uint32_t n = 0;
+  uint32_t n = 0, version;
   int rc = parse_manifest((const uint8_t *)data, len, path, lsn, c, &mt, &n,
-                          err, err_len);
+                          &version, err, err_len);
   if (!rc && !(c->tables = calloc(n ? n : 1, sizeof *c->tables))) {
     snprintf(err, err_len, "checkpoint %s: out of memory", path);
     rc = -1;
@@ -1040,13 +1042,22 @@ static int read_whole(embps_snapstream_reader_t *s, const char *path,
  * came, in their order, with their sizes, CRCs, steps and specs. Sets c's
  * header fields and exactly-once table. */
 static int check_manifest(embps_ckpt_t *c, const came_t *came,
-                          const uint8_t *p, size_t len, uint64_t lsn,
-                          const char *path, char *err, size_t err_len) {
+                          const uint8_t *p, size_t len,
+                          const embps_snapstream_head_t *h, const char *path,
+                          char *err, size_t err_len) {
   embps_ckpt_t m;
   memset(&m, 0, sizeof m);
   man_table_t *mt;
-  uint32_t n;
-  int rc = parse_manifest(p, len, path, lsn, &m, &mt, &n, err, err_len);
+  uint32_t n, version;
+  int rc = parse_manifest(p, len, path, h->lsn, &m, &mt, &n, &version, err,
+                          err_len);
+  if (!rc && (version != h->ckpt_format || m.shards != h->shards ||
+              m.cluster_size != h->cluster_size ||
+              m.cluster_index != h->cluster_index)) {
+    snprintf(err, err_len, "checkpoint %s: its format, shards or cluster "
+             "slot differ from the stream's head", path);
+    rc = -1;
+  }
   if (!rc && n != c->n_tables) {
     snprintf(err, err_len, "checkpoint %s: lists %u tables, %zu came", path,
              n, c->n_tables);
@@ -1115,6 +1126,11 @@ int embps_ckpt_load_stream(embps_snapstream_reader_t *s, uint32_t shards,
   embps_snapstream_head_t h;
   if (embps_snapstream_head(s, &h, err, err_len))
     return -1;
+  if (h.flags & EMBPS_SNAPSTREAM_WITH_LOG) {
+    snprintf(err, err_len, "snapshot stream: carries log segments (a "
+             "backup's): write it to a data dir instead");
+    return -1;
+  }
   if (h.ckpt_format < VERSION_V1 || h.ckpt_format > VERSION) {
     snprintf(err, err_len, "snapshot stream: checkpoint format %u (this "
              "build reads %u to %u)", h.ckpt_format, VERSION_V1, VERSION);
@@ -1175,7 +1191,7 @@ int embps_ckpt_load_stream(embps_snapstream_reader_t *s, uint32_t shards,
       size_t len;
       rc = read_whole(s, path, &p, &len, err, err_len);
       if (!rc) {
-        rc = check_manifest(c, came, p, len, h.lsn, path, err, err_len);
+        rc = check_manifest(c, came, p, len, &h, path, err, err_len);
         free(p);
       }
       manifest = 1;
@@ -1187,10 +1203,9 @@ int embps_ckpt_load_stream(embps_snapstream_reader_t *s, uint32_t shards,
   for (size_t i = 0; i < c->n_tables; i++)
     free(came[i].packed);
   free(came);
-  if (!rc && (c->cluster_size != h.cluster_size ||
-              c->cluster_index != h.cluster_index)) {
-    snprintf(err, err_len, "snapshot stream: its head and its MANIFEST name "
-             "different cluster slots");
+  if (!rc && s->end.lsn != h.lsn) {
+    snprintf(err, err_len, "snapshot stream: ends at LSN %" PRIu64 " without "
+             "log entries from %" PRIu64, s->end.lsn, h.lsn);
     rc = -1;
   }
   if (rc)
