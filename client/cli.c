@@ -44,6 +44,8 @@ static const char usage[] =
     "  import NAME --from DIR [--with-state] [--create]\n"
     "  evict NAME           evict expired rows and those of L2 norm below\n"
     "                       --evict-l2-below now\n"
+    "  backup --out DIR     copy every member's tables while it serves:\n"
+    "                       DIR/member-I is a data dir (--data-dir) for it\n"
     "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
     "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
     "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
@@ -976,6 +978,11 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[i], "bench")) {
     int rc = embps_cli_bench(&opts, argc - i - 1, argv + i + 1);
+    free(token);
+    return rc;
+  }
+  if (!strcmp(argv[i], "backup")) {
+    int rc = embps_cli_backup(&opts, member, argc - i - 1, argv + i + 1);
     free(token);
     return rc;
   }

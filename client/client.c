@@ -109,6 +109,8 @@ struct part {
   int has_reply;
   uint8_t *rbulk; /* OP_SIMPLE: the reply's bulk (malloc'd), or NULL */
   size_t rbulk_len;
+  uint8_t *rdst;  /* OP_SIMPLE: where a reply's bulk up to rdst_cap goes */
+  size_t rdst_cap;
   part_t *next;
 };
 
@@ -515,6 +517,11 @@ static int begin_body(conn_t *k) {
     k->bulk = (uint8_t *)(p->t->urows + p->base * p->t->dim);
     k->bulk_off = off;
     buffered = off;
+  } else if (p && p->rdst && h->kind == (p->kind | EMBPS_KIND_REPLY) &&
+             h->body_len > off && h->body_len - off <= p->rdst_cap) {
+    k->bulk = p->rdst; /* embps_client_request_'s destination */
+    k->bulk_off = off;
+    buffered = off;
   }
   if (buffered > k->body_cap) {
     free(k->body);
@@ -569,8 +576,10 @@ static int end_body(conn_t *k) {
     }
     unlink_part(k, p);
     size_t off = embps_bulk_offset(k->h.meta_len);
-    if (p->t->op == OP_SIMPLE && k->h.body_len > off && !p->rbulk &&
-        (p->rbulk = malloc(k->h.body_len - off)) != NULL) {
+    if (p->t->op == OP_SIMPLE && in_place) {
+      p->rbulk_len = k->h.body_len - off; /* in p->rdst */
+    } else if (p->t->op == OP_SIMPLE && k->h.body_len > off && !p->rbulk &&
+               (p->rbulk = malloc(k->h.body_len - off)) != NULL) {
       memcpy(p->rbulk, k->body + off, k->h.body_len - off);
       p->rbulk_len = k->h.body_len - off;
     }
@@ -932,6 +941,50 @@ static int send_msg(embps_client_t *c, uint32_t s, part_t *p,
     return rc;
   part_submit(c, s, p);
   return 0;
+}
+
+/* ---- a request of its own kind (internal.h: client/snapshot.c) ---- */
+
+int embps_client_request_(embps_client_t *c, uint32_t server,
+                          const embps_msg_t *m, uint8_t *dst, size_t dst_cap,
+                          embps_ticket_t **out) {
+  *out = NULL;
+  if (server >= c->n)
+    return set_error(c, EMBPS_EINVAL, "server %u of a cluster of %u", server,
+                     c->n);
+  embps_ticket_t *t = ticket_new(OP_SIMPLE, 1);
+  if (!t)
+    return set_error(c, -ENOMEM, "out of memory");
+  t->parts[0].rdst = dst;
+  t->parts[0].rdst_cap = dst ? dst_cap : 0;
+  int rc = send_msg(c, server, &t->parts[0], m);
+  if (rc) {
+    ticket_free(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+int embps_client_reply_(embps_client_t *c, embps_ticket_t *t,
+                        embps_msg_t *reply, size_t *bulk_len) {
+  memset(reply, 0, sizeof *reply);
+  *bulk_len = 0;
+  int rc = ticket_run(c, t);
+  part_t *p = &t->parts[0];
+  if (!rc && (!p->has_reply || p->rbulk))
+    rc = set_error(c, EMBPS_EPROTO, "server %u (%s): a reply of %zu bulk "
+                   "bytes where at most %zu were asked for", p->server,
+                   c->conns[p->server].addr, p->rbulk_len, p->rdst_cap);
+  else if (rc)
+    set_error(c, rc, "%s", t->error[0] ? t->error : embps_strerror(rc));
+  if (!rc) {
+    *reply = p->reply;
+    p->has_reply = 0;
+    *bulk_len = p->rbulk_len;
+  }
+  ticket_free(t);
+  return rc;
 }
 
 /* ------------------------------------------------------------ create */

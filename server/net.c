@@ -70,6 +70,7 @@
 #include "evict.h"
 #include "notify.h"
 #include "server.h"
+#include "snapshot.h"
 
 #define STAGE_LEN (32u << 10)
 #define INFLIGHT_MAX 1024u
@@ -940,6 +941,7 @@ static void begin_stop(net_t *net) {
     uv_close((uv_handle_t *)&net->sig_int, NULL);
   }
   embps_apply_drain(net->srv.apply);
+  embps_snapshots_drain(net->srv.snap);
   io_drain_all(net);
 }
 
@@ -1171,6 +1173,8 @@ static int net_start(net_t *net) {
     LOG_ERROR("cannot start the apply thread");
     return rc;
   }
+  if ((rc = embps_snapshots_create(srv, &srv->snap)))
+    return rc;
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;
@@ -1240,6 +1244,8 @@ static int net_stop_threads(net_t *net) {
     io_drain_all(net);
   for (uint32_t i = 0; i < net->n_io; i++)
     pthread_join(net->io[i].tid, NULL);
+  embps_snapshots_destroy(srv->snap); /* no READ can come any more */
+  srv->snap = NULL;
   int status = 0;
   if (srv->apply) {
     status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */
