@@ -491,6 +491,22 @@ void embps_snapshots_destroy(embps_snapshots_t *m) {
 
 /* ------------------------------------------------------------ requests */
 
+/* A server without --data-dir logs nothing: its mutations have no LSN and
+ * its tables incarnation 0, which cannot name their files. The stream
+ * numbers them 1..n and calls its state LSN n (at least), so a data dir
+ * restored from it goes on from LSN n + 1 without reusing a number. */
+static void number_tables(embps_ckpt_t *c) {
+  int unnamed = 0;
+  for (size_t i = 0; i < c->n_tables; i++)
+    unnamed |= !c->tables[i].incarnation;
+  if (!unnamed)
+    return;
+  for (size_t i = 0; i < c->n_tables; i++)
+    c->tables[i].incarnation = i + 1;
+  if (c->lsn < c->n_tables)
+    c->lsn = c->n_tables;
+}
+
 /* BEGIN's run, on the apply thread: the marker, the pins, the thread. */
 static void begin_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
@@ -512,6 +528,8 @@ static void begin_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
     snprintf(err, sizeof err, "server shutting down");
   }
   s->runs = ctx->runs;
+  if (!rc && !srv->dur)
+    number_tables(&s->c);
   if (!rc && srv->dur) {
     s->log_pin = embps_durable_pin(srv->dur, ctx->lsn, s->with_log, err,
                                    sizeof err);
@@ -527,6 +545,7 @@ static void begin_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   if (!rc && feed.pin)
     s->feed_pin = feed.pin(feed.ctx, ctx->lsn);
   const uint32_t tables = (uint32_t)s->c.n_tables; /* before the thread */
+  const uint64_t lsn = s->c.lsn;
   pthread_mutex_lock(&m->mu);
   s->begin = NULL;
   s->last_active_ns = embps_now_ns();
@@ -560,7 +579,7 @@ static void begin_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
     memset(&r, 0, sizeof r);
     embps_snapshot_begin_reply_t *b = &r.u.snap_begin_reply;
     b->session = s->id;
-    b->lsn = ctx->lsn;
+    b->lsn = lsn;
     b->chunk_bytes = s->chunk_bytes;
     b->cluster_size = srv->cfg.cluster_size;
     b->cluster_index = srv->cfg.cluster_index;
@@ -568,7 +587,7 @@ static void begin_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
     b->tables = tables;
     b->idle_ms = s->idle_ms;
     LOG_INFO("snapshot session %016" PRIx64 " begins at LSN %" PRIu64
-             " (%u tables%s)", s->id, ctx->lsn, b->tables,
+             " (%u tables%s)", s->id, lsn, b->tables,
              s->with_log ? ", with the log after it" : "");
     embps_request_reply(srv, req, EMBPS_KIND_SNAPSHOT_BEGIN, &r, 0);
   }
@@ -702,7 +721,10 @@ static void do_end(embps_server_t *srv, embps_request_t *req) {
   embps_snapshots_t *m = srv->snap;
   pthread_mutex_lock(&m->mu);
   session_t *s = find_locked(m, req->msg.u.snap_session);
-  if (s)
+  const int ended = s && s->ending;
+  if (ended)
+    embps_request_fail(srv, req, s->err_code, "%s", s->err);
+  else if (s)
     fail_locked(m, s, EMBPS_EINVAL, "snapshot session %016" PRIx64 " was "
                 "ended", s->id);
   pthread_mutex_unlock(&m->mu);
@@ -710,7 +732,7 @@ static void do_end(embps_server_t *srv, embps_request_t *req) {
     embps_request_fail(srv, req, EMBPS_EINVAL, "no snapshot session %016"
                        PRIx64 " (it ended, expired or never began)",
                        req->msg.u.snap_session);
-  else
+  else if (!ended)
     embps_request_reply(srv, req, EMBPS_KIND_SNAPSHOT_END, NULL, 0);
 }
 
