@@ -3,9 +3,11 @@
  * READ seq goes out into buffer seq % (depth + 1) once the caller has
  * given that buffer back (by asking for the next chunk), so depth READs
  * are in flight while the caller parses the chunk it holds. Each reply is
- * checked against the stream so far: its seq, its offset, a full chunk
- * unless it is the last one. READs sent past the stream's end are refused
- * by the server; end() waits for them and ignores that. */
+ * checked against the stream so far: its seq, its offset, bytes unless it
+ * is the last one (a chunk holds at most the session's chunk size; a
+ * block of records travels as a chunk of its own). READs sent past the
+ * stream's end are refused by the server; end() waits for them and
+ * ignores that. */
 #include "snapshot.h"
 
 #include <errno.h>
@@ -159,9 +161,10 @@ int embps_snapshot_next(embps_snapshot_t *s, const uint8_t **data,
     return fail(s, EMBPS_EPROTO, "snapshot: chunk %" PRIu64 " at stream "
                 "offset %" PRIu64 " is not the one asked for", q.seq,
                 q.offset);
-  if (!q.done && n != s->info.chunk_bytes)
-    return fail(s, EMBPS_EPROTO, "snapshot: chunk %" PRIu64 " holds %" PRIu64
-                " bytes, less than a chunk, and is not the last", q.seq, n);
+  if (!q.done && !n)
+    return fail(s, EMBPS_EPROTO, "snapshot: chunk %" PRIu64 " at stream "
+                "offset %" PRIu64 " is empty and not the last", q.seq,
+                q.offset);
   s->got++;
   s->bytes += n;
   s->done = q.done;

@@ -3,7 +3,7 @@
  *
  * embps_ckpt_write writes ckpt-S.tmp/: a table file per table (below),
  * each shard copied out of the table under its read lock
- * (embps_table_snapshot_shard_state, table_io.c) by a thread of its own
+ * (embps_table_snapshot_shard, table_io.c) by a thread of its own
  * while the shard before it is written, then the MANIFEST; fsyncs every
  * file and the directory, renames it to ckpt-S and fsyncs DIR. Table files
  * expected to reach 64 MiB (embps_ckpt_direct_min) are written and read
@@ -48,6 +48,7 @@
  *   u32 crc of everything before, u32 'MEND' */
 #include "ckpt.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -143,13 +144,16 @@ static int out_write(out_t *o, const void *head, size_t head_len,
 /* One shard's snapshot. write_table takes shard k + 1's on a thread of its
  * own while it writes shard k, so the copy out of the table and the write
  * (CRC-32C, the copy into the page cache) each use a core; at most two
- * shards' copies exist at a time. */
+ * shards' copies exist at a time. The records come in blocks of the file's
+ * own block size, each with EMBPS_CKPT_BLOCK_ROOM bytes in front of it: a
+ * sink with write_block sends them as they are. */
 typedef struct {
   embps_table_t *t;
   uint32_t k;
   int with_state, rc;
-  unsigned char *recs, *state; /* recs reused shard after shard */
-  size_t cap, rows, state_bytes;
+  embps_table_blocks_t blocks;
+  unsigned char *state;
+  size_t state_bytes;
   uint64_t lsn, copy_ns; /* how long the shard was held for the copy */
 } snap_job_t;
 
@@ -158,9 +162,9 @@ static void *snap_run(void *arg) {
   free(j->state);
   j->state = NULL;
   j->state_bytes = 0;
-  j->rc = embps_table_snapshot_shard_state(
-      j->t, j->k, &j->recs, &j->cap, &j->rows, &j->lsn,
-      j->with_state ? &j->state : NULL, &j->state_bytes, &j->copy_ns);
+  j->rc = embps_table_snapshot_shard(j->t, j->k, &j->blocks, &j->lsn,
+                                     j->with_state ? &j->state : NULL,
+                                     &j->state_bytes, &j->copy_ns);
   return NULL;
 }
 
@@ -170,20 +174,27 @@ static size_t block_records(size_t record_bytes) {
   return n ? n : 1;
 }
 
-static int write_shard(out_t *f, const snap_job_t *j, char *err,
-                       size_t err_len) {
+/* Writes shard j's section; every block of j is taken (sent or freed). */
+static int write_shard(out_t *f, snap_job_t *j, char *err, size_t err_len) {
+  embps_table_blocks_t *bl = &j->blocks;
+  embps_ckpt_sink_t *sink = f->sink;
+  int rc = 0;
   if (j->rc) {
     snprintf(err, err_len, "checkpoint %s: out of memory copying shard %u",
-             f->sink->path, j->k);
-    return -1;
+             sink->path, j->k);
+    rc = -1;
   }
+  uint64_t rows = 0;
+  for (size_t i = 0; i < bl->n; i++)
+    rows += bl->rows[i];
   uint8_t h[SEC_HDR] = {0};
   embps_put32(h, SHRD);
   embps_put32(h + 4, j->k);
   embps_put64(h + 8, j->lsn);
-  embps_put64(h + 16, j->rows);
+  embps_put64(h + 16, rows);
   embps_put32(h + 28, embps_crc32c(0, h, 28));
-  int rc = out_write(f, h, sizeof h, NULL, 0, err, err_len);
+  if (!rc)
+    rc = out_write(f, h, sizeof h, NULL, 0, err, err_len);
   if (!rc && j->state) {
     uint8_t d[DYN_HDR] = {0};
     embps_put32(d, DYNS);
@@ -193,16 +204,28 @@ static int write_shard(out_t *f, const snap_job_t *j, char *err,
     rc = out_write(f, d, sizeof d, j->state, j->state_bytes, err, err_len);
   }
   const size_t fr = embps_table_file_record_bytes(j->t);
-  const size_t per = block_records(fr);
-  for (size_t i = 0; !rc && i < j->rows; i += per) {
-    size_t n = j->rows - i < per ? j->rows - i : per;
+  for (size_t i = 0; i < bl->n; i++) {
+    const size_t n = bl->rows[i], body = n * fr;
+    unsigned char *recs = bl->buf[i] + bl->room;
+    bl->buf[i] = NULL;
     uint8_t b[BLK_HDR];
     embps_put32(b, BLCK);
     embps_put32(b + 4, (uint32_t)n);
-    embps_put32(b + 8, embps_crc32c(0, j->recs + i * fr, n * fr));
+    embps_put32(b + 8, embps_crc32c(0, recs, body));
     embps_put32(b + 12, embps_crc32c(0, b, 12));
-    rc = out_write(f, b, sizeof b, j->recs + i * fr, n * fr, err, err_len);
+    if (rc) {
+      free(recs - bl->room);
+    } else if (sink->write_block) {
+      f->chain = embps_crc32c(f->chain, b, sizeof b);
+      f->bytes += sizeof b + body;
+      rc = sink->write_block(sink, b, sizeof b, recs - bl->room, bl->room,
+                             body, err, err_len);
+    } else {
+      rc = out_write(f, b, sizeof b, recs, body, err, err_len);
+      free(recs - bl->room);
+    }
   }
+  bl->n = 0;
   return rc;
 }
 
@@ -242,8 +265,11 @@ static int write_table(embps_ckpt_sink_t *sink, const embps_ckpt_table_t *ct,
   embps_put32(h + 60, embps_crc32c(0, h, 60));
   int rc = out_write(&f, h, sizeof h, NULL, 0, err, err_len);
   const int with_state = table_has_state(spec);
-  snap_job_t jobs[2] = {{.t = t, .with_state = with_state},
-                        {.t = t, .with_state = with_state}};
+  const embps_table_blocks_t blocks = {
+      .per = block_records(embps_table_file_record_bytes(t)),
+      .room = EMBPS_CKPT_BLOCK_ROOM};
+  snap_job_t jobs[2] = {{.t = t, .with_state = with_state, .blocks = blocks},
+                        {.t = t, .with_state = with_state, .blocks = blocks}};
   if (!rc)
     snap_run(&jobs[0]);
   for (uint32_t k = 0; !rc && k < shards; k++) {
@@ -266,7 +292,7 @@ static int write_table(embps_ckpt_sink_t *sink, const embps_ckpt_table_t *ct,
       embps_failpoint("ckpt-mid-write");
   }
   for (int i = 0; i < 2; i++) {
-    free(jobs[i].recs);
+    embps_table_blocks_close(&jobs[i].blocks);
     free(jobs[i].state);
   }
   uint8_t e[16] = {0};
@@ -443,7 +469,9 @@ int embps_ckpt_write(const char *dir, const embps_ckpt_t *c,
     return -1;
   }
   embps_failpoint("ckpt-before-write");
-  dir_sink_t sink = {.base = {dir_begin, dir_write, dir_end, ""}, .tmp = tmp};
+  dir_sink_t sink = {.base = {.begin = dir_begin, .write = dir_write,
+                              .end = dir_end},
+                     .tmp = tmp};
   int rc = embps_ckpt_emit(&sink.base, c, res, err, err_len);
   if (!rc && embps_fsync_dir(tmp)) {
     snprintf(err, err_len, "checkpoint %s: fsync of the directory failed",
@@ -532,6 +560,28 @@ static int stream_write(embps_ckpt_sink_t *b, const void *p, size_t n,
   return 0;
 }
 
+/* A block handed over: its BLCK header and the DATA header of both go
+ * into the room in front of its records, and the buffer to put_block. */
+static int stream_write_block(embps_ckpt_sink_t *b, const void *head,
+                              size_t head_len, uint8_t *buf, size_t room,
+                              size_t body_len, char *err, size_t err_len) {
+  embps_ckpt_stream_t *s = (embps_ckpt_stream_t *)b;
+  const size_t len = head_len + body_len;
+  const size_t off = room - head_len - EMBPS_SNAPSTREAM_DATA_BYTES;
+  assert(room >= head_len + EMBPS_SNAPSTREAM_DATA_BYTES);
+  if (len > EMBPS_SNAPSTREAM_DATA_MAX) { /* never with 1 MiB blocks */
+    int rc = stream_write(b, head, head_len, err, err_len) ||
+             stream_write(b, buf + room, body_len, err, err_len);
+    free(buf);
+    return rc ? -1 : 0;
+  }
+  embps_snapstream_put_data(buf + off, (uint32_t)len);
+  memcpy(buf + off + EMBPS_SNAPSTREAM_DATA_BYTES, head, head_len);
+  s->file_bytes += len;
+  return s->put_block(s->ctx, buf, off, EMBPS_SNAPSTREAM_DATA_BYTES + len,
+                      err, err_len);
+}
+
 static int stream_file_end(embps_ckpt_sink_t *b, int rc, char *err,
                            size_t err_len) {
   embps_ckpt_stream_t *s = (embps_ckpt_stream_t *)b;
@@ -545,11 +595,16 @@ static int stream_file_end(embps_ckpt_sink_t *b, int rc, char *err,
 void embps_ckpt_stream_init(embps_ckpt_stream_t *s,
                             int (*put)(void *ctx, const void *p, size_t n,
                                        char *err, size_t err_len),
+                            int (*put_block)(void *ctx, uint8_t *buf,
+                                             size_t off, size_t n, char *err,
+                                             size_t err_len),
                             void *ctx) {
   memset(s, 0, sizeof *s);
   s->base.begin = stream_begin;
   s->base.write = stream_write;
   s->base.end = stream_file_end;
+  s->base.write_block = put_block ? stream_write_block : NULL;
+  s->put_block = put_block;
   snprintf(s->base.path, sizeof s->base.path, "snapshot stream");
   s->put = put;
   s->ctx = ctx;

@@ -63,8 +63,12 @@ typedef struct {
   uint64_t max_lsn;         /* the highest shard LSN copied (>= S or 0) */
 } embps_ckpt_result_t;
 
-/* Where a checkpoint's files go. The writer calls begin, write..., end
- * for each table file in c's order, then for the MANIFEST. */
+/* Bytes free in front of the records of a block handed to write_block. */
+#define EMBPS_CKPT_BLOCK_ROOM 64
+
+/* Where a checkpoint's files go. The writer calls begin, write...
+ * (write_block...), end for each table file in c's order, then for the
+ * MANIFEST. */
 typedef struct embps_ckpt_sink embps_ckpt_sink_t;
 struct embps_ckpt_sink {
   /* Begins ct's table file (ct NULL: the MANIFEST), expected to hold
@@ -74,6 +78,13 @@ struct embps_ckpt_sink {
   /* Appends n bytes to the file begun. 0, or -1 with err. */
   int (*write)(embps_ckpt_sink_t *s, const void *p, size_t n, char *err,
                size_t err_len);
+  /* Optional (NULL: write twice, then free): appends head (head_len
+   * bytes), then the body_len bytes at buf + room, taking buf (malloc'd,
+   * its first room bytes free for the sink's use): a block of records
+   * sent without a copy. 0, or -1 with err (buf taken either way). */
+  int (*write_block)(embps_ckpt_sink_t *s, const void *head,
+                     size_t head_len, uint8_t *buf, size_t room,
+                     size_t body_len, char *err, size_t err_len);
   /* Ends it: rc 0 completes it (durably, for a directory); rc -1 only
    * lets go of it after an error. Returns rc, or -1 with err. */
   int (*end)(embps_ckpt_sink_t *s, int rc, char *err, size_t err_len);
@@ -88,10 +99,16 @@ int embps_ckpt_emit(embps_ckpt_sink_t *sink, const embps_ckpt_t *c,
 
 /* The stream form (snapstream.h): a sink whose files become entries of a
  * snapshot stream, its bytes handed in order to put (which may block, and
- * fails the file with its err). Write head, emit, any LOG entries, end. */
+ * fails the file with its err), and with put_block (may be NULL) each
+ * block of records as the malloc'd buffer it was copied into: the stream's
+ * next n bytes are at buf + off (off >= EMBPS_CKPT_BLOCK_ROOM - 24; the
+ * bytes before are free), buf taken. Write head, emit, any LOG entries,
+ * end. */
 typedef struct {
   embps_ckpt_sink_t base;
   int (*put)(void *ctx, const void *p, size_t n, char *err, size_t err_len);
+  int (*put_block)(void *ctx, uint8_t *buf, size_t off, size_t n, char *err,
+                   size_t err_len);
   void *ctx;
   uint64_t file_bytes;
   uint32_t entries;
@@ -100,6 +117,9 @@ typedef struct {
 void embps_ckpt_stream_init(embps_ckpt_stream_t *s,
                             int (*put)(void *ctx, const void *p, size_t n,
                                        char *err, size_t err_len),
+                            int (*put_block)(void *ctx, uint8_t *buf,
+                                             size_t off, size_t n, char *err,
+                                             size_t err_len),
                             void *ctx);
 /* The stream's head for c; flags EMBPS_SNAPSTREAM_WITH_LOG when LOG
  * entries will follow the MANIFEST. 0, or -1 with err. */

@@ -7,7 +7,10 @@
  * allocated as the READ reply frame it will be: the frame header and the
  * reply's meta (fixed-size fields: one length whatever the values) go in
  * front of its bytes, so a READ hands the chunk to the connection as its
- * reply without a copy.
+ * reply without a copy. A shard's records arrive from the table's copy in
+ * blocks allocated with that room in front (put_block): each becomes a
+ * chunk as it is, so the records are copied once on this side, out of the
+ * table.
  *
  * Every field of a slot but the producer's own is guarded by the
  * manager's mutex; a READ waiting for its chunk is completed under it by
@@ -80,6 +83,7 @@ typedef struct {
   /* the producer's own */
   chunk_t fill;       /* being filled */
   uint64_t produced;  /* stream bytes queued or in fill */
+  uint64_t chunks;    /* chunks queued */
   embps_ckpt_stream_t out;
   uint8_t *copy_buf;  /* log segments' bytes on their way */
   /* the closing marker (no data dir): the apply thread's runs then */
@@ -203,6 +207,8 @@ static void expire_locked(embps_snapshots_t *m, session_t *s) {
  * the pipe is full. 0, or -1 with err once the session ends. */
 static int queue_chunk(session_t *s, int last, char *err, size_t err_len) {
   embps_snapshots_t *m = s->mgr;
+  s->fill.seq = s->chunks++;
+  s->fill.last = last;
   pthread_mutex_lock(&m->mu);
   while (s->n_ready == EMBPS_SNAPSHOT_PIPE && !s->ending) {
     wait_ms(m, WAIT_MS);
@@ -213,7 +219,6 @@ static int queue_chunk(session_t *s, int last, char *err, size_t err_len) {
     snprintf(err, err_len, "snapshot session %016" PRIx64 " ended", s->id);
     rc = -1;
   } else {
-    s->fill.last = last;
     s->ready[(s->head + s->n_ready) % EMBPS_SNAPSHOT_PIPE] = s->fill;
     s->n_ready++;
     s->all_queued = last;
@@ -224,23 +229,28 @@ static int queue_chunk(session_t *s, int last, char *err, size_t err_len) {
   return rc;
 }
 
-/* The stream sink's put: bytes into the chunks. */
+/* Makes fill a chunk of room bytes, starting at the stream's end. */
+static int start_chunk(session_t *s, size_t room, char *err,
+                       size_t err_len) {
+  s->fill.buf = malloc(s->mgr->head_bytes + room);
+  if (!s->fill.buf) {
+    snprintf(err, err_len, "snapshot: out of memory for a chunk");
+    return -1;
+  }
+  s->fill.len = 0;
+  s->fill.offset = s->produced;
+  return 0;
+}
+
+/* The stream sink's put: bytes copied into the chunks. */
 static int pipe_put(void *ctx, const void *p, size_t n, char *err,
                     size_t err_len) {
   session_t *s = ctx;
   const uint8_t *src = p;
   const size_t head = s->mgr->head_bytes;
   while (n) {
-    if (!s->fill.buf) {
-      s->fill.buf = malloc(head + s->chunk_bytes);
-      if (!s->fill.buf) {
-        snprintf(err, err_len, "snapshot: out of memory for a chunk");
-        return -1;
-      }
-      s->fill.len = 0;
-      s->fill.offset = s->produced;
-      s->fill.seq = s->produced / s->chunk_bytes;
-    }
+    if (!s->fill.buf && start_chunk(s, s->chunk_bytes, err, err_len))
+      return -1;
     size_t k = s->chunk_bytes - s->fill.len;
     k = k < n ? k : n;
     memcpy(s->fill.buf + head + s->fill.len, src, k);
@@ -254,18 +264,31 @@ static int pipe_put(void *ctx, const void *p, size_t n, char *err,
   return 0;
 }
 
-/* The stream's last chunk (perhaps empty, perhaps full). */
-static int flush_last(session_t *s, char *err, size_t err_len) {
-  if (!s->fill.buf) { /* the stream ended on a chunk's edge */
-    s->fill.buf = malloc(s->mgr->head_bytes);
-    if (!s->fill.buf) {
-      snprintf(err, err_len, "snapshot: out of memory for a chunk");
-      return -1;
-    }
-    s->fill.len = 0;
-    s->fill.offset = s->produced;
-    s->fill.seq = s->produced / s->chunk_bytes;
+/* The stream sink's put_block: a block of records becomes a chunk of its
+ * own, READ's reply frame built in the room in front of it (no copy);
+ * the bytes before it go out first, as a chunk however short. */
+static int pipe_put_block(void *ctx, uint8_t *buf, size_t off, size_t n,
+                          char *err, size_t err_len) {
+  session_t *s = ctx;
+  if (off != s->mgr->head_bytes || n > s->chunk_bytes) { /* small chunks */
+    int rc = pipe_put(s, buf + off, n, err, err_len);
+    free(buf);
+    return rc;
   }
+  if (s->fill.buf && s->fill.len && queue_chunk(s, 0, err, err_len)) {
+    free(buf);
+    return -1;
+  }
+  free(s->fill.buf); /* an empty one */
+  s->fill = (chunk_t){.buf = buf, .len = n, .offset = s->produced};
+  s->produced += n;
+  return queue_chunk(s, 0, err, err_len);
+}
+
+/* The stream's last chunk (perhaps empty). */
+static int flush_last(session_t *s, char *err, size_t err_len) {
+  if (!s->fill.buf && start_chunk(s, 0, err, err_len))
+    return -1;
   return queue_chunk(s, 1, err, err_len);
 }
 
@@ -347,7 +370,7 @@ static int produce(session_t *s, int *code, char *err, size_t err_len) {
   embps_server_t *srv = s->mgr->srv;
   embps_ckpt_result_t res;
   *code = EMBPS_EIO;
-  embps_ckpt_stream_init(&s->out, pipe_put, s);
+  embps_ckpt_stream_init(&s->out, pipe_put, pipe_put_block, s);
   if (embps_ckpt_stream_head(&s->out, &s->c,
                              s->with_log ? EMBPS_SNAPSTREAM_WITH_LOG : 0, err,
                              err_len) ||

@@ -19,10 +19,12 @@
  *          log records after S up to the highest shard LSN L as log
  *          segments, so that restoring them over the checkpoint gives the
  *          state at L; then the stream's end.
- *   READ   {session, seq, max_bytes} -> chunk seq, of the session's chunk
- *          size (the last one shorter, marked done). READs are answered in
- *          order; one waits (deferred) while its chunk is being written.
- *          A client keeps several in flight on its connection.
+ *   READ   {session, seq, max_bytes} -> chunk seq: at most the session's
+ *          chunk size (the last one marked done; a block of records goes
+ *          as a chunk of its own, its reply frame built in front of it, so
+ *          it is sent without a copy). READs are answered in order; one
+ *          waits (deferred) while its chunk is being written. A client
+ *          keeps several in flight on its connection.
  *   END    {session}: the session and its thread go; so does a session
  *          that sees no READ for idle_ms.
  *

@@ -454,22 +454,18 @@ static uint64_t check_restored(const char *addr, const dur_workload_t *wl,
   embps_table_info_t want;
   info_of(rc, "dyn", &want);
   if (!probe) {
-    /* another shard count: each shard's capacity is another share of
-     * max_rows (README "Admission and eviction"), so the restore may evict
-     * a few rows more; what was admitted and made stays */
-    if (want.rows_admitted != dyn.rows_admitted ||
-        want.rows_pending != dyn.rows_pending ||
-        want.rows_allocated + want.evicted_capacity + want.evicted_ttl !=
-            dyn.rows_allocated + dyn.evicted_capacity + dyn.evicted_ttl ||
+    /* another shard count: the log after the checkpoint is replayed into
+     * other shards, whose merged admission sketches estimate within their
+     * bounds but not bit for bit (README "Admission and eviction"), and
+     * each shard's capacity is another share of max_rows: the pushes are
+     * all there, the counts close */
+    const double a = (double)dyn.rows_admitted, b = (double)want.rows_admitted;
+    if (dyn.step != want.step || a < 0.98 * b || a > 1.02 * b ||
         !dyn.evicted_capacity)
-      dur_fail("%s: dyn after %" PRIu64 " pushes: admitted %" PRIu64
-               " pending %" PRIu64 " rows made %" PRIu64 "; a replay: %"
-               PRIu64 " %" PRIu64 " %" PRIu64, what, dyn.step,
-               dyn.rows_admitted, dyn.rows_pending,
-               dyn.rows_allocated + dyn.evicted_capacity + dyn.evicted_ttl,
-               want.rows_admitted, want.rows_pending,
-               want.rows_allocated + want.evicted_capacity +
-                   want.evicted_ttl);
+      dur_fail("%s: dyn at step %" PRIu64 " (a replay: %" PRIu64 "), %.0f "
+               "rows admitted (a replay: %.0f), %" PRIu64 " evicted for "
+               "capacity", what, dyn.step, want.step, a, b,
+               dyn.evicted_capacity);
   } else if (want.rows_allocated != dyn.rows_allocated ||
       want.rows_admitted != dyn.rows_admitted ||
       want.rows_pending != dyn.rows_pending ||
@@ -778,13 +774,16 @@ static void test_no_data_dir(void **state) {
 
 /* A raw request of c to server 0: 0 with the reply in *m, or the error
  * with the message in err. */
+static size_t n_got; /* the last reply's bulk bytes */
+
 static int call(embps_client_t *c, embps_msg_t *m, uint8_t *dst, size_t cap,
                 char *err, size_t err_len) {
   embps_ticket_t *t;
-  size_t n;
+  size_t n = 0;
   int rc = embps_client_request_(c, 0, m, dst, cap, &t);
   if (!rc)
     rc = embps_client_reply_(c, t, m, &n);
+  n_got = n;
   snprintf(err, err_len, "%s", rc ? embps_client_last_error(c) : "");
   return rc;
 }
@@ -850,7 +849,7 @@ static void test_sessions(void **state) {
                              sizeof err), EMBPS_EINVAL);
   assert_non_null(strstr(err, "its chunks are"));
   /* read it whole, then past its end */
-  uint64_t seq = 0;
+  uint64_t seq = 0, offset = 0;
   for (;; seq++) {
     embps_msg_t rm;
     memset(&rm, 0, sizeof rm);
@@ -860,7 +859,8 @@ static void test_sessions(void **state) {
     rm.u.snap_read.max_bytes = b0.chunk_bytes;
     assert_int_equal(call(c, &rm, buf, b0.chunk_bytes, err, sizeof err), 0);
     assert_int_equal(rm.u.snap_read_reply.seq, seq);
-    assert_int_equal(rm.u.snap_read_reply.offset, seq * b0.chunk_bytes);
+    assert_int_equal(rm.u.snap_read_reply.offset, offset);
+    offset += n_got;
     if (rm.u.snap_read_reply.done)
       break;
   }
