@@ -35,17 +35,38 @@ size_t embps_table_file_record_bytes(const embps_table_t *t) {
   return (ID_BYTES + body_bytes(t) + 15) & ~(size_t)15;
 }
 
+/* Where a memory record's parts go in a file record: computed once per
+ * shard copy, not per row. */
+typedef struct {
+  size_t fr;       /* file record bytes */
+  size_t w_bytes;  /* stored weights */
+  size_t state_at; /* the state's offset in the file record */
+  size_t state;    /* its bytes */
+  int joined;      /* no pad between weights and state: one copy */
+} rec_layout_t;
+
+static void rec_layout(const embps_table_t *t, rec_layout_t *l) {
+  l->fr = embps_table_file_record_bytes(t);
+  l->w_bytes = t->w_bytes;
+  l->state = body_bytes(t) - (t->state_off - t->w_off);
+  l->state_at = ID_BYTES + (t->state_off - t->w_off);
+  l->joined = t->state_off == t->w_off + t->w_bytes;
+}
+
 /* Writes the file record of id from the memory record rec into out. */
-static void to_file_record(const embps_table_t *t, int64_t id,
-                           const unsigned char *rec, unsigned char *out) {
-  const size_t fr = embps_table_file_record_bytes(t);
-  const size_t state = body_bytes(t) - (t->state_off - t->w_off);
-  const size_t state_at = ID_BYTES + (t->state_off - t->w_off);
+static void to_file_record(const embps_table_t *t, const rec_layout_t *l,
+                           int64_t id, const unsigned char *rec,
+                           unsigned char *out) {
   memcpy(out, &id, sizeof id);
-  memcpy(out + ID_BYTES, rec + t->w_off, t->w_bytes);
-  memset(out + ID_BYTES + t->w_bytes, 0, state_at - ID_BYTES - t->w_bytes);
-  memcpy(out + state_at, rec + t->state_off, state);
-  memset(out + state_at + state, 0, fr - state_at - state); /* padding */
+  if (l->joined) {
+    memcpy(out + ID_BYTES, rec + t->w_off, l->w_bytes + l->state);
+  } else {
+    memcpy(out + ID_BYTES, rec + t->w_off, l->w_bytes);
+    memset(out + ID_BYTES + l->w_bytes, 0, l->state_at - ID_BYTES -
+                                               l->w_bytes);
+    memcpy(out + l->state_at, rec + t->state_off, l->state);
+  }
+  memset(out + l->state_at + l->state, 0, l->fr - l->state_at - l->state);
 }
 
 /* Called for each row a shard walk visits; non-zero stops the walk. */
@@ -142,6 +163,7 @@ static int block_add(const embps_table_t *t, embps_table_blocks_t *b,
 typedef struct {
   embps_table_blocks_t *b;
   size_t used; /* blocks written to (the others: spares) */
+  rec_layout_t l;
 } blocks_fill_t;
 
 /* visit_fn: appends one file record to the blocks (-ENOMEM). */
@@ -154,9 +176,9 @@ static int block_push(void *ctx, const embps_table_t *t, int64_t id,
       return -ENOMEM;
     f->used++;
   }
-  const size_t fr = embps_table_file_record_bytes(t);
-  to_file_record(t, id, rec,
-                 b->buf[f->used - 1] + b->room + b->rows[f->used - 1] * fr);
+  to_file_record(t, &f->l, id, rec,
+                 b->buf[f->used - 1] + b->room +
+                     b->rows[f->used - 1] * f->l.fr);
   b->rows[f->used - 1]++;
   return 0;
 }
@@ -231,7 +253,8 @@ int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
   int rc = 0;
   for (size_t i = 0; !rc && i < (want + b->per - 1) / b->per; i++)
     rc = block_add(t, b, 1);
-  blocks_fill_t f = {b, 0};
+  blocks_fill_t f = {b, 0, {0}};
+  rec_layout(t, &f.l);
   uint64_t pos = 0;
   pthread_rwlock_rdlock(&sh->lock);
   const uint64_t t0 = embps_now_ns();
