@@ -42,7 +42,7 @@ SHARDS=${SHARDS:-16}
 CHUNK=${CHUNK:-0}
 DEPTH=${DEPTH:-0}
 NEED=$((3 * ROWS * (8 + 8 * DIM)))
-AVAIL=$(awk '/MemAvailable/ {printf "%d", $2 * 1024}' /proc/meminfo)
+AVAIL=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024 ))
 if [ "$AVAIL" -lt "$NEED" ]; then
   echo "snapshot.sh: needs about $((NEED >> 20)) MiB of free memory," \
     "$((AVAIL >> 20)) MiB available: set ROWS lower" >&2

@@ -772,6 +772,94 @@ static void test_no_data_dir(void **state) {
   dur_rm_rf(root);
 }
 
+/* A cluster of two: `embps backup` writes member-0 and member-1, each
+ * restored on its own slot holds its half of the table; --member 1 backs
+ * up member 1 alone; a member restored on the other slot is refused. */
+static void test_cluster_backup(void **state) {
+  (void)state;
+  char root[64] = "/tmp/embps-snap-XXXXXX";
+  assert_non_null(mkdtemp(root));
+  it_server_t srv[2];
+  for (int i = 0; i < 2; i++) {
+    char idx[8];
+    snprintf(idx, sizeof idx, "%d", i);
+    const char *args[] = {"--cluster-size", "2", "--cluster-index", idx,
+                          NULL};
+    assert_int_equal(it_server_start(&srv[i], args), 0);
+  }
+  char list[80];
+  snprintf(list, sizeof list, "%s,%s", srv[0].addr, srv[1].addr);
+  embps_client_t *c = connect_or_fail(list);
+  embps_table_spec_t s;
+  big_spec(&s);
+  s.rows = 5000;
+  assert_int_equal(embps_create_table(c, &s), 0);
+  enum { N = 5000 };
+  int64_t *ids = malloc(N * sizeof *ids);
+  float *g = malloc((size_t)N * BIG_DIM * sizeof *g);
+  float *x = malloc((size_t)N * BIG_DIM * sizeof *x);
+  float *y = malloc((size_t)N * BIG_DIM * sizeof *y);
+  for (int i = 0; i < N; i++)
+    ids[i] = i;
+  for (size_t i = 0; i < (size_t)N * BIG_DIM; i++)
+    g[i] = (float)(i % 9) / 9.0f - 0.4f;
+  assert_int_equal(embps_push(c, "big", ids, N / 2, g, BIG_DIM, 0), 0);
+  assert_int_equal(embps_push(c, "big", ids + 1000, N - 1000, g, BIG_DIM, 0),
+                   0);
+  assert_int_equal(embps_pull(c, "big", ids, N, x, BIG_DIM), 0);
+  embps_client_destroy(c);
+  char all[128], one[128];
+  snprintf(all, sizeof all, "%s/all", root);
+  snprintf(one, sizeof one, "%s/one", root);
+  it_cli_result_t r;
+  const char *cli[] = {"--servers", list, "backup", "--out", all, NULL};
+  if (it_cli_run(&r, cli))
+    fail_msg("embps backup: %s%s", r.out, r.err);
+  assert_non_null(strstr(r.out, "member 1 ("));
+  it_cli_result_free(&r);
+  const char *cli1[] = {"--servers", list, "--member", "1", "backup",
+                        "--out", one, NULL};
+  if (it_cli_run(&r, cli1))
+    fail_msg("embps backup --member 1: %s%s", r.out, r.err);
+  it_cli_result_free(&r);
+  char path[200];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/member-0", one);
+  assert_int_equal(stat(path, &st), -1);
+  snprintf(path, sizeof path, "%s/member-1", one);
+  assert_int_equal(stat(path, &st), 0);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(it_server_stop(&srv[i]), 0);
+  /* each member restored on its slot, into other shard counts */
+  for (int i = 0; i < 2; i++) {
+    char dir[200], idx[8];
+    snprintf(dir, sizeof dir, "%s/member-%d", all, i);
+    snprintf(idx, sizeof idx, "%d", i);
+    const char *args[] = {"--cluster-size", "2", "--cluster-index", idx,
+                          "--data-dir", dir, "--shards", i ? "3" : "5",
+                          NULL};
+    assert_int_equal(it_server_start(&srv[i], args), 0);
+  }
+  snprintf(list, sizeof list, "%s,%s", srv[0].addr, srv[1].addr);
+  c = connect_or_fail(list);
+  assert_int_equal(embps_pull(c, "big", ids, N, y, BIG_DIM), 0);
+  assert_memory_equal(x, y, (size_t)N * BIG_DIM * sizeof *x);
+  embps_client_destroy(c);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(it_server_stop(&srv[i]), 0);
+  /* member 1's copy on slot 0: refused */
+  snprintf(path, sizeof path, "%s/member-1", all);
+  const char *args[] = {"--cluster-size", "2", "--cluster-index", "0",
+                        "--data-dir", path, NULL};
+  it_server_t wrong;
+  assert_int_equal(it_server_start(&wrong, args), -1);
+  free(ids);
+  free(g);
+  free(x);
+  free(y);
+  dur_rm_rf(root);
+}
+
 /* A raw request of c to server 0: 0 with the reply in *m, or the error
  * with the message in err. */
 static size_t n_got; /* the last reply's bulk bytes */
@@ -970,6 +1058,7 @@ int main(void) {
       cmocka_unit_test(test_sessions),
       cmocka_unit_test(test_backup_dir_rules),
       cmocka_unit_test(test_no_data_dir),
+      cmocka_unit_test(test_cluster_backup),
       cmocka_unit_test(test_backup_under_storm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
