@@ -17,8 +17,10 @@
  *       shards in this process (embps_ckpt_load_stream: a follower's
  *       path, no file written), then freed
  * Each measurement prints one line "MODE bytes B seconds S gbps G" (and
- * "rows R" for load): the stream's bytes over the wall time from BEGIN to
- * the end (raw: from the connection to the last byte). Exit 0, or 1 with a
+ * for load "rows R user U sys K": the rows loaded and this process's CPU
+ * seconds, the kernel's including the first touch of the tables' fresh
+ * memory): the stream's bytes over the wall time from BEGIN to the end
+ * (raw: from the connection to the last byte). Exit 0, or 1 with a
  * message. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -177,8 +180,12 @@ static int cmd_stream(const char *addr, int load, uint32_t shards,
     if (embps_snapshot_end(s))
       return die("end", embps_client_last_error(c));
     const double sec = (double)(bu_now_ns() - t0) / 1e9;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
     printf("load bytes %" PRIu64 " seconds %.3f gbps %.3f rows %" PRIu64
-           "\n", bytes, sec, (double)bytes / sec / 1e9, rows);
+           " user %.2f sys %.2f\n", bytes, sec, (double)bytes / sec / 1e9,
+           rows, (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
     embps_ckpt_free(&ck);
   } else {
     const uint8_t *p;

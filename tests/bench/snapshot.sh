@@ -15,9 +15,10 @@
 #          follower's path, the figure the target is about; with the
 #          OpenMP team a server's apply thread has by default (half the
 #          cores, passive waits: server/main.c)
-# A first, untimed round warms the memory up: in this VM the first touch
-# of memory the guest never used costs up to 20 x a later one
-# (tests/bench/README.md), and every load makes a fresh copy of the table.
+# A first, untimed load runs before the rounds. A load's tables are fresh
+# memory, and in this VM the kernel's first touch of fresh memory (zeroed
+# pages the host backs anew) costs from 0.4 to 4 s per GB: the loads' user
+# and kernel CPU seconds are printed to tell the two apart.
 # Prints the medians and load / raw. Environment: ROWS (10000000), DIM (64),
 # REPS (3), SHARDS (16), CHUNK (bytes per READ; 0: the default 8 MiB),
 # DEPTH (READs in flight; 0: 4), QUICK=1 (ROWS=200000, REPS=1: a smoke
@@ -79,7 +80,7 @@ for kind in dense dynamic; do
   "$BENCH" fill "$ADDR" t "$ROWS" "$DIM" "$kind"
   echo "($kind table filled in $(awk -v a="$T0" -v b="$(date +%s.%N)" \
     'BEGIN {printf "%.1f", b - a}') s)"
-  RAW= DRAIN= LOAD= BYTES=0 LROWS=0
+  RAW= DRAIN= LOAD= LSYS= LUSER= BYTES=0 LROWS=0
   load >/dev/null # warm-up, untimed
   for _ in $(seq 1 "$REPS"); do
     D=$("$BENCH" drain "$ADDR" "$CHUNK" "$DEPTH")
@@ -89,12 +90,15 @@ for kind in dense dynamic; do
     L=$(load)
     LOAD+=" $(echo "$L" | field gbps)"
     LROWS=$(echo "$L" | field rows)
+    LSYS+=" $(echo "$L" | field sys)"
+    LUSER+=" $(echo "$L" | field user)"
   done
   [ "$LROWS" = "$ROWS" ] || { echo "loaded $LROWS rows of $ROWS" >&2; exit 1; }
   R=$(median "$RAW") D=$(median "$DRAIN") L=$(median "$LOAD")
   printf '%-8s %10s rows, %12s stream bytes: raw %.2f GB/s, drain %.2f GB/s (%.2f x raw), load %.2f GB/s (%.2f x raw)   [raw:%s; drain:%s; load:%s]\n' \
     "$kind" "$ROWS" "$BYTES" "$R" "$D" "$(awk -v a="$D" -v b="$R" 'BEGIN {print a / b}')" \
     "$L" "$(awk -v a="$L" -v b="$R" 'BEGIN {print a / b}')" "$RAW" "$DRAIN" "$LOAD"
+  echo "         the loads' CPU seconds, user:$LUSER; kernel (the first touch of the tables' fresh memory, mostly):$LSYS"
   "$CLI" --servers "$ADDR" drop-table t >/dev/null
 done
 grep -o 'longest shard copy [0-9.]* ms' "$TMP/server.log" |
