@@ -35,10 +35,13 @@ test-sanitize: deps
 
 # The same suites (all of them exercise threads) under ThreadSanitizer, but
 # unit.memory: one thread measuring memory, which TSan's shadow inflates.
+# Built with clang and LLVM's OpenMP runtime with its Archer tool, so TSan
+# sees the parallel apply run on two OpenMP threads (tests/CMakeLists.txt).
 TSAN_BUILD ?= build-tsan
+TSAN_CC ?= clang
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
-	  -DEMBPS_SANITIZE=thread
+	  -DCMAKE_C_COMPILER=$(TSAN_CC) -DEMBPS_SANITIZE=thread
 	cmake --build $(TSAN_BUILD) -j$(JOBS)
 	cd $(TSAN_BUILD) && ctest --output-on-failure --timeout 900 \
 	  -L '^(unit|integration|fuzz)$$' -E '^unit\.memory$$'

@@ -3,7 +3,11 @@
  * files are little-endian int64 ids and float32 row-major values; pulled
  * rows print as "id<TAB>v v v" with %.9g, which reads back to the identical
  * float32. Every failure prints one line naming the problem and exits 1
- * (2 for a command line that does not parse). */
+ * (2 for a command line that does not parse).
+ *
+ * The command line is tables (flags.h): the global flags, then per command
+ * its flags and what they set in opts_t; main parses them all before it
+ * connects, and --help prints the same tables. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -17,44 +21,6 @@
 #include "embps_revision.h"
 #include "embps/embps.h"
 #include "util.h"
-
-static const char usage[] =
-    "usage: embps [--servers H:P[,H:P...]] [--token-file F] [--timeout-ms N]"
-    "\n             [--retry-ms N] [--member I] COMMAND ...\n"
-    "  create-table NAME --dim D (--rows N | --dynamic)\n"
-    "               [--optimizer sgd|adagrad|adam|ftrl] [--lr X] [--eps X]\n"
-    "               [--beta1 X] [--beta2 X] [--initial-accumulator X]\n"
-    "               [--l1 X] [--l2 X] [--lr-power X] [--weight-decay X]\n"
-    "               [--init zeros|constant:V|uniform:A|normal:STD]\n"
-    "               [--seed S] [--padding-id ID] [--sync-workers N]\n"
-    "               [--dtype f32|f16|bf16] [--exist-ok]\n"
-    "               [--admit-after N] [--admit-probability P]\n"
-    "               [--admit-sketch-bytes B] [--ttl-steps S] [--max-rows N]\n"
-    "               [--evict lru|lfu] [--evict-l2-below X]  (--dynamic only)\n"
-    "  drop-table NAME\n"
-    "  alter NAME [--lr X] [--eps X] [--beta1 X] [--beta2 X] [--l1 X]\n"
-    "             [--l2 X] [--lr-power X] [--weight-decay X]\n"
-    "  tables [--json]\n"
-    "  pull NAME (--ids 1,2,3 | --ids-file F) [--out F] [--json]\n"
-    "  push NAME (--indices 1,2,2 --values v,v,... |\n"
-    "             --indices-file F --values-file F) [--step S]\n"
-    "  stats [--json]\n"
-    "  checkpoint           take a checkpoint on every server (--data-dir)\n"
-    "  export NAME --out DIR [--with-state]   rows to .npy files + spec.json\n"
-    "  import NAME --from DIR [--with-state] [--create]\n"
-    "  evict NAME           evict expired rows and those of L2 norm below\n"
-    "                       --evict-l2-below now\n"
-    "  backup --out DIR     copy every member's tables while it serves:\n"
-    "                       DIR/member-I is a data dir (--data-dir) for it\n"
-    "  bench [--workers W] [--batch B] [--rows R] [--dim D] [--zipf S]\n"
-    "        [--optimizer O] [--seconds T] [--depth N] [--mode pull|push|both]\n"
-    "        [--dynamic] [--unique] [--no-prefill] [--json]\n"
-    "        [--admit-after N] [--max-rows R] [--evict lru|lfu] ...\n"
-    "--member I: stats, tables (and describe) ask only server I of the list\n"
-    "Servers default to $EMBPS_SERVERS, then 127.0.0.1:7070; the token file\n"
-    "to $EMBPS_TOKEN_FILE. --timeout-ms bounds one attempt (default 30000);\n"
-    "--retry-ms how long a push or read goes on retrying after a broken\n"
-    "connection (default 30000; 0 or -1: never).\n";
 
 static int die(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -76,89 +42,318 @@ static int usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
+/* ------------------------------------------------------------ flags */
+
+/* What the flags before the COMMAND set. */
+typedef struct {
+  embps_client_options_t client;
+  const char *token_file;
+  int64_t retry_ms;
+  uint32_t member;
+  int help, version;
+} global_t;
+
+static const embps_flag_t global_flags[] = {
+    EMBPS_FLAG_STRING("servers", "H:P[,H:P...]", global_t, client.servers,
+                      "the cluster's servers, in cluster order (default "
+                      "$EMBPS_SERVERS, then 127.0.0.1:7070)"),
+    EMBPS_FLAG_STRING("token-file", "F", global_t, token_file,
+                      "send the auth token in file F (default "
+                      "$EMBPS_TOKEN_FILE)"),
+    EMBPS_FLAG_NUMBER("timeout-ms", "N", embps_flag_set_int, global_t,
+                      client.timeout_ms, 1, INT32_MAX, "a positive number",
+                      "bound on one attempt of a call (default 30000)"),
+    EMBPS_FLAG_NUMBER("retry-ms", "N", embps_flag_set_int, global_t, retry_ms,
+                      -1, INT32_MAX, "a number of ms (or -1)",
+                      "how long a push or a read goes on retrying after a "
+                      "broken connection (default 30000; 0 or -1: never)"),
+    EMBPS_FLAG_NUMBER("member", "I", embps_flag_set_uint, global_t, member, 0,
+                      UINT32_MAX - 1, "a server index",
+                      "stats and tables ask server I of the list alone (the "
+                      "list stays the whole cluster, in order)"),
+    EMBPS_FLAG_TRUE("help", global_t, help, "print this help and exit (or -h)"),
+    EMBPS_FLAG_TRUE("version", global_t, version,
+                    "print the version (and the protocol's) and exit"),
+    EMBPS_FLAG_END};
+static const embps_flag_group_t global_groups[] = {{global_flags, 0},
+                                                   {NULL, 0}};
+
+/* What the flags of every command set (each command reads its own). */
+typedef struct {
+  embps_table_spec_t spec;          /* create-table */
+  unsigned create_flags;            /* create-table: EMBPS_CREATE_* */
+  embps_table_alter_t alter;        /* alter */
+  int json;                         /* tables, stats, pull */
+  const char *ids, *ids_file, *out; /* pull; --out of export too */
+  const char *indices, *values, *indices_file, *values_file; /* push */
+  uint64_t step;                                             /* push */
+  const char *from;                                          /* import */
+  unsigned io_flags; /* export, import: EMBPS_EXPORT_*, EMBPS_IMPORT_* */
+  /* pull --ids, push --indices and --values, as the checks parse them */
+  int64_t *id_list;
+  float *value_list;
+  size_t n_ids, n_values;
+} opts_t;
+
+static int set_optimizer(const embps_flag_t *f, const char *v, void *obj,
+                         char *err, size_t err_len) {
+  embps_table_spec_t *spec = obj;
+  return embps_optimizer_parse(v, &spec->optimizer)
+             ? embps_flag_refuse(f, v, err, err_len)
+             : 0;
+}
+
+static int set_dtype(const embps_flag_t *f, const char *v, void *obj, char *err,
+                     size_t err_len) {
+  embps_table_spec_t *spec = obj;
+  return embps_dtype_parse(v, &spec->dtype)
+             ? embps_flag_refuse(f, v, err, err_len)
+             : 0;
+}
+
+static int set_init(const embps_flag_t *f, const char *v, void *obj, char *err,
+                    size_t err_len) {
+  static const struct {
+    const char *name;
+    embps_init_t init;
+  } kinds[] = {{"zeros", EMBPS_INIT_ZEROS},
+               {"constant:", EMBPS_INIT_CONSTANT},
+               {"uniform:", EMBPS_INIT_UNIFORM},
+               {"normal:", EMBPS_INIT_NORMAL}};
+  embps_table_spec_t *spec = obj;
+  for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+    size_t len = strlen(kinds[k].name);
+    if (strncmp(v, kinds[k].name, len))
+      continue;
+    double x = 0;
+    if (kinds[k].init == EMBPS_INIT_ZEROS) {
+      if (v[len])
+        break;
+    } else {
+      char *end;
+      errno = 0;
+      x = strtod(v + len, &end);
+      if (errno || end == v + len || *end)
+        break;
+    }
+    spec->init = kinds[k].init;
+    spec->init_value = x;
+    return 0;
+  }
+  return embps_flag_refuse(f, v, err, err_len);
+}
+
+#define SPEC embps_table_spec_t
+/* create-table's flags but the optimizer's hyperparameters and the
+ * admission and eviction ones (cli_dyn.c) */
+static const embps_flag_t spec_flags[] = {
+    EMBPS_FLAG_NUMBER("dim", "D", embps_flag_set_uint, SPEC, dim, 0, UINT32_MAX,
+                      "a dimension", "values per row (required)"),
+    EMBPS_FLAG_NUMBER("rows", "N", embps_flag_set_uint, SPEC, rows, 0,
+                      UINT64_MAX, "a row count",
+                      "a dense table of rows 0..N-1"),
+    EMBPS_FLAG_TRUE("dynamic", SPEC, dynamic,
+                    "a table of any int64 ids, each row made at its first "
+                    "push (one of --rows and --dynamic is required)"),
+    {"optimizer", "sgd|adagrad|adam|ftrl",
+     "the update rule (default sgd); "
+     "it sets the defaults below",
+     set_optimizer, 0, 0, 0, 0, 0, "sgd|adagrad|adam|ftrl"},
+    {"init", "zeros|constant:V|uniform:A|normal:STD",
+     "the value of rows "
+     "never pushed (default zeros)",
+     set_init, 0, 0, 0, 0, 0, "zeros|constant:V|uniform:A|normal:STD"},
+    EMBPS_FLAG_NUMBER("seed", "S", embps_flag_set_uint, SPEC, seed, 0,
+                      UINT64_MAX, "a number",
+                      "seed of the random initial values"),
+    EMBPS_FLAG_NUMBER("padding-id", "ID", embps_flag_set_int, SPEC, padding_id,
+                      INT64_MIN, INT64_MAX, "an id",
+                      "an id whose row stays zero: pulled as zeros, never "
+                      "updated"),
+    EMBPS_FLAG_NUMBER("sync-workers", "N", embps_flag_set_uint, SPEC,
+                      sync_workers, 0, UINT32_MAX, "a count",
+                      "synchronous training: each step is applied once N "
+                      "workers pushed it, averaged (default 0: "
+                      "asynchronous)"),
+    {"dtype", "f32|f16|bf16", "how the weights are stored (default f32)",
+     set_dtype, 0, 0, 0, 0, 0, "f32|f16|bf16"},
+    EMBPS_FLAG_END};
+
+/* The optimizer's hyperparameters: flag, field (embps_table_spec_t and
+ * embps_table_alter_t name it alike), alter's bit, help. create-table may
+ * set them all; alter changes them. */
+#define HYPERPARAMETERS(X)                                                     \
+  X("lr", lr, EMBPS_ALTER_LR, "learning rate (default 0.01)")                  \
+  X("eps", eps, EMBPS_ALTER_EPS,                                               \
+    "adagrad's and adam's epsilon (default 1e-10 and 1e-8)")                   \
+  X("beta1", beta1, EMBPS_ALTER_BETA1,                                         \
+    "adam's decay of the first moment (default 0.9)")                          \
+  X("beta2", beta2, EMBPS_ALTER_BETA2,                                         \
+    "adam's decay of the second moment (default 0.999)")                       \
+  X("l1", l1, EMBPS_ALTER_L1, "ftrl's L1 regularisation (default 0)")          \
+  X("l2", l2, EMBPS_ALTER_L2, "ftrl's L2 regularisation (default 0)")          \
+  X("lr-power", lr_power, EMBPS_ALTER_LR_POWER,                                \
+    "ftrl's learning-rate power (default -0.5)")                               \
+  X("weight-decay", weight_decay, EMBPS_ALTER_WEIGHT_DECAY,                    \
+    "adam's decoupled weight decay (default 0)")
+
+#define HYPER_SPEC_(name, field, bit, help)                                    \
+  EMBPS_FLAG_NUMBER(name, "X", embps_flag_set_double, SPEC, field, -HUGE_VALL, \
+                    HUGE_VALL, "a number", help),
+static const embps_flag_t hyper_flags[] = {
+    HYPERPARAMETERS(HYPER_SPEC_) EMBPS_FLAG_NUMBER(
+        "initial-accumulator", "X", embps_flag_set_double, SPEC,
+        initial_accumulator, -HUGE_VALL, HUGE_VALL, "a number",
+        "adagrad's and ftrl's accumulator at start (default 0 "
+        "and 0.1)"),
+    EMBPS_FLAG_END};
+
+/* alter: the value, and its bit in alter.set */
+static int set_alter(const embps_flag_t *f, const char *v, void *obj, char *err,
+                     size_t err_len) {
+  if (embps_flag_set_double(f, v, obj, err, err_len))
+    return -1;
+  ((embps_table_alter_t *)obj)->set |= (unsigned)f->bits;
+  return 0;
+}
+#define HYPER_ALTER_(name, field, bit, help)                                   \
+  {name,                                                                       \
+   "X",                                                                        \
+   help,                                                                       \
+   set_alter,                                                                  \
+   EMBPS_FLAG_FIELD_(embps_table_alter_t, field),                              \
+   -HUGE_VALL,                                                                 \
+   HUGE_VALL,                                                                  \
+   bit,                                                                        \
+   "a number"},
+static const embps_flag_t alter_flags[] = {HYPERPARAMETERS(HYPER_ALTER_)
+                                               EMBPS_FLAG_END};
+
+#define OPTS opts_t
+static const embps_flag_t create_flags[] = {
+    EMBPS_FLAG_BITS("exist-ok", OPTS, create_flags, EMBPS_CREATE_EXIST_OK,
+                    "succeed when every server holds the table with this "
+                    "spec already"),
+    EMBPS_FLAG_END};
+static const embps_flag_t json_flags[] = {
+    EMBPS_FLAG_TRUE("json", OPTS, json, "print JSON"), EMBPS_FLAG_END};
+static const embps_flag_t pull_flags[] = {
+    EMBPS_FLAG_STRING("ids", "1,2,3", OPTS, ids, "the ids to pull"),
+    EMBPS_FLAG_STRING("ids-file", "F", OPTS, ids_file,
+                      "the ids to pull, int64 little-endian in file F"),
+    EMBPS_FLAG_STRING("out", "F", OPTS, out,
+                      "write the rows to file F (float32 little-endian, row "
+                      "after row) instead of printing them"),
+    EMBPS_FLAG_TRUE("json", OPTS, json, "print JSON"), EMBPS_FLAG_END};
+static const embps_flag_t push_flags[] = {
+    EMBPS_FLAG_STRING("indices", "1,2,2", OPTS, indices,
+                      "the ids the gradient rows are for (repeats add up)"),
+    EMBPS_FLAG_STRING("values", "v,v,...", OPTS, values,
+                      "the gradient rows, dim values per index"),
+    EMBPS_FLAG_STRING("indices-file", "F", OPTS, indices_file,
+                      "the ids, int64 little-endian in file F"),
+    EMBPS_FLAG_STRING("values-file", "F", OPTS, values_file,
+                      "the gradient rows, float32 little-endian in file F"),
+    EMBPS_FLAG_NUMBER("step", "S", embps_flag_set_uint, OPTS, step, 1,
+                      UINT64_MAX, "a step number (from 1)",
+                      "synchronous tables: the step this push is for"),
+    EMBPS_FLAG_END};
+static const embps_flag_t export_flags[] = {
+    EMBPS_FLAG_STRING("out", "DIR", OPTS, out,
+                      "the directory to write (required)"),
+    EMBPS_FLAG_BITS("with-state", OPTS, io_flags, EMBPS_EXPORT_STATE,
+                    "the optimizer state and step too"),
+    EMBPS_FLAG_BITS("state", OPTS, io_flags, EMBPS_EXPORT_STATE,
+                    "the same as --with-state"),
+    EMBPS_FLAG_BITS("dense", OPTS, io_flags, EMBPS_EXPORT_DENSE,
+                    "every row of a fixed-size table, [rows, dim] by id (not "
+                    "with --with-state)"),
+    EMBPS_FLAG_END};
+static const embps_flag_t import_flags[] = {
+    EMBPS_FLAG_STRING("from", "DIR", OPTS, from,
+                      "the directory to read (required)"),
+    EMBPS_FLAG_BITS("with-state", OPTS, io_flags, EMBPS_IMPORT_STATE,
+                    "set the optimizer state and step from it too"),
+    EMBPS_FLAG_BITS("state", OPTS, io_flags, EMBPS_IMPORT_STATE,
+                    "the same as --with-state"),
+    EMBPS_FLAG_BITS("create", OPTS, io_flags, EMBPS_IMPORT_CREATE,
+                    "create the table from DIR/spec.json if it is missing"),
+    EMBPS_FLAG_END};
+
+static const embps_flag_group_t create_groups[] = {
+    {spec_flags, offsetof(opts_t, spec)},
+    {hyper_flags, offsetof(opts_t, spec)},
+    {embps_cli_dyn_flags, offsetof(opts_t, spec)},
+    {create_flags, 0},
+    {NULL, 0}};
+static const embps_flag_group_t alter_groups[] = {
+    {alter_flags, offsetof(opts_t, alter)}, {NULL, 0}};
+static const embps_flag_group_t json_groups[] = {{json_flags, 0}, {NULL, 0}};
+static const embps_flag_group_t pull_groups[] = {{pull_flags, 0}, {NULL, 0}};
+static const embps_flag_group_t push_groups[] = {{push_flags, 0}, {NULL, 0}};
+static const embps_flag_group_t export_groups[] = {{export_flags, 0},
+                                                   {NULL, 0}};
+static const embps_flag_group_t import_groups[] = {{import_flags, 0},
+                                                   {NULL, 0}};
+static const embps_flag_t backup_flags[] = {
+    EMBPS_FLAG_STRING("out", "DIR", OPTS, out,
+                      "the directory to write: new or empty (required)"),
+    EMBPS_FLAG_END};
+static const embps_flag_group_t backup_groups[] = {{backup_flags, 0},
+                                                   {NULL, 0}};
+static const embps_flag_group_t no_groups[] = {{NULL, 0}};
+
 /* ------------------------------------------------------------ parsing */
 
-static int parse_i64(const char *s, int64_t *out) {
+/* One item of a comma-separated list into *out. */
+typedef int (*list_item_fn)(const char *token, void *out);
+
+static int id_item(const char *token, void *out) {
   char *end;
   errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end)
+  long long v = strtoll(token, &end, 10);
+  if (errno || end == token || *end)
     return -1;
-  *out = v;
+  *(int64_t *)out = v;
   return 0;
 }
 
-static int parse_u64(const char *s, uint64_t *out) {
+/* Non-finite values parse: the server refuses them by name. */
+static int value_item(const char *token, void *out) {
   char *end;
-  errno = 0;
-  if (*s == '-')
+  float v = strtof(token, &end);
+  if (end == token || *end)
     return -1;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s || *end)
-    return -1;
-  *out = v;
+  *(float *)out = v;
   return 0;
 }
 
-static int parse_double(const char *s, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end)
-    return -1;
-  *out = v;
-  return 0;
-}
-
-/* A comma-separated list of int64; *out malloc'd. */
-static int parse_ids(const char *s, int64_t **out, size_t *n) {
+/* The value of --flag, a comma-separated list (empty items skipped), into
+ * a malloc'd array of items of `size` bytes, read by `item`. Returns the
+ * exit status: 0, 2 naming an item that is not `what`, 1 when out of
+ * memory. */
+static int parse_list(const char *flag, const char *s, size_t size,
+                      list_item_fn item, const char *what, void **out,
+                      size_t *n) {
   size_t cap = 1;
   for (const char *p = s; *p; p++)
     cap += *p == ',';
-  int64_t *v = malloc(cap * sizeof *v);
-  if (!v)
-    return -1;
   char *copy = strdup(s), *save = NULL;
+  unsigned char *v = malloc(cap * size);
+  if (!copy || !v) {
+    free(copy);
+    free(v);
+    return die(1, "out of memory for a list of %zu items", cap);
+  }
   size_t k = 0;
   for (char *tok = strtok_r(copy, ",", &save); tok;
-       tok = strtok_r(NULL, ",", &save)) {
-    if (parse_i64(tok, &v[k])) {
-      fprintf(stderr, "embps: \"%s\" is not an integer id\n", tok);
+       tok = strtok_r(NULL, ",", &save), k++)
+    if (item(tok, v + k * size)) {
+      die(2, "--%s: item \"%s\" is not %s", flag, tok, what);
       free(copy);
       free(v);
-      return -1;
+      return 2;
     }
-    k++;
-  }
-  free(copy);
-  *out = v;
-  *n = k;
-  return 0;
-}
-
-/* A comma-separated list of floats (non-finite ones parse; the server
- * refuses them by name). */
-static int parse_values(const char *s, float **out, size_t *n) {
-  size_t cap = 1;
-  for (const char *p = s; *p; p++)
-    cap += *p == ',';
-  float *v = malloc(cap * sizeof *v);
-  if (!v)
-    return -1;
-  char *copy = strdup(s), *save = NULL;
-  size_t k = 0;
-  for (char *tok = strtok_r(copy, ",", &save); tok;
-       tok = strtok_r(NULL, ",", &save)) {
-    char *end;
-    v[k] = strtof(tok, &end);
-    if (end == tok || *end) {
-      fprintf(stderr, "embps: \"%s\" is not a number\n", tok);
-      free(copy);
-      free(v);
-      return -1;
-    }
-    k++;
-  }
   free(copy);
   *out = v;
   *n = k;
@@ -196,8 +391,10 @@ static int write_file(const char *path, const void *data, size_t len) {
 
 typedef struct {
   embps_client_t *client;
-  int argc;
-  char **argv;
+  const char *name; /* the table NAME, for the commands that take one */
+  opts_t *o;
+  const embps_flags_t *flags; /* which ones were given */
+  uint32_t member;            /* --member, or UINT32_MAX */
 } cmd_t;
 
 static int server_error(embps_client_t *c, int rc) {
@@ -206,181 +403,50 @@ static int server_error(embps_client_t *c, int rc) {
                           : embps_strerror(rc));
 }
 
-static int parse_init(const char *s, embps_table_spec_t *spec) {
-  const char *colon = strchr(s, ':');
-  size_t len = colon ? (size_t)(colon - s) : strlen(s);
-  double v = 0;
-  if (colon && parse_double(colon + 1, &v))
-    return -1;
-  if (len == 5 && !strncmp(s, "zeros", 5) && !colon)
-    spec->init = EMBPS_INIT_ZEROS;
-  else if (len == 8 && !strncmp(s, "constant", 8) && colon)
-    spec->init = EMBPS_INIT_CONSTANT;
-  else if (len == 7 && !strncmp(s, "uniform", 7) && colon)
-    spec->init = EMBPS_INIT_UNIFORM;
-  else if (len == 6 && !strncmp(s, "normal", 6) && colon)
-    spec->init = EMBPS_INIT_NORMAL;
-  else
-    return -1;
-  spec->init_value = v;
+/* The checks of a command's flags that need no server; 0 or the exit
+ * status. */
+static int check_create(cmd_t *cmd) {
+  embps_table_spec_t *spec = &cmd->o->spec;
+  if (strlen(cmd->name) >= sizeof spec->name)
+    return usage_error("table name \"%s\" is too long", cmd->name);
+  snprintf(spec->name, sizeof spec->name, "%s", cmd->name);
+  if (!embps_flags_given(cmd->flags, "dim"))
+    return usage_error("%s", "create-table needs --dim D");
+  if (embps_flags_given(cmd->flags, "rows") == spec->dynamic)
+    return usage_error("%s", "create-table needs exactly one of --rows N "
+                       "and --dynamic");
+  spec->has_padding = embps_flags_given(cmd->flags, "padding-id");
+  /* the optimizer's defaults for the hyperparameters not given */
+  embps_table_spec_t d;
+  embps_table_spec_init(&d, NULL, 0, spec->optimizer);
+  for (const embps_flag_t *f = hyper_flags; f->name; f++)
+    if (!embps_flags_given(cmd->flags, f->name))
+      memcpy((char *)spec + f->off, (const char *)&d + f->off, f->size);
   return 0;
 }
 
 static int cmd_create(cmd_t *cmd) {
-  if (cmd->argc < 1)
-    return usage_error("%s", "create-table needs a NAME");
-  const char *name = cmd->argv[0];
-  /* the optimizer decides the defaults, so find it first */
-  embps_optimizer_t opt = EMBPS_OPT_SGD;
-  for (int i = 1; i + 1 < cmd->argc; i++)
-    if (!strcmp(cmd->argv[i], "--optimizer") &&
-        embps_optimizer_parse(cmd->argv[i + 1], &opt))
-      return usage_error("unknown optimizer \"%s\"", cmd->argv[i + 1]);
-  embps_table_spec_t spec;
-  embps_table_spec_init(&spec, name, 0, opt);
-  if (strlen(name) >= sizeof spec.name)
-    return usage_error("table name \"%s\" is too long", name);
-  int have_dim = 0, have_rows = 0;
-  unsigned flags = 0;
-  for (int i = 1; i < cmd->argc; i++) {
-    const char *a = cmd->argv[i];
-    if (!strcmp(a, "--dynamic")) {
-      spec.dynamic = 1;
-      continue;
-    }
-    if (!strcmp(a, "--exist-ok")) {
-      flags |= EMBPS_CREATE_EXIST_OK;
-      continue;
-    }
-    if (i + 1 >= cmd->argc)
-      return usage_error("%s needs a value", a);
-    const char *v = cmd->argv[++i];
-    uint64_t u;
-    int64_t s;
-    double *d = NULL;
-    int dyn;
-    if (!strcmp(a, "--dim")) {
-      if (parse_u64(v, &u) || u > UINT32_MAX)
-        return usage_error("--dim \"%s\" is not a dimension", v);
-      spec.dim = (uint32_t)u;
-      have_dim = 1;
-    } else if (!strcmp(a, "--rows")) {
-      if (parse_u64(v, &u))
-        return usage_error("--rows \"%s\" is not a row count", v);
-      spec.rows = u;
-      have_rows = 1;
-    } else if (!strcmp(a, "--optimizer")) {
-      continue; /* handled above */
-    } else if (!strcmp(a, "--seed")) {
-      if (parse_u64(v, &u))
-        return usage_error("--seed \"%s\" is not a number", v);
-      spec.seed = u;
-    } else if (!strcmp(a, "--padding-id")) {
-      if (parse_i64(v, &s))
-        return usage_error("--padding-id \"%s\" is not an id", v);
-      spec.has_padding = 1;
-      spec.padding_id = s;
-    } else if (!strcmp(a, "--sync-workers")) {
-      if (parse_u64(v, &u) || u > UINT32_MAX)
-        return usage_error("--sync-workers \"%s\" is not a count", v);
-      spec.sync_workers = (uint32_t)u;
-    } else if (!strcmp(a, "--dtype")) {
-      if (embps_dtype_parse(v, &spec.dtype))
-        return usage_error("--dtype \"%s\" is not f32|f16|bf16", v);
-    } else if ((dyn = embps_cli_dyn_option(a, v, &spec)) != 0) {
-      if (dyn < 0)
-        return usage_error("bad value for %s", a);
-    } else if (!strcmp(a, "--init")) {
-      if (parse_init(v, &spec))
-        return usage_error("--init \"%s\" is not zeros|constant:V|uniform:A|"
-                           "normal:STD", v);
-    } else {
-      if (!strcmp(a, "--lr"))
-        d = &spec.lr;
-      else if (!strcmp(a, "--eps"))
-        d = &spec.eps;
-      else if (!strcmp(a, "--beta1"))
-        d = &spec.beta1;
-      else if (!strcmp(a, "--beta2"))
-        d = &spec.beta2;
-      else if (!strcmp(a, "--initial-accumulator"))
-        d = &spec.initial_accumulator;
-      else if (!strcmp(a, "--l1"))
-        d = &spec.l1;
-      else if (!strcmp(a, "--l2"))
-        d = &spec.l2;
-      else if (!strcmp(a, "--lr-power"))
-        d = &spec.lr_power;
-      else if (!strcmp(a, "--weight-decay"))
-        d = &spec.weight_decay;
-      else
-        return usage_error("unknown option %s for create-table", a);
-      if (parse_double(v, d))
-        return usage_error("\"%s\" is not a number", v);
-    }
-  }
-  if (!have_dim)
-    return usage_error("%s", "create-table needs --dim D");
-  if (have_rows == spec.dynamic)
-    return usage_error("%s", "create-table needs exactly one of --rows N "
-                       "and --dynamic");
-  int rc = embps_create_table_ex(cmd->client, &spec, flags);
+  int rc = embps_create_table_ex(cmd->client, &cmd->o->spec,
+                                 cmd->o->create_flags);
   return rc ? server_error(cmd->client, rc) : 0;
 }
 
 static int cmd_drop(cmd_t *cmd) {
-  if (cmd->argc != 1)
-    return usage_error("%s", "drop-table takes one NAME");
-  int rc = embps_drop_table(cmd->client, cmd->argv[0]);
+  int rc = embps_drop_table(cmd->client, cmd->name);
   return rc ? server_error(cmd->client, rc) : 0;
 }
 
-/* The hyperparameters `alter` may change (embps_table_alter_t). */
-static const struct {
-  const char *flag;
-  unsigned bit;
-  size_t off;
-} alter_flags[] = {
-    {"--lr", EMBPS_ALTER_LR, offsetof(embps_table_alter_t, lr)},
-    {"--eps", EMBPS_ALTER_EPS, offsetof(embps_table_alter_t, eps)},
-    {"--beta1", EMBPS_ALTER_BETA1, offsetof(embps_table_alter_t, beta1)},
-    {"--beta2", EMBPS_ALTER_BETA2, offsetof(embps_table_alter_t, beta2)},
-    {"--l1", EMBPS_ALTER_L1, offsetof(embps_table_alter_t, l1)},
-    {"--l2", EMBPS_ALTER_L2, offsetof(embps_table_alter_t, l2)},
-    {"--lr-power", EMBPS_ALTER_LR_POWER,
-     offsetof(embps_table_alter_t, lr_power)},
-    {"--weight-decay", EMBPS_ALTER_WEIGHT_DECAY,
-     offsetof(embps_table_alter_t, weight_decay)},
-};
-
-static int cmd_alter(cmd_t *cmd) {
-  if (cmd->argc < 1)
-    return usage_error("%s", "alter needs a table NAME");
-  const size_t n_flags = sizeof alter_flags / sizeof *alter_flags;
-  embps_table_alter_t a;
-  embps_table_alter_init(&a);
-  for (int i = 1; i < cmd->argc; i += 2) {
-    const char *f = cmd->argv[i];
-    size_t k = 0;
-    while (k < n_flags && strcmp(alter_flags[k].flag, f))
-      k++;
-    if (k == n_flags)
-      return usage_error("unknown option %s for alter (it changes --lr, "
-                         "--eps, --beta1, --beta2, --l1, --l2, --lr-power, "
-                         "--weight-decay)", f);
-    if (i + 1 >= cmd->argc)
-      return usage_error("%s needs a value", f);
-    if (parse_double(cmd->argv[i + 1],
-                     (double *)((char *)&a + alter_flags[k].off)))
-      return usage_error("\"%s\" is not a number", cmd->argv[i + 1]);
-    a.set |= alter_flags[k].bit;
-  }
-  if (!a.set)
+static int check_alter(cmd_t *cmd) {
+  if (!cmd->o->alter.set)
     return usage_error("%s", "alter needs at least one of --lr, --eps, "
                        "--beta1, --beta2, --l1, --l2, --lr-power, "
                        "--weight-decay");
+  return 0;
+}
+
+static int cmd_alter(cmd_t *cmd) {
   embps_table_info_t info;
-  int rc = embps_alter_table(cmd->client, cmd->argv[0], &a, &info);
+  int rc = embps_alter_table(cmd->client, cmd->name, &cmd->o->alter, &info);
   if (rc)
     return server_error(cmd->client, rc);
   const embps_table_spec_t *s = &info.spec;
@@ -388,13 +454,6 @@ static int cmd_alter(cmd_t *cmd) {
          "l2 %.9g, lr-power %.9g, weight-decay %.9g\n", s->name, s->lr,
          s->eps, s->beta1, s->beta2, s->l1, s->l2, s->lr_power,
          s->weight_decay);
-  return 0;
-}
-
-static int has_flag(cmd_t *cmd, const char *flag) {
-  for (int i = 0; i < cmd->argc; i++)
-    if (!strcmp(cmd->argv[i], flag))
-      return 1;
   return 0;
 }
 
@@ -513,10 +572,7 @@ static int stats_held(const embps_server_stats_t *x, size_t K,
 }
 
 static int cmd_tables(cmd_t *cmd) {
-  int json = has_flag(cmd, "--json");
-  for (int i = 0; i < cmd->argc; i++)
-    if (strcmp(cmd->argv[i], "--json"))
-      return usage_error("unknown option %s for tables", cmd->argv[i]);
+  int json = cmd->o->json;
   embps_table_info_t *v;
   size_t n;
   uint8_t *held;
@@ -579,38 +635,31 @@ static int table_dim(cmd_t *cmd, const char *name, uint32_t *dim) {
   return 0;
 }
 
-static int cmd_pull(cmd_t *cmd) {
-  if (cmd->argc < 1)
-    return usage_error("%s", "pull needs a table NAME");
-  const char *name = cmd->argv[0], *ids_arg = NULL, *ids_file = NULL,
-             *out_file = NULL;
-  int json = 0;
-  for (int i = 1; i < cmd->argc; i++) {
-    const char *a = cmd->argv[i];
-    if (!strcmp(a, "--json")) {
-      json = 1;
-      continue;
-    }
-    if (i + 1 >= cmd->argc)
-      return usage_error("%s needs a value", a);
-    if (!strcmp(a, "--ids"))
-      ids_arg = cmd->argv[++i];
-    else if (!strcmp(a, "--ids-file"))
-      ids_file = cmd->argv[++i];
-    else if (!strcmp(a, "--out"))
-      out_file = cmd->argv[++i];
-    else
-      return usage_error("unknown option %s for pull", a);
-  }
-  if (!ids_arg == !ids_file)
+static int check_pull(cmd_t *cmd) {
+  opts_t *o = cmd->o;
+  if (!o->ids == !o->ids_file)
     return usage_error("%s", "pull needs exactly one of --ids and --ids-file");
-  int64_t *ids = NULL;
-  size_t n;
-  if (ids_arg ? parse_ids(ids_arg, &ids, &n)
-              : read_array(ids_file, sizeof *ids, (void **)&ids, &n))
-    return ids_arg ? 2 : 1;
+  if (!o->ids)
+    return 0;
+  return parse_list("ids", o->ids, sizeof *o->id_list, id_item,
+                    "an integer id", (void **)&o->id_list, &o->n_ids);
+}
+
+static int cmd_pull(cmd_t *cmd) {
+  opts_t *o = cmd->o;
+  const char *name = cmd->name, *out_file = o->out;
+  int json = o->json;
+  int64_t *ids = o->id_list;
+  size_t n = o->n_ids;
+  int rc = 0;
+  if (o->ids_file) {
+    rc = read_array(o->ids_file, sizeof *ids, (void **)&ids, &n);
+    if (rc)
+      return rc;
+    o->id_list = ids; /* freed by main */
+  }
   uint32_t dim;
-  int rc = table_dim(cmd, name, &dim);
+  rc = table_dim(cmd, name, &dim);
   float *rows = rc ? NULL : malloc((n ? n : 1) * dim * sizeof *rows);
   if (!rc && !rows)
     rc = die(1, "out of memory for %zu rows", n);
@@ -638,50 +687,43 @@ static int cmd_pull(cmd_t *cmd) {
       putchar('\n');
     }
   }
-  free(ids);
   free(rows);
   return rc;
 }
 
-static int cmd_push(cmd_t *cmd) {
-  if (cmd->argc < 1)
-    return usage_error("%s", "push needs a table NAME");
-  const char *name = cmd->argv[0], *ia = NULL, *va = NULL, *ifile = NULL,
-             *vfile = NULL;
-  uint64_t step = 0;
-  for (int i = 1; i < cmd->argc; i++) {
-    const char *a = cmd->argv[i];
-    if (i + 1 >= cmd->argc)
-      return usage_error("%s needs a value", a);
-    const char *v = cmd->argv[++i];
-    if (!strcmp(a, "--indices"))
-      ia = v;
-    else if (!strcmp(a, "--values"))
-      va = v;
-    else if (!strcmp(a, "--indices-file"))
-      ifile = v;
-    else if (!strcmp(a, "--values-file"))
-      vfile = v;
-    else if (!strcmp(a, "--step")) {
-      if (parse_u64(v, &step) || step == 0)
-        return usage_error("--step \"%s\" is not a step number (from 1)", v);
-    } else
-      return usage_error("unknown option %s for push", a);
-  }
-  if (!((ia && va && !ifile && !vfile) || (ifile && vfile && !ia && !va)))
+static int check_push(cmd_t *cmd) {
+  opts_t *o = cmd->o;
+  int lists = o->indices && o->values && !o->indices_file && !o->values_file;
+  if (!lists && !(o->indices_file && o->values_file && !o->indices &&
+                  !o->values))
     return usage_error("%s", "push needs --indices and --values, or "
                        "--indices-file and --values-file");
-  int64_t *idx = NULL;
-  float *vals = NULL;
-  size_t n = 0, nv = 0;
-  int rc;
-  if (ia)
-    rc = parse_ids(ia, &idx, &n) || parse_values(va, &vals, &nv) ? 2 : 0;
-  else
-    rc = read_array(ifile, sizeof *idx, (void **)&idx, &n) ||
-                 read_array(vfile, sizeof *vals, (void **)&vals, &nv)
-             ? 1
-             : 0;
+  if (!lists)
+    return 0;
+  int rc = parse_list("indices", o->indices, sizeof *o->id_list, id_item,
+                      "an integer id", (void **)&o->id_list, &o->n_ids);
+  if (rc)
+    return rc;
+  return parse_list("values", o->values, sizeof *o->value_list, value_item,
+                    "a number", (void **)&o->value_list, &o->n_values);
+}
+
+static int cmd_push(cmd_t *cmd) {
+  opts_t *o = cmd->o;
+  const char *name = cmd->name;
+  uint64_t step = o->step;
+  int64_t *idx = o->id_list;
+  float *vals = o->value_list;
+  size_t n = o->n_ids, nv = o->n_values;
+  int rc = 0;
+  if (o->indices_file) { /* both arrays are freed by main */
+    rc = read_array(o->indices_file, sizeof *idx, (void **)&o->id_list, &n);
+    if (!rc)
+      rc = read_array(o->values_file, sizeof *vals, (void **)&o->value_list,
+                      &nv);
+    idx = o->id_list;
+    vals = o->value_list;
+  }
   uint32_t dim = 0;
   if (!rc)
     rc = table_dim(cmd, name, &dim);
@@ -695,8 +737,6 @@ static int cmd_push(cmd_t *cmd) {
     if (prc)
       rc = server_error(cmd->client, prc);
   }
-  free(idx);
-  free(vals);
   return rc;
 }
 
@@ -762,8 +802,6 @@ static void print_durability(const embps_server_stats_t *x, int json) {
 }
 
 static int cmd_checkpoint(cmd_t *cmd) {
-  if (cmd->argc)
-    return usage_error("unknown option %s for checkpoint", cmd->argv[0]);
   size_t n = embps_client_n_servers(cmd->client);
   embps_checkpoint_info_t *info = calloc(n ? n : 1, sizeof *info);
   if (!info)
@@ -781,36 +819,34 @@ static int cmd_checkpoint(cmd_t *cmd) {
   return 0;
 }
 
-/* export and import: NAME, then DIR after `dir_flag`; --with-state (or
- * DESIGN.md's --state) and, for import, --create. */
+/* export (--out DIR) and import (--from DIR) of table NAME. */
+static int check_export_import(cmd_t *cmd, int import) {
+  if (!(import ? cmd->o->from : cmd->o->out))
+    return die(2, "%s needs %s DIR (see embps --help)",
+               import ? "import" : "export", import ? "--from" : "--out");
+  return 0;
+}
+static int check_export(cmd_t *cmd) { return check_export_import(cmd, 0); }
+static int check_backup(cmd_t *cmd) {
+  return cmd->o->out ? 0 : die(2, "backup needs --out DIR (see embps --help)");
+}
+static int cmd_backup(cmd_t *cmd) { /* cli_backup.c */
+  return embps_cli_backup(cmd->client, cmd->member, cmd->o->out);
+}
+static int check_import(cmd_t *cmd) { return check_export_import(cmd, 1); }
+
 static int export_import(cmd_t *cmd, int import) {
-  const char *what = import ? "import" : "export";
-  const char *dir_flag = import ? "--from" : "--out", *dir = NULL;
-  unsigned flags = 0;
-  if (cmd->argc < 1)
-    return usage_error("%s needs a table NAME", what);
-  for (int i = 1; i < cmd->argc; i++) {
-    const char *a = cmd->argv[i];
-    if (!strcmp(a, "--with-state") || !strcmp(a, "--state"))
-      flags |= import ? EMBPS_IMPORT_STATE : EMBPS_EXPORT_STATE;
-    else if (import && !strcmp(a, "--create"))
-      flags |= EMBPS_IMPORT_CREATE;
-    else if (!strcmp(a, dir_flag) && i + 1 < cmd->argc)
-      dir = cmd->argv[++i];
-    else
-      return usage_error("unknown option or missing value: %s", a);
-  }
-  if (!dir)
-    return die(2, "%s needs %s DIR (see embps --help)", what, dir_flag);
+  const char *dir = import ? cmd->o->from : cmd->o->out;
   uint64_t rows = 0;
-  int rc = import ? embps_import_table(cmd->client, cmd->argv[0], dir, flags,
+  unsigned flags = cmd->o->io_flags;
+  int rc = import ? embps_import_table(cmd->client, cmd->name, dir, flags,
                                        &rows)
-                  : embps_export_table(cmd->client, cmd->argv[0], dir, flags,
+                  : embps_export_table(cmd->client, cmd->name, dir, flags,
                                        &rows);
   if (rc)
     return server_error(cmd->client, rc);
   printf("%s %" PRIu64 " rows of table \"%s\" %s %s\n",
-         import ? "imported" : "exported", rows, cmd->argv[0],
+         import ? "imported" : "exported", rows, cmd->name,
          import ? "from" : "to", dir);
   return 0;
 }
@@ -819,14 +855,11 @@ static int cmd_export(cmd_t *cmd) { return export_import(cmd, 0); }
 static int cmd_import(cmd_t *cmd) { return export_import(cmd, 1); }
 
 static int cmd_evict(cmd_t *cmd) {
-  return embps_cli_dyn_evict(cmd->client, cmd->argc, cmd->argv);
+  return embps_cli_dyn_evict(cmd->client, cmd->name);
 }
 
 static int cmd_stats(cmd_t *cmd) {
-  int json = has_flag(cmd, "--json");
-  for (int i = 0; i < cmd->argc; i++)
-    if (strcmp(cmd->argv[i], "--json"))
-      return usage_error("unknown option %s for stats", cmd->argv[i]);
+  int json = cmd->o->json;
   embps_server_stats_t *s;
   size_t n;
   int rc = embps_stats(cmd->client, &s, &n);
@@ -907,99 +940,176 @@ static int cmd_stats(cmd_t *cmd) {
   return 0;
 }
 
+/* ------------------------------------------------------------ main */
+
 typedef struct {
   const char *name;
-  int (*run)(cmd_t *cmd);
+  const char *args; /* "NAME": the command's first argument, a table */
+  const char *help;
+  const embps_flag_group_t *groups;
+  int (*check)(cmd_t *cmd); /* before connecting: 0 or the exit status */
+  int (*run)(cmd_t *cmd);   /* NULL: bench, which parses its own flags */
 } command_t;
 
 static const command_t commands[] = {
-    {"create-table", cmd_create}, {"drop-table", cmd_drop},
-    {"tables", cmd_tables},       {"pull", cmd_pull},
-    {"push", cmd_push},           {"stats", cmd_stats},
-    {"checkpoint", cmd_checkpoint},
-    {"alter", cmd_alter},
-    {"export", cmd_export},       {"import", cmd_import},
-    {"evict", cmd_evict},
+    {"create-table", "NAME",
+     "create a table on every server (or complete "
+     "it on servers that lack it)",
+     create_groups, check_create, cmd_create},
+    {"drop-table", "NAME", "drop a table", no_groups, NULL, cmd_drop},
+    {"alter", "NAME",
+     "change hyperparameters on every server, in order with "
+     "the pushes, and print the new ones",
+     alter_groups, check_alter, cmd_alter},
+    {"tables", NULL,
+     "the tables: spec, rows, bytes, servers that lack them, "
+     "durability",
+     json_groups, NULL, cmd_tables},
+    {"pull", "NAME", "print rows (id, tab, values) in request order",
+     pull_groups, check_pull, cmd_pull},
+    {"push", "NAME", "push a gradient: one optimizer step on its rows",
+     push_groups, check_push, cmd_push},
+    {"stats", NULL, "every server's counters, tables and durability",
+     json_groups, NULL, cmd_stats},
+    {"checkpoint", NULL, "take a checkpoint on every server (--data-dir)",
+     no_groups, NULL, cmd_checkpoint},
+    {"export", "NAME", "write the table's rows to .npy files and spec.json",
+     export_groups, check_export, cmd_export},
+    {"import", "NAME",
+     "read rows from what export wrote (or numpy .npy "
+     "files) into the table",
+     import_groups, check_import, cmd_import},
+    {"evict", "NAME",
+     "evict the expired rows now, and those of L2 norm "
+     "below the table's --evict-l2-below",
+     no_groups, NULL, cmd_evict},
+    {"backup", NULL,
+     "copy every member (or --member I) while it serves: DIR/member-I is a "
+     "data dir (--data-dir) holding its state at one LSN",
+     backup_groups, check_backup, cmd_backup},
+    {"bench", NULL,
+     "drive the servers with W workers pulling, then pushing, "
+     "Zipf batches; report rows/s and latency",
+     embps_cli_bench_groups, NULL, NULL},
 };
+#define N_COMMANDS (sizeof commands / sizeof *commands)
+
+/* The global flags, then each command with its flags one level in, then
+ * notes: the layout packaging/helpdoc.awk reads (man page, completion). */
+static void print_help(FILE *out) {
+  fprintf(out, "usage: embps [options] COMMAND [NAME] [flags]\n");
+  embps_flags_print(out, global_groups, 2, 30);
+  for (size_t k = 0; k < N_COMMANDS; k++) {
+    const command_t *c = &commands[k];
+    int used = fprintf(out, "  %s%s%s", c->name, c->args ? " " : "",
+                       c->args ? c->args : "");
+    embps_flags_print_wrapped(out, c->help, used, 30);
+    embps_flags_print(out, c->groups, 4, 30);
+  }
+  fprintf(out, "The options come before the COMMAND; its table NAME, then its "
+               "flags, after it.\nA value follows its flag or joins it: "
+               "--dim 8, --dim=8.\n");
+}
+
+/* Parses the command's NAME (if it takes one) and flags, argv[0] being the
+ * command, into o and p. Returns 0 or the exit status. */
+static int parse_command(const command_t *c, int argc, char **argv,
+                         const char **name, opts_t *o, embps_flags_t *p) {
+  int first = 0; /* argv[first]: the last argument before the flags */
+  *name = NULL;
+  if (c->args) {
+    if (argc < 2 || !strncmp(argv[1], "--", 2))
+      return usage_error("%s needs a table NAME first", c->name);
+    *name = argv[first = 1];
+  }
+  char err[512];
+  if (embps_flags_parse(p, c->groups, o, argc - first, argv + first, c->name,
+                        err, sizeof err))
+    return usage_error("%s", err);
+  if (p->next < argc - first)
+    return die(2, "unexpected argument \"%s\" for %s (see embps --help)",
+               argv[first + p->next], c->name);
+  return 0;
+}
+
+/* The global flags' client options: the token read from --token-file (a
+ * malloc'd *token), --retry-ms 0 meaning never. 0 or the exit status. */
+static int client_options(global_t *g, const embps_flags_t *p, char **token) {
+  *token = NULL;
+  if (embps_flags_given(p, "retry-ms"))
+    g->client.retry_ms = g->retry_ms ? (int)g->retry_ms : -1;
+  if (!g->token_file)
+    return 0;
+  size_t len;
+  int rc = embps_read_file(g->token_file, token, &len);
+  if (rc)
+    return die(1, "cannot read --token-file %s: %s", g->token_file,
+               strerror(-rc));
+  while (len && ((*token)[len - 1] == '\n' || (*token)[len - 1] == '\r'))
+    (*token)[--len] = 0;
+  g->client.token = *token;
+  return 0;
+}
+
+/* Runs command cmd: argv[0] is its name, its NAME and flags follow. The
+ * flags are checked before connecting. Returns the exit status. */
+static int run_command(const command_t *cmd, global_t *g,
+                       const embps_flags_t *global, int argc, char **argv) {
+  char *token = NULL, err[512];
+  int rc;
+  if (!cmd->run) {
+    rc = client_options(g, global, &token);
+    if (!rc)
+      rc = embps_cli_bench(&g->client, argc, argv);
+    free(token);
+    return rc;
+  }
+  opts_t o;
+  memset(&o, 0, sizeof o);
+  embps_table_spec_init(&o.spec, NULL, 0, EMBPS_OPT_SGD);
+  embps_table_alter_init(&o.alter);
+  embps_flags_t given;
+  cmd_t c = {NULL, NULL, &o, &given, g->member};
+  rc = parse_command(cmd, argc, argv, &c.name, &o, &given);
+  if (!rc && cmd->check)
+    rc = cmd->check(&c);
+  if (!rc)
+    rc = client_options(g, global, &token);
+  if (!rc && embps_client_create_member(&g->client, g->member, &c.client,
+                                        err, sizeof err))
+    rc = die(1, "%s", err);
+  free(token); /* the client holds its own copy */
+  if (!rc)
+    rc = cmd->run(&c);
+  embps_client_destroy(c.client);
+  free(o.id_list);
+  free(o.value_list);
+  return rc;
+}
 
 int main(int argc, char **argv) {
-  embps_client_options_t opts;
-  embps_client_options_init(&opts);
-  uint32_t member = UINT32_MAX;
-  char *token = NULL;
-  int i = 1;
-  for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help")) {
-      fputs(usage, stdout);
-      return 0;
-    }
-    if (!strcmp(a, "--version")) {
-      printf("embps %s (revision %s)\nprotocol %d\n", EMBPS_VERSION_STRING,
-             EMBPS_REVISION, EMBPS_PROTOCOL_VERSION);
-      return 0;
-    }
-    if (i + 1 >= argc)
-      return usage_error("%s needs a value", a);
-    const char *v = argv[++i];
-    if (!strcmp(a, "--servers")) {
-      opts.servers = v;
-    } else if (!strcmp(a, "--token-file")) {
-      size_t len;
-      int rc = embps_read_file(v, &token, &len);
-      if (rc)
-        return die(1, "cannot read --token-file %s: %s", v, strerror(-rc));
-      while (len && (token[len - 1] == '\n' || token[len - 1] == '\r'))
-        token[--len] = 0;
-      opts.token = token;
-    } else if (!strcmp(a, "--timeout-ms")) {
-      uint64_t ms;
-      if (parse_u64(v, &ms) || ms == 0 || ms > INT32_MAX)
-        return usage_error("--timeout-ms \"%s\" is not a positive number", v);
-      opts.timeout_ms = (int)ms;
-    } else if (!strcmp(a, "--retry-ms")) {
-      int64_t ms;
-      if (parse_i64(v, &ms) || ms < -1 || ms > INT32_MAX)
-        return usage_error("--retry-ms \"%s\" is not a number of ms (or -1)",
-                           v);
-      opts.retry_ms = ms == 0 ? -1 : (int)ms;
-    } else if (!strcmp(a, "--member")) {
-      uint64_t idx;
-      if (parse_u64(v, &idx) || idx >= UINT32_MAX)
-        return usage_error("--member \"%s\" is not a server index", v);
-      member = (uint32_t)idx;
-    } else {
-      return usage_error("unknown option %s", a);
-    }
+  global_t g = {.member = UINT32_MAX};
+  embps_client_options_init(&g.client);
+  embps_flags_t p;
+  char err[512];
+  if (embps_flags_parse(&p, global_groups, &g, argc, argv, NULL, err,
+                        sizeof err))
+    return usage_error("%s", err);
+  if (g.help) {
+    print_help(stdout);
+    return 0;
   }
-  if (i >= argc) {
-    fputs(usage, stderr);
+  if (g.version) {
+    printf("embps %s (revision %s)\nprotocol %d\n", EMBPS_VERSION_STRING,
+           EMBPS_REVISION, EMBPS_PROTOCOL_VERSION);
+    return 0;
+  }
+  if (p.next >= argc) {
+    print_help(stderr);
     return 2;
   }
-  if (!strcmp(argv[i], "bench")) {
-    int rc = embps_cli_bench(&opts, argc - i - 1, argv + i + 1);
-    free(token);
-    return rc;
-  }
-  if (!strcmp(argv[i], "backup")) {
-    int rc = embps_cli_backup(&opts, member, argc - i - 1, argv + i + 1);
-    free(token);
-    return rc;
-  }
-  const command_t *cmd = NULL;
-  for (size_t k = 0; k < sizeof commands / sizeof *commands; k++)
-    if (!strcmp(argv[i], commands[k].name))
-      cmd = &commands[k];
-  if (!cmd)
-    return usage_error("unknown command \"%s\"", argv[i]);
-  char err[512];
-  embps_client_t *client;
-  int rc = embps_client_create_member(&opts, member, &client, err, sizeof err);
-  free(token);
-  if (rc)
-    return die(1, "%s", err);
-  cmd_t c = {client, argc - i - 1, argv + i + 1};
-  rc = cmd->run(&c);
-  embps_client_destroy(client);
-  return rc;
+  for (size_t k = 0; k < N_COMMANDS; k++)
+    if (!strcmp(argv[p.next], commands[k].name))
+      return run_command(&commands[k], &g, &p, argc - p.next, argv + p.next);
+  return usage_error("unknown command \"%s\"", argv[p.next]);
 }

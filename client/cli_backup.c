@@ -294,29 +294,7 @@ static int write_index(int dir_fd, const char *out, const done_t *done,
   return rc;
 }
 
-int embps_cli_backup(const embps_client_options_t *copts, uint32_t member,
-                     int argc, char **argv) {
-  const char *out = NULL;
-  for (int i = 0; i < argc; i++) {
-    if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-      out = argv[++i];
-    } else {
-      fprintf(stderr, "embps: backup: unknown option or missing value: %s\n"
-              "usage: embps backup --out DIR\n", argv[i]);
-      return 2;
-    }
-  }
-  if (!out || !*out) {
-    fprintf(stderr, "embps: backup needs --out DIR\n");
-    return 2;
-  }
-  char err[512];
-  embps_client_t *c;
-  int rc = embps_client_create_member(copts, member, &c, err, sizeof err);
-  if (rc) {
-    fprintf(stderr, "embps: %s\n", err);
-    return 1;
-  }
+int embps_cli_backup(embps_client_t *c, uint32_t member, const char *out) {
   const uint32_t n = (uint32_t)embps_client_n_servers(c);
   done_t *done = calloc(n, sizeof *done);
   int made;
@@ -326,11 +304,10 @@ int embps_cli_backup(const embps_client_options_t *copts, uint32_t member,
     if (!done)
       fprintf(stderr, "embps: out of memory\n");
     free(done);
-    embps_client_destroy(c);
     return 1;
   }
   uint32_t n_done = 0;
-  rc = 0;
+  int rc = 0;
   for (uint32_t i = 0; !rc && i < n; i++) {
     if (member < n && i != member)
       continue;
@@ -361,6 +338,5 @@ int embps_cli_backup(const embps_client_options_t *copts, uint32_t member,
   }
   close(b.dir_fd);
   free(done);
-  embps_client_destroy(c);
   return rc ? 1 : 0;
 }

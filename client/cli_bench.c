@@ -13,6 +13,7 @@
  * as the raw-loopback baseline, which moves unique rows only. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -328,19 +329,69 @@ static int prefill(embps_client_t *c, const bench_opts_t *o,
   return rc;
 }
 
-static int parse_num(const char *flag, const char *v, double lo, double hi,
-                     double *out) {
-  char *end;
-  errno = 0;
-  double x = strtod(v, &end);
-  if (errno || end == v || *end || x < lo || x > hi) {
-    fprintf(stderr, "embps: bench %s \"%s\" is not a number in [%g, %g]\n",
-            flag, v, lo, hi);
-    return -1;
-  }
-  *out = x;
+static int set_mode(const embps_flag_t *f, const char *v, void *obj,
+                    char *err, size_t err_len) {
+  if (strcmp(v, "pull") && strcmp(v, "push") && strcmp(v, "both"))
+    return embps_flag_refuse(f, v, err, err_len);
+  ((bench_opts_t *)obj)->mode = v;
   return 0;
 }
+
+static int set_optimizer(const embps_flag_t *f, const char *v, void *obj,
+                         char *err, size_t err_len) {
+  return embps_optimizer_parse(v, &((bench_opts_t *)obj)->optimizer)
+             ? embps_flag_refuse(f, v, err, err_len)
+             : 0;
+}
+
+#define OPTS bench_opts_t
+#define COUNT_(name, arg, field, lo, hi, help)                                 \
+  EMBPS_FLAG_NUMBER(name, arg, embps_flag_set_count, OPTS, field, lo, hi,      \
+                    NULL, help)
+#define REAL_(name, arg, field, lo, hi, help)                                  \
+  EMBPS_FLAG_NUMBER(name, arg, embps_flag_set_double, OPTS, field, lo, hi,     \
+                    NULL, help)
+static const embps_flag_t bench_flags[] = {
+    COUNT_("workers", "W", workers, 1, 256,
+           "worker threads, one client each (default 1)"),
+    COUNT_("batch", "B", batch, 1, 16777216, "ids per request (default 65536)"),
+    COUNT_("rows", "R", rows, 1, 1e12,
+           "the Zipf distribution's ranks: ids 0..R-1 (default 10000000)"),
+    COUNT_("dim", "D", dim, 1, EMBPS_DIM_MAX, "the table's dim (default 64)"),
+    REAL_("zipf", "S", zipf, 0, 10, "the Zipf exponent (default 1.05)"),
+    {"optimizer", "sgd|adagrad|adam|ftrl",
+     "the table's optimizer (default "
+     "adagrad)",
+     set_optimizer, 0, 0, 0, 0, 0, "sgd|adagrad|adam|ftrl"},
+    REAL_("seconds", "T", seconds, 0.1, 3600,
+          "measured time per phase (default 5)"),
+    REAL_("warmup", "T", warmup, 0, 600,
+          "unmeasured time before each phase (default 1)"),
+    COUNT_("depth", "N", depth, 1, MAX_DEPTH,
+           "requests each worker keeps in flight (default 2)"),
+    COUNT_("batches", "N", n_batches, 1, 1024,
+           "distinct batches generated, then sent in turn (default 8)"),
+    {"mode", "pull|push|both", "the phases to run (default both)", set_mode, 0,
+     0, 0, 0, 0, "pull|push|both"},
+    EMBPS_FLAG_STRING("table", "NAME", OPTS, table,
+                      "the table to create, or reuse when it has this shape "
+                      "(default embps_bench)"),
+    EMBPS_FLAG_TRUE("keep", OPTS, keep, "do not drop the table it created"),
+    EMBPS_FLAG_TRUE("no-prefill", OPTS, no_prefill,
+                    "do not push every row of the workload once first"),
+    EMBPS_FLAG_TRUE("unique", OPTS, unique,
+                    "requests carry their batch's distinct ids only"),
+    EMBPS_FLAG_TRUE("dynamic", OPTS, dynamic,
+                    "a dynamic table (ids spread over int64); so does any "
+                    "flag below"),
+    EMBPS_FLAG_TRUE("json", OPTS, json, "print one JSON object"),
+    EMBPS_FLAG_END};
+
+/* bench's flags, then create-table's admission and eviction ones */
+const embps_flag_group_t embps_cli_bench_groups[] = {
+    {bench_flags, 0},
+    {embps_cli_dyn_flags, offsetof(bench_opts_t, policy)},
+    {NULL, 0}};
 
 int embps_cli_bench(const embps_client_options_t *copts, int argc,
                     char **argv) {
@@ -349,84 +400,21 @@ int embps_cli_bench(const embps_client_options_t *copts, int argc,
                     .seconds = 5, .warmup = 1,
                     .optimizer = EMBPS_OPT_ADAGRAD, .table = "embps_bench",
                     .mode = "both"};
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--json")) {
-      o.json = 1;
-      continue;
-    }
-    if (!strcmp(a, "--keep")) {
-      o.keep = 1;
-      continue;
-    }
-    if (!strcmp(a, "--dynamic")) {
-      o.dynamic = 1;
-      continue;
-    }
-    if (!strcmp(a, "--unique")) {
-      o.unique = 1;
-      continue;
-    }
-    if (!strcmp(a, "--no-prefill")) {
-      o.no_prefill = 1;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "embps: bench %s needs a value\n", a);
-      return 2;
-    }
-    const char *v = argv[++i];
-    double x;
-    if (!strcmp(a, "--table")) {
-      o.table = v;
-      continue;
-    }
-    if (!strcmp(a, "--mode")) {
-      if (strcmp(v, "pull") && strcmp(v, "push") && strcmp(v, "both")) {
-        fprintf(stderr, "embps: bench --mode is pull, push or both\n");
-        return 2;
-      }
-      o.mode = v;
-      continue;
-    }
-    if (!strcmp(a, "--optimizer")) {
-      if (embps_optimizer_parse(v, &o.optimizer)) {
-        fprintf(stderr, "embps: unknown optimizer \"%s\"\n", v);
-        return 2;
-      }
-      continue;
-    }
-#define NUM_(flag, lo, hi, dst)                                                \
-  if (!strcmp(a, flag)) {                                                      \
-    if (parse_num(flag, v, lo, hi, &x))                                        \
-      return 2;                                                                \
-    dst = x;                                                                   \
-    continue;                                                                  \
-  }
-    NUM_("--workers", 1, 256, o.workers)
-    NUM_("--batch", 1, 16777216, o.batch)
-    NUM_("--rows", 1, 1e12, o.rows)
-    NUM_("--dim", 1, EMBPS_DIM_MAX, o.dim)
-    NUM_("--zipf", 0, 10, o.zipf)
-    NUM_("--seconds", 0.1, 3600, o.seconds)
-    NUM_("--warmup", 0, 600, o.warmup)
-    NUM_("--depth", 1, MAX_DEPTH, o.depth)
-    NUM_("--batches", 1, 1024, o.n_batches)
-#undef NUM_
-    int dyn = embps_cli_dyn_option(a, v, &o.policy);
-    if (dyn < 0) {
-      fprintf(stderr, "embps: bench: bad value for %s\n", a);
-      return 2;
-    }
-    if (dyn > 0) { /* admission and eviction need a dynamic table */
-      o.dynamic = 1;
-      continue;
-    }
-    fprintf(stderr, "embps: unknown option %s for bench\n", a);
+  embps_flags_t p;
+  char err[512];
+  if (embps_flags_parse(&p, embps_cli_bench_groups, &o, argc, argv, "bench",
+                        err, sizeof err)) {
+    fprintf(stderr, "embps: %s (see embps --help)\n", err);
     return 2;
   }
+  if (p.next < argc) {
+    fprintf(stderr, "embps: unexpected argument \"%s\" for bench (see embps "
+            "--help)\n", argv[p.next]);
+    return 2;
+  }
+  if (p.seen[1]) /* admission and eviction need a dynamic table */
+    o.dynamic = 1;
 
-  char err[512];
   embps_client_t *admin;
   int rc = embps_client_create(copts, &admin, err, sizeof err);
   if (rc) {

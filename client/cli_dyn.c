@@ -1,6 +1,7 @@
 /* cli_dyn.c - the CLI's admission and eviction options (issue 12):
- * create-table flags and what `tables` shows of them. */
-#include <errno.h>
+ * create-table's (and bench's) flags, what `tables` shows of them, and
+ * `evict`. */
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,67 +10,47 @@
 
 #include "cli.h"
 
-/* A decimal number in [0, max] (an integer when `integral`). */
-static int dyn_number(const char *v, double max, int integral, double *out) {
-  char *end;
-  errno = 0;
-  double d = strtod(v, &end);
-  if (errno || end == v || *end || !(d >= 0) || d > max ||
-      (integral && d != floor(d)))
-    return -1;
-  *out = d;
+static int set_evict(const embps_flag_t *f, const char *v, void *obj,
+                     char *err, size_t err_len) {
+  embps_table_spec_t *spec = obj;
+  if (!strcmp(v, "lru"))
+    spec->evict = EMBPS_EVICT_LRU;
+  else if (!strcmp(v, "lfu"))
+    spec->evict = EMBPS_EVICT_LFU;
+  else
+    return embps_flag_refuse(f, v, err, err_len);
   return 0;
 }
 
-int embps_cli_dyn_option(const char *a, const char *v,
-                         embps_table_spec_t *spec) {
-  double d;
-  if (!strcmp(a, "--evict")) {
-    if (!strcmp(v, "lru"))
-      spec->evict = EMBPS_EVICT_LRU;
-    else if (!strcmp(v, "lfu"))
-      spec->evict = EMBPS_EVICT_LFU;
-    else
-      return -1;
-    return 1;
-  }
-  if (!strcmp(a, "--admit-after")) {
-    if (dyn_number(v, UINT32_MAX, 1, &d))
-      return -1;
-    spec->admit_after = (uint32_t)d;
-  } else if (!strcmp(a, "--admit-probability")) {
-    if (dyn_number(v, 1, 0, &d))
-      return -1;
-    spec->admit_probability = d;
-  } else if (!strcmp(a, "--admit-sketch-bytes")) {
-    if (dyn_number(v, 0x1p53, 1, &d))
-      return -1;
-    spec->admit_sketch_bytes = (uint64_t)d;
-  } else if (!strcmp(a, "--ttl-steps")) {
-    if (dyn_number(v, 0x1p53, 1, &d))
-      return -1;
-    spec->ttl_steps = (uint64_t)d;
-  } else if (!strcmp(a, "--max-rows")) {
-    if (dyn_number(v, 0x1p53, 1, &d))
-      return -1;
-    spec->max_rows = (uint64_t)d;
-  } else if (!strcmp(a, "--evict-l2-below")) {
-    if (dyn_number(v, HUGE_VAL, 0, &d) || !isfinite(d))
-      return -1;
-    spec->evict_l2_below = d;
-  } else {
-    return 0;
-  }
-  return 1;
-}
+#define SPEC embps_table_spec_t
+#define COUNT_(name, field, hi, help)                                          \
+  EMBPS_FLAG_NUMBER(name, "N", embps_flag_set_count, SPEC, field, 0, hi, NULL, \
+                    help)
+const embps_flag_t embps_cli_dyn_flags[] = {
+    COUNT_("admit-after", admit_after, UINT32_MAX,
+           "--dynamic only: a row is made on the Nth push of its id"),
+    COUNT_("admit-sketch-bytes", admit_sketch_bytes, 0x1p53,
+           "memory of the admission counts per server (default 1M)"),
+    EMBPS_FLAG_NUMBER("admit-probability", "P", embps_flag_set_double, SPEC,
+                      admit_probability, 0, 1, NULL,
+                      "an id is admitted iff a hash of (table seed, id) < P"),
+    COUNT_("ttl-steps", ttl_steps, 0x1p53,
+           "a row not pushed during the table's last N steps is evicted"),
+    COUNT_("max-rows", max_rows, 0x1p53,
+           "at most N rows in the cluster; a push that passes it evicts"),
+    {"evict", "lru|lfu",
+     "which rows --max-rows evicts: least recently or "
+     "least often pushed (default lru)",
+     set_evict, 0, 0, 0, 0, 0, "lru|lfu"},
+    EMBPS_FLAG_NUMBER("evict-l2-below", "X", embps_flag_set_double, SPEC,
+                      evict_l2_below, 0, DBL_MAX, "a finite number >= 0",
+                      "rows of L2 norm below X are evicted at every "
+                      "checkpoint and by `evict`"),
+    EMBPS_FLAG_END};
 
-int embps_cli_dyn_evict(embps_client_t *c, int argc, char **argv) {
-  if (argc != 1) {
-    fprintf(stderr, "embps: evict takes one table NAME\n");
-    return 2;
-  }
+int embps_cli_dyn_evict(embps_client_t *c, const char *name) {
   uint64_t n;
-  int rc = embps_evict(c, argv[0], &n);
+  int rc = embps_evict(c, name, &n);
   if (rc) {
     const char *why = embps_client_last_error(c);
     fprintf(stderr, "embps: %s\n", why[0] ? why : embps_strerror(rc));

@@ -1,11 +1,13 @@
 /* export.c - embps_export_table / embps_import_table: a table's rows to and
  * from a directory of numpy .npy files (npy.h) and a spec.json, streamed
- * chunk by chunk over embps_scan and embps_write_rows (client.c).
+ * chunk by chunk over embps_scan and embps_write_rows (client.c); the dense
+ * form of an export is export_dense.c's.
  *
- * Export writes every file under "<name>.tmp", renames each to its name
- * once all are complete (spec.json last) and fsyncs the directory, so a
- * directory never holds a half-written file under a final name. Import
- * reads every file through once to check it before writing any row. */
+ * Export writes every file under "<name>.tmp" (created new, never through
+ * a link), renames each to its name once all are complete (spec.json last)
+ * and fsyncs the directory, so a directory never holds a half-written file
+ * under a final name. Import reads every file through once to check it
+ * before writing any row. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -18,21 +20,21 @@
 #include <unistd.h>
 
 #include "embps/embps.h"
+#include "export.h"
 #include "internal.h"
 #include "npy.h"
 
 #define CHUNK_BYTES (1u << 20) /* target bytes of rows per request */
 #define FRAME_META_ROOM 512u /* frame bytes kept for header and meta */
-#define MAX_SLOTS 2
+#define MAX_SLOTS 2 /* EMBPS_EXPORT_MAX_FILES holds them */
 #define SPEC_JSON_MAX (64u << 10)
 #define EXPORT_FORMAT 1
 
+#define fail embps_export_fail_
+
 /* Errors are reported like the rest of the library: through the client's
  * last error, set by a call that fails with that message. */
-static int fail(embps_client_t *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(embps_client_t *c, int code, const char *fmt, ...) {
+int embps_export_fail_(embps_client_t *c, int code, const char *fmt, ...) {
   char msg[1536];
   va_list ap;
   va_start(ap, fmt);
@@ -41,15 +43,21 @@ static int fail(embps_client_t *c, int code, const char *fmt, ...) {
   return embps_client_set_error_(c, code, msg);
 }
 
-/* Rows of a chunk for a table of dim with `slots` state slots: about
- * CHUNK_BYTES, and a request or reply frame every server accepts. */
-static uint32_t chunk_rows(embps_client_t *c, uint32_t dim, uint32_t slots) {
-  size_t row = 8 + 4 * (size_t)dim * (1 + slots), bytes = CHUNK_BYTES;
+size_t embps_export_chunk_rows_(embps_client_t *c, size_t row_bytes,
+                                size_t target_bytes) {
   uint64_t frame = embps_client_max_frame_(c);
-  if (frame && frame - FRAME_META_ROOM < bytes)
-    bytes = (size_t)(frame - FRAME_META_ROOM);
-  size_t n = bytes / row;
-  return n ? (uint32_t)n : 1;
+  if (frame && frame - FRAME_META_ROOM < target_bytes)
+    target_bytes = (size_t)(frame - FRAME_META_ROOM);
+  size_t n = target_bytes / (row_bytes ? row_bytes : 1);
+  return n ? n : 1;
+}
+
+/* Rows of a scan or write chunk for a table of dim with `slots` state
+ * slots: an id, the weights and the state of each. */
+static uint32_t chunk_rows(embps_client_t *c, uint32_t dim, uint32_t slots) {
+  size_t n = embps_export_chunk_rows_(c, 8 + 4 * (size_t)dim * (1 + slots),
+                                      CHUNK_BYTES);
+  return n < UINT32_MAX ? (uint32_t)n : UINT32_MAX;
 }
 
 static void path_join(char *out, size_t len, const char *dir,
@@ -67,7 +75,7 @@ static const char *init_name(embps_init_t init) {
 
 /* Writes the spec (and what the export holds) as one JSON object. */
 static int write_spec(FILE *f, const embps_table_spec_t *s, uint64_t step,
-                      uint64_t rows, int with_state) {
+                      uint64_t rows, int with_state, int dense) {
   fprintf(f, "{\n  \"format\": \"embps-export\",\n  \"version\": %d,\n",
           EXPORT_FORMAT);
   fprintf(f, "  \"name\": \"%s\",\n  \"dim\": %u,\n", s->name, s->dim);
@@ -88,7 +96,8 @@ static int write_spec(FILE *f, const embps_table_spec_t *s, uint64_t step,
           s->padding_id, embps_dtype_name(s->dtype));
   fprintf(f, "  \"sync_workers\": %u,\n", s->sync_workers);
   fprintf(f, "  \"step\": %" PRIu64 ",\n  \"n\": %" PRIu64 ",\n", step, rows);
-  fprintf(f, "  \"state\": %s\n}\n", with_state ? "true" : "false");
+  fprintf(f, "  \"state\": %s,\n  \"dense\": %s\n}\n",
+          with_state ? "true" : "false", dense ? "true" : "false");
   return ferror(f) ? -EIO : 0;
 }
 
@@ -238,13 +247,31 @@ static int parse_spec(embps_client_t *c, const char *path, const char *text,
 
 /* ------------------------------------------------------------ export */
 
-typedef struct {
-  char dir[1024];
-  uint32_t n_files;
-  char names[3 + MAX_SLOTS][64]; /* ids, weights, slots..., spec.json */
-} files_t;
+typedef embps_export_files_t files_t;
 
-static void files_unlink_tmp(const files_t *fs) {
+void embps_export_add_(files_t *fs, const char *name, char *path,
+                       size_t path_len) {
+  snprintf(fs->names[fs->n_files++], sizeof fs->names[0], "%s", name);
+  path_join(path, path_len, fs->dir, name, ".tmp");
+}
+
+int embps_export_spec_(embps_client_t *c, files_t *fs,
+                       const embps_table_spec_t *s, uint64_t step,
+                       uint64_t rows, int with_state, int dense) {
+  char p[1200];
+  embps_export_add_(fs, "spec.json", p, sizeof p);
+  errno = 0;
+  FILE *f = embps_file_create_excl(p);
+  int rc = f ? write_spec(f, s, step, rows, with_state, dense)
+             : -(errno ? errno : EIO);
+  if (f && (fflush(f) || fsync(fileno(f))) && !rc)
+    rc = -errno;
+  if (f && fclose(f) && !rc)
+    rc = -errno;
+  return rc ? fail(c, rc, "%s: %s", p, strerror(-rc)) : 0;
+}
+
+void embps_export_unlink_tmp_(const files_t *fs) {
   char p[1200];
   for (uint32_t i = 0; i < fs->n_files; i++) {
     path_join(p, sizeof p, fs->dir, fs->names[i], ".tmp");
@@ -252,9 +279,7 @@ static void files_unlink_tmp(const files_t *fs) {
   }
 }
 
-/* Renames every tmp file to its name (spec.json, the last, last) and
- * fsyncs the directory. */
-static int files_commit(embps_client_t *c, const files_t *fs) {
+int embps_export_commit_(embps_client_t *c, const files_t *fs) {
   char from[1200], to[1200];
   for (uint32_t i = 0; i < fs->n_files; i++) {
     path_join(from, sizeof from, fs->dir, fs->names[i], ".tmp");
@@ -351,8 +376,16 @@ int embps_export_table(embps_client_t *c, const char *table, const char *dir,
   uint32_t slots = embps_optimizer_state_slots(s->optimizer, &slot_names);
   if (!(flags & EMBPS_EXPORT_STATE))
     slots = 0;
+  if ((flags & EMBPS_EXPORT_DENSE) && (flags & EMBPS_EXPORT_STATE))
+    return fail(c, EMBPS_EINVAL, "a dense export writes the weights only: "
+                "export the optimizer state without EMBPS_EXPORT_DENSE "
+                "(--dense)");
+  if (flags & ~(EMBPS_EXPORT_STATE | EMBPS_EXPORT_DENSE))
+    return fail(c, EMBPS_EINVAL, "unknown export flags 0x%x", flags);
   if (mkdir(dir, 0777) && errno != EEXIST)
     return fail(c, -errno, "mkdir %s: %s", dir, strerror(errno));
+  if ((flags & EMBPS_EXPORT_DENSE) && !s->dynamic)
+    return embps_export_dense_(c, &info, dir, rows_out);
   files_t fs;
   memset(&fs, 0, sizeof fs);
   snprintf(fs.dir, sizeof fs.dir, "%s", dir);
@@ -360,18 +393,17 @@ int embps_export_table(embps_client_t *c, const char *table, const char *dir,
   memset(&ws, 0, sizeof ws);
   ws.slots = slots;
   ws.dim = s->dim;
-  char err[1400], p[1200];
-  snprintf(fs.names[fs.n_files++], 64, "ids.npy");
-  path_join(p, sizeof p, dir, "ids.npy", ".tmp");
+  char err[1400], p[1200], name[64];
+  embps_export_add_(&fs, "ids.npy", p, sizeof p);
   rc = embps_npy_create(&ws.ids, p, EMBPS_NPY_I8, 0, err, sizeof err);
-  snprintf(fs.names[fs.n_files++], 64, "weights.npy");
-  path_join(p, sizeof p, dir, "weights.npy", ".tmp");
-  if (!rc)
+  if (!rc) {
+    embps_export_add_(&fs, "weights.npy", p, sizeof p);
     rc = embps_npy_create(&ws.w, p, EMBPS_NPY_F4, s->dim, err, sizeof err);
+  }
   for (uint32_t j = 0; j < slots && !rc; j++) {
-    snprintf(fs.names[fs.n_files], 64, "%s_%s.npy",
+    snprintf(name, sizeof name, "%s_%s.npy",
              embps_optimizer_name(s->optimizer), slot_names[j]);
-    path_join(p, sizeof p, dir, fs.names[fs.n_files++], ".tmp");
+    embps_export_add_(&fs, name, p, sizeof p);
     rc = embps_npy_create(&ws.slot[j], p, EMBPS_NPY_F4, s->dim, err,
                           sizeof err);
   }
@@ -395,20 +427,12 @@ int embps_export_table(embps_client_t *c, const char *table, const char *dir,
   for (uint32_t j = 0; j < slots; j++)
     embps_npy_abandon(&ws.slot[j]);
   free(ws.col);
-  if (!rc) {
-    snprintf(fs.names[fs.n_files++], 64, "spec.json");
-    path_join(p, sizeof p, dir, "spec.json", ".tmp");
-    FILE *f = fopen(p, "w");
-    int wrc = f ? write_spec(f, s, step, rows, slots > 0) : -errno;
-    if (f && (fflush(f) || fsync(fileno(f))) && !wrc)
-      wrc = -errno;
-    if (f && fclose(f) && !wrc)
-      wrc = -errno;
-    rc = wrc ? fail(c, wrc, "%s: %s", p, strerror(-wrc))
-             : files_commit(c, &fs);
-  }
+  if (!rc)
+    rc = embps_export_spec_(c, &fs, s, step, rows, slots > 0, 0);
+  if (!rc)
+    rc = embps_export_commit_(c, &fs);
   if (rc)
-    files_unlink_tmp(&fs);
+    embps_export_unlink_tmp_(&fs);
   else if (rows_out)
     *rows_out = rows;
   return rc;

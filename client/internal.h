@@ -1,18 +1,187 @@
-/* internal.h - what the library's files share beyond embps.h (not
- * exported): client.c's last error and the servers' frame limit, for
- * export.c; a request of any kind with its reply's bulk read in place,
- * for snapshot.c. */
+/* internal.h - what the library's files share beyond embps.h (nothing
+ * here is exported): the client, its connections and its tickets, and
+ * the transport (transport.c) that the API operations (client.c) and the
+ * export (export.c) are built on.
+ *
+ * A call becomes a ticket with one part per server it involves; each part
+ * is a request frame with its own request id, queued on that server's
+ * connection, and its reply comes back to the part. transport.c owns the
+ * connections and the life of a part from its submission to its reply;
+ * client.c builds the tickets and reads their replies. */
 #ifndef EMBPS_CLIENT_INTERNAL_H
 #define EMBPS_CLIENT_INTERNAL_H
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
+#include "bufpool.h"
 #include "embps/embps.h"
+#include "framer.h"
+#include "merge.h"
 #include "wire.h"
 
-/* Sets c's last error to msg; returns code. */
+typedef struct part part_t;
+
+/* A queued request frame: its part's frame and, for a bulk sent from the
+ * caller's buffers, up to two borrowed segments after it. seg[] holds the
+ * bytes not yet sent; cur is the first segment with bytes left. */
+typedef struct out_buf {
+  struct iovec seg[3];
+  int n_seg, cur;
+  const part_t *part; /* the part awaiting this frame's reply */
+  struct out_buf *next;
+} out_buf_t;
+
+/* The connection to one server of the cluster. */
+typedef struct {
+  char host[256];
+  int port;
+  char addr[300];
+  uint32_t index; /* in the cluster */
+  int fd;
+  uint64_t max_frame; /* the server's --max-frame-bytes, from its hello */
+  out_buf_t *out_head, *out_tail;
+  part_t *pending_head, *pending_tail; /* sent, awaiting a reply */
+  embps_framer_t framer; /* set up again for every connection */
+  uint8_t *body; /* reused across frames: grows, never shrinks */
+  size_t body_cap;
+  part_t *cur;  /* the part the frame being read answers, or NULL */
+  int in_place; /* its bulk goes straight to the part's rows */
+  /* Broken (fd < 0) with parts still pending: they are sent again, in
+   * their order, once a reconnection at or after retry_at_ns succeeds. */
+  uint64_t retry_at_ns;
+  int backoff_ms;
+  int down_code;      /* why the last connection or attempt failed */
+  char down_why[1024];
+} conn_t;
+
+typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH } op_t;
+
+struct part {
+  embps_ticket_t *t;
+  uint32_t server;
+  uint32_t req_id;
+  uint16_t kind; /* the request's kind */
+  /* The request frame (owned) and its borrowed bulk, kept until the reply
+   * so that a retry sends the very same bytes (client id, seq, req id). */
+  uint8_t *frame;
+  size_t frame_len;
+  struct iovec bulk[2];
+  int n_bulk;
+  uint32_t *pos; /* push: positions in the caller's arrays (K > 1) */
+  size_t base;   /* pull: first position in the ticket's unique list */
+  size_t n;
+  embps_msg_t reply; /* OP_SIMPLE/OP_HELLO: the decoded reply */
+  int has_reply;
+  uint8_t *rbulk; /* OP_SIMPLE: the reply's bulk (malloc'd), or NULL */
+  size_t rbulk_len;
+  uint8_t *rdst;  /* OP_SIMPLE: where a reply's bulk up to rdst_cap goes */
+  size_t rdst_cap;
+  part_t *next;
+};
+
+struct embps_ticket {
+  op_t op;
+  int result;
+  uint64_t retry_until_ns; /* 0: never retried */
+  uint64_t sent_ns;        /* last (re)send of a part: one attempt's start */
+  char error[EMBPS_MESSAGE_MAX + 64];
+  uint32_t n_parts, n_done;
+  part_t *parts;
+  uint32_t dim;
+  /* pull */
+  float *out;
+  size_t n;
+  int64_t *uniq;
+  uint32_t *inverse;
+  float *urows; /* n_unique x dim, grouped by server; or == out */
+  size_t n_unique;
+  size_t uniq_cap, inverse_cap, urows_cap; /* bytes, for the pool */
+  /* push: merged copies when EMBPS_PUSH_MERGE */
+  int64_t *m_idx;
+  float *m_vals;
+};
+
+typedef struct {
+  char name[EMBPS_TABLE_NAME_MAX];
+  embps_table_spec_t spec;
+} cached_table_t;
+
+struct embps_client {
+  conn_t *conns;
+  uint32_t n;
+  char token[EMBPS_TOKEN_MAX];
+  size_t token_len;
+  int timeout_ms;
+  int retry_ms; /* < 0: never */
+  uint32_t next_req_id;
+  uint64_t client_id, seq;
+  char last_error[EMBPS_MESSAGE_MAX + 128];
+  cached_table_t *tables;
+  size_t n_tables;
+  embps_dedup_t dedup;
+  embps_bufpool_t pool; /* the buffers of finished pulls, for the next */
+  uint32_t member; /* < n: whole-cluster requests ask this server alone */
+};
+
+/* ---- errors ---- */
+
+/* Sets c's last error (printf-style); returns code. */
+int embps_client_error_(embps_client_t *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The same with the message as it is. */
 int embps_client_set_error_(embps_client_t *c, int code, const char *msg);
 /* The smallest --max-frame-bytes a server of c announced (0: none). */
 uint64_t embps_client_max_frame_(const embps_client_t *c);
+
+/* ---- tickets ---- */
+
+/* A ticket of n_parts parts, zeroed but for their ticket; NULL when out
+ * of memory. */
+embps_ticket_t *embps_ticket_new_(op_t op, uint32_t n_parts);
+/* Frees t and everything its parts own; NULL-safe. None of its parts may
+ * still be queued on a connection (embps_ticket_run_ returned). */
+void embps_ticket_free_(embps_ticket_t *t);
+/* Fails t with code and a message, unless it failed already (the first
+ * error is the one reported). */
+void embps_ticket_fail_(embps_ticket_t *t, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Part p is answered, failed, or was never sent. */
+static inline void embps_part_done_(part_t *p) { p->t->n_done++; }
+/* Lets t's parts be sent again after a connection failure, until the
+ * client's retry time from now is over. */
+void embps_ticket_allow_retry_(const embps_client_t *c, embps_ticket_t *t);
+/* Runs I/O until every part of t is done; returns t's result (0 or the
+ * first error, with t->error). */
+int embps_ticket_run_(embps_client_t *c, embps_ticket_t *t);
+
+/* ---- sending ---- */
+
+/* Sends part p, its frame built, to server s: now when connected (or it
+ * connects), later when the connection is down and p's ticket may retry;
+ * otherwise p fails. */
+void embps_part_submit_(embps_client_t *c, uint32_t s, part_t *p);
+/* Builds the frame for message m (no bulk) into p and sends it to server
+ * s. Returns 0 (a failure to send is p's ticket's) or the build error. */
+int embps_part_send_msg_(embps_client_t *c, uint32_t s, part_t *p,
+                         const embps_msg_t *m);
+/* 0, or EMBPS_EFRAMESIZE (c's last error set) when a frame of frame_len
+ * bytes is larger than server s accepts. */
+int embps_client_frame_fits_(embps_client_t *c, uint32_t s,
+                             size_t frame_len);
+
+/* ---- connections ---- */
+
+/* Makes sure server s is connected (reconnecting after a failure, with
+ * the hello); a new connection first sends again, in their order, the
+ * requests still pending from the broken one. 0, or an error (c's last
+ * error set) with the next attempt scheduled. */
+int embps_client_connect_(embps_client_t *c, uint32_t s);
+/* Closes k, if open, failing every part waiting on it with code (or
+ * keeping those that may retry when may_retry); frees its buffers. */
+void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry);
+
+/* ---- a request of any kind (snapshot.c) ---- */
 
 /* Sends m (no bulk) to server s now, as a ticket of its own; the bulk of
  * its reply, when it fits dst_cap bytes, is read straight into dst, which

@@ -1,8 +1,10 @@
 /* npy.c - numpy .npy files, streamed (see npy.h). */
+#define _GNU_SOURCE /* sync_file_range */
 #include "npy.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,23 @@ static void header(const embps_npy_writer_t *w, char out[WRITE_HEADER_BYTES]) {
   out[WRITE_HEADER_BYTES - 1] = '\n';
 }
 
+FILE *embps_file_create_excl(const char *path) {
+  if (unlink(path) && errno != ENOENT)
+    return NULL;
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0644);
+  if (fd < 0)
+    return NULL;
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    int e = errno;
+    close(fd);
+    unlink(path);
+    errno = e;
+  }
+  return f;
+}
+
 int embps_npy_create(embps_npy_writer_t *w, const char *path,
                      embps_npy_type_t type, uint32_t cols, char *err,
                      size_t err_len) {
@@ -53,7 +72,8 @@ int embps_npy_create(embps_npy_writer_t *w, const char *path,
   snprintf(w->path, sizeof w->path, "%s", path);
   w->type = type;
   w->cols = cols;
-  w->f = fopen(path, "wb");
+  errno = 0;
+  w->f = embps_file_create_excl(path);
   char h[WRITE_HEADER_BYTES];
   header(w, h);
   if (!w->f || fwrite(h, 1, sizeof h, w->f) != sizeof h) {
@@ -75,6 +95,19 @@ int embps_npy_append(embps_npy_writer_t *w, const void *data, size_t rows,
   }
   w->rows += rows;
   return 0;
+}
+
+int embps_npy_start_writeback(embps_npy_writer_t *w, char *err,
+                              size_t err_len) {
+  int rc = 0;
+  if (fflush(w->f))
+    rc = -(errno ? errno : EIO);
+  else if (sync_file_range(fileno(w->f), 0, 0, SYNC_FILE_RANGE_WRITE) &&
+           errno != ENOSYS && errno != EINVAL && errno != ESPIPE)
+    rc = -errno; /* a file system without it: the final fsync does all */
+  if (rc)
+    snprintf(err, err_len, "%s: %s", w->path, strerror(-rc));
+  return rc;
 }
 
 int embps_npy_finish(embps_npy_writer_t *w, char *err, size_t err_len) {

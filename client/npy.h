@@ -29,14 +29,24 @@ typedef struct {
   uint64_t rows;
 } embps_npy_writer_t;
 
-/* Creates path (truncated) with room for the header; type F4 or I8.
- * 0, or -errno with err naming the file. */
+/* Creates path for writing, as a new file: a file or symbolic link already
+ * there is removed first (unlink does not follow links), then the file is
+ * made with O_CREAT | O_EXCL | O_NOFOLLOW, so the write never goes through
+ * a link someone planted at path. NULL with errno on failure. */
+FILE *embps_file_create_excl(const char *path);
+/* Creates path (as embps_file_create_excl) with room for the header; type
+ * F4 or I8. 0, or -errno with err naming the file. */
 int embps_npy_create(embps_npy_writer_t *w, const char *path,
                      embps_npy_type_t type, uint32_t cols, char *err,
                      size_t err_len);
 /* Appends rows (rows x max(cols, 1) elements of the writer's type). */
 int embps_npy_append(embps_npy_writer_t *w, const void *data, size_t rows,
                      char *err, size_t err_len);
+/* Starts writing the rows appended so far to disk, without waiting
+ * (fflush, then sync_file_range SYNC_FILE_RANGE_WRITE), so the final
+ * fsync has less left to do. 0, or -errno with err. */
+int embps_npy_start_writeback(embps_npy_writer_t *w, char *err,
+                              size_t err_len);
 /* Writes the final header (the row count), flushes, fsyncs and closes. */
 int embps_npy_finish(embps_npy_writer_t *w, char *err, size_t err_len);
 /* Closes without finishing (after an error); the file stays as it is. */

@@ -18,6 +18,9 @@
 #        ...continuation            deeper indent: the description goes on
 #                                   (or, for an item without one, its
 #                                   arguments do)
+#       --flag ARG  DESCRIPTION     four-space indent under a command: one
+#                                   of its flags (its own continuation
+#                                   lines follow it)
 #   Free text                       column 0: notes, kept as paragraphs
 # Values: the word after a flag is its value when it looks like one
 # (capitals, digits, `,`, `:` or `|`); a `a|b|c` value, or one opening an
@@ -61,6 +64,7 @@ BEGIN {
   n_items = 0
   n_notes = 0
   n_known = 0
+  n_subs = 0
   in_usage = 0
 }
 
@@ -82,10 +86,28 @@ in_usage && /^    / {
   head[n_items] = H
   desc[n_items] = D
   opt[n_items] = is_opt
+  last_sub = 0
+  next
+}
+/^    --/ && n_items > 0 && !opt[n_items] && !after_items {
+  split_item(trim($0), 1)
+  n_subs++
+  shead[n_subs] = H
+  sdesc[n_subs] = D
+  sowner[n_subs] = n_items
+  last_sub = n_subs
   next
 }
 /^   / && n_items > 0 && !after_items {
   t = trim($0)
+  if (last_sub && sdesc[last_sub] != "") {
+    sdesc[last_sub] = sdesc[last_sub] " " t
+    next
+  }
+  if (last_sub) {
+    shead[last_sub] = shead[last_sub] " " t
+    next
+  }
   if (desc[n_items] != "")
     desc[n_items] = desc[n_items] " " t
   else
@@ -158,7 +180,7 @@ function value_words(f,   a, c, n, i, out) {
   return ""
 }
 
-function emit_bash(   fn, i, f, all_opts, cmds, globals, g, cases, w, n,
+function emit_bash(   fn, i, j, f, all_opts, cmds, globals, g, cases, w, n,
                       valued, kinds) {
   fn = "_" prog
   gsub(/[^A-Za-z0-9_]/, "_", fn)
@@ -177,6 +199,12 @@ function emit_bash(   fn, i, f, all_opts, cmds, globals, g, cases, w, n,
       split(head[i], w, / /)
       cmds = cmds " " w[1]
       cmdflags[w[1]] = trim(FLAGS)
+      for (j = 1; j <= n_subs; j++) {
+        if (sowner[j] != i)
+          continue
+        scan_flags(shead[j], sdesc[j], 1)
+        cmdflags[w[1]] = trim(cmdflags[w[1]] FLAGS)
+      }
     }
   }
   globals = trim(globals all_opts)
@@ -240,6 +268,22 @@ function emit_bash(   fn, i, f, all_opts, cmds, globals, g, cases, w, n,
   print "complete -F " fn " " prog
 }
 
+# the flags of command item i, as a list indented under it
+function emit_man_flags(i,   j, any) {
+  for (j = 1; j <= n_subs; j++) {
+    if (sowner[j] != i)
+      continue
+    if (!any)
+      print ".RS"
+    any = 1
+    print ".TP"
+    print ".B " roff(shead[j])
+    print roff(sdesc[j])
+  }
+  if (any)
+    print ".RE"
+}
+
 function emit_man(   i, up, has_cmds, has_opts) {
   up = toupper(prog)
   print ".\\\" generated from `" prog " --help` by packaging/helpdoc.awk: do not edit"
@@ -267,6 +311,7 @@ function emit_man(   i, up, has_cmds, has_opts) {
       print ".TP"
       print ".B " roff(head[i])
       print (desc[i] == "" ? "" : roff(desc[i]))
+      emit_man_flags(i)
     }
   }
   if (has_opts) {

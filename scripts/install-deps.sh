@@ -7,11 +7,14 @@ set -euo pipefail
 # tests: cmocka, python3 + numpy + torch (the framework comparison suite),
 # promtool (Debian prometheus) and yamllint for the operations tests, redis
 # for the benchmark comparison; strace (the unit's system call audit);
-# python3-pip and python3-venv (the README's install block, ops.readme).
+# python3-pip and python3-venv (the README's install block, ops.readme);
+# `make test-tsan`: clang, its sanitizer runtimes (libclang-rt-dev, only a
+# Recommends of clang) and LLVM's OpenMP runtime with its Archer tool
+# (libomp-dev), with which ThreadSanitizer sees the parallel apply.
 PACKAGES=(gcc make cmake pkg-config libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libcmocka-dev libmicrohttpd-dev python3
           python3-numpy python3-torch python3-pip python3-venv prometheus
-          yamllint strace)
+          yamllint strace clang libclang-rt-dev libomp-dev)
 # optional extras: `scripts/install-deps.sh --bench` adds these
 if [[ "${1:-}" == "--bench" ]]; then
   PACKAGES+=(redis-server gnuplot-nox)

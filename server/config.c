@@ -1,6 +1,7 @@
-/* config.c - embps-server's command line. No config file is ever needed:
- * every setting has a default that serves on 127.0.0.1:7070. */
-#include <errno.h>
+/* config.c - embps-server's command line: one table of flags (flags.h:
+ * parsed with getopt_long, printed by --help), then the checks that need
+ * several of them. No config file is ever needed: every setting has a
+ * default that serves on 127.0.0.1:7070. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,53 +14,11 @@
 
 #include "about.h"
 #include "cluster.h"
+#include "flags.h"
 #include "server.h"
 #include "token.h"
 #include "util.h"
 #include "wal.h"
-
-static const char usage[] =
-    "usage: embps-server [options]\n"
-    "  --listen HOST:PORT        address to serve (default 127.0.0.1:7070;\n"
-    "                            port 0 picks a free port)\n"
-    "  --port-file FILE          write the bound port to FILE once listening\n"
-    "  --io-threads N            I/O event loops (default 2)\n"
-    "  --shards N                row shards per table (default 16)\n"
-    "  --omp-threads N           threads applying a push (default: cores/2)\n"
-    "  --cluster-size K          servers in the cluster (default 1)\n"
-    "  --cluster-index I         this server's slot, 0..K-1 (default 0)\n"
-  "  --cluster-servers H:P,... every server in cluster order (the clients'\n"
-  "                            list): /readyz waits until this server holds\n"
-  "                            every table the others hold\n"
-  "  --complete-tables         with --cluster-servers: create such missing\n"
-  "                            tables here from a peer's spec (fresh rows)\n"
-    "  --auth-token-file FILE    require this token in every client's hello\n"
-    "                            (FILE: 0600, or 0440 owned by root with a\n"
-    "                            group of the server: a Kubernetes Secret)\n"
-    "  --insecure                allow a non-loopback --listen without a token\n"
-    "  --max-frame-bytes N       largest request frame (default 64M)\n"
-    "  --max-connections N       concurrent connections (default 1024)\n"
-    "  --max-tables N            tables per server (default 1024)\n"
-    "  --idle-timeout SECONDS    close idle connections (default 0: never)\n"
-    "  --hello-timeout SECONDS   close connections with no hello by then\n"
-    "                            (default 5)\n"
-    "  --max-conn-buffer-bytes N requests and unsent replies one connection\n"
-    "                            may hold (default 2 x --max-frame-bytes)\n"
-    "  --max-buffer-bytes N      the same for all connections together\n"
-    "                            (default a quarter of RAM, at least 1G)\n"
-    "  --max-memory BYTES        cap on table storage (default 0: none)\n"
-    "  --log-level L             debug|info|warn|error (default info)\n"
-    "  --data-dir DIR            keep tables in DIR: checkpoints and a log\n"
-    "                            (default: memory only)\n"
-    "  --fsync MODE              always|everysec|never (default everysec)\n"
-    "  --checkpoint-every SECONDS  periodic checkpoints (default 0: on\n"
-    "                            demand and at SIGTERM only)\n"
-    "  --log-format F            text|json: one line per event (default text)\n"
-    "  --metrics-listen HOST:PORT  serve Prometheus /metrics, /healthz and\n"
-    "                            /readyz over HTTP (default: off)\n"
-    "  --metrics-port-file FILE  write the bound metrics port to FILE\n"
-    "  --version, --help\n"
-    "Sizes take K, M or G suffixes.\n";
 
 static int fail(char *err, size_t len, const char *fmt, ...) {
   va_list ap;
@@ -69,28 +28,170 @@ static int fail(char *err, size_t len, const char *fmt, ...) {
   return -1;
 }
 
-/* Parses an unsigned number with an optional K/M/G suffix. */
-static int parse_size(const char *s, uint64_t max, uint64_t *out) {
-  char *end;
-  errno = 0;
-  if (*s == '-')
-    return -1;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s)
-    return -1;
-  uint64_t mult = 1;
-  if (*end == 'K' || *end == 'k')
-    mult = 1ULL << 10;
-  else if (*end == 'M' || *end == 'm')
-    mult = 1ULL << 20;
-  else if (*end == 'G' || *end == 'g')
-    mult = 1ULL << 30;
-  if (mult != 1)
-    end++;
-  if (*end || v > max / mult)
-    return -1;
-  *out = v * mult;
+/* The flags fill a configuration, and --help and --version the rest. */
+typedef struct {
+  embps_server_config_t cfg;
+  int help, version;
+} args_t;
+
+static int set_listen(const embps_flag_t *f, const char *v, void *obj,
+                      char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  return embps_parse_hostport(v, cfg->listen_host, sizeof cfg->listen_host,
+                              &cfg->listen_port)
+             ? embps_flag_refuse(f, v, err, err_len)
+             : 0;
+}
+
+static int set_metrics_listen(const embps_flag_t *f, const char *v, void *obj,
+                              char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  return embps_parse_hostport(v, cfg->metrics_host, sizeof cfg->metrics_host,
+                              &cfg->metrics_port)
+             ? embps_flag_refuse(f, v, err, err_len)
+             : 0;
+}
+
+static int set_data_dir(const embps_flag_t *f, const char *v, void *obj,
+                        char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  if (!*v || strlen(v) >= 900)
+    return embps_flag_refuse(f, v, err, err_len);
+  snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", v);
   return 0;
+}
+
+static int set_fsync(const embps_flag_t *f, const char *v, void *obj,
+                     char *err, size_t err_len) {
+  static const struct {
+    const char *name;
+    int mode;
+  } modes[] = {{"always", EMBPS_FSYNC_ALWAYS},
+               {"everysec", EMBPS_FSYNC_EVERYSEC},
+               {"never", EMBPS_FSYNC_NEVER}};
+  for (size_t m = 0; m < sizeof modes / sizeof *modes; m++)
+    if (!strcmp(v, modes[m].name)) {
+      ((embps_server_config_t *)obj)->fsync = modes[m].mode;
+      return 0;
+    }
+  return embps_flag_refuse(f, v, err, err_len);
+}
+
+static int set_log_format(const embps_flag_t *f, const char *v, void *obj,
+                          char *err, size_t err_len) {
+  if (strcmp(v, "text") && strcmp(v, "json"))
+    return embps_flag_refuse(f, v, err, err_len);
+  ((embps_server_config_t *)obj)->log_json = !strcmp(v, "json");
+  return 0;
+}
+
+static int set_log_level(const embps_flag_t *f, const char *v, void *obj,
+                         char *err, size_t err_len) {
+  return embps_log_parse_level(v, &((embps_server_config_t *)obj)->log_level)
+             ? embps_flag_refuse(f, v, err, err_len)
+             : 0;
+}
+
+/* The token in FILE (token.c: its content less trailing newlines, and
+ * the file's mode and owner checked). */
+static int set_token(const embps_flag_t *f, const char *v, void *obj,
+                     char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  if (embps_token_read(v, cfg->token, sizeof cfg->token, &cfg->token_len, err,
+                       err_len))
+    return -1;
+  cfg->has_token = 1;
+  return 0;
+}
+
+#define CFG embps_server_config_t
+/* a number with an optional K, M or G suffix, in [lo, hi] */
+#define SIZE_(name, arg, field, lo, hi, help)                                  \
+  EMBPS_FLAG_NUMBER(name, arg, embps_flag_set_size, CFG, field, lo, hi, NULL,  \
+                    help)
+/* a flag whose setter above knows its fields */
+#define SET_(name, arg, set, what, help)                                       \
+  { name, arg, help, set, 0, 0, 0, 0, 0, what }
+
+/* Every flag of embps-server, in the order --help lists them. */
+static const embps_flag_t server_flags[] = {
+    SET_("listen", "HOST:PORT", set_listen, "HOST:PORT",
+         "address to serve (default 127.0.0.1:7070; port 0 picks a free "
+         "port)"),
+    EMBPS_FLAG_TEXT("port-file", "FILE", CFG, port_file,
+                    "write the bound port to FILE once listening"),
+    SIZE_("io-threads", "N", io_threads, 1, 64, "I/O event loops (default 2)"),
+    SIZE_("shards", "N", shards, 1, 4096, "row shards per table (default 16)"),
+    SIZE_("omp-threads", "N", omp_threads, 1, 1024,
+          "threads applying a push (default: $OMP_NUM_THREADS, else half "
+          "the cores)"),
+    SIZE_("cluster-size", "K", cluster_size, 1, 65536,
+          "servers in the cluster (default 1)"),
+    SIZE_("cluster-index", "I", cluster_index, 0, 65535,
+          "this server's slot, 0..K-1 (default 0)"),
+    EMBPS_FLAG_STRING("cluster-servers", "H:P,...", CFG, cluster_servers,
+                      "every server in cluster order (the clients' list): "
+                      "/readyz waits until this server holds every table "
+                      "the others hold"),
+    EMBPS_FLAG_TRUE("complete-tables", CFG, complete_tables,
+                    "with --cluster-servers: create such missing tables "
+                    "here from a peer's spec (fresh rows)"),
+    SET_("auth-token-file", "FILE", set_token, NULL,
+         "require this token in every client's hello (FILE: 0600, or 0440 "
+         "owned by root with a group of the server: a Kubernetes Secret)"),
+    EMBPS_FLAG_TRUE("insecure", CFG, insecure,
+                    "allow a non-loopback --listen without a token"),
+    SIZE_("max-frame-bytes", "N", max_frame_bytes, 1024, 1ULL << 31,
+          "largest request frame (default 64M)"),
+    SIZE_("max-connections", "N", max_connections, 1, 1000000,
+          "concurrent connections (default 1024)"),
+    SIZE_("max-tables", "N", max_tables, 1, 1000000,
+          "tables per server (default 1024)"),
+    SIZE_("idle-timeout", "SECONDS", idle_timeout_s, 0, 86400 * 365,
+          "close idle connections (default 0: never)"),
+    SIZE_("hello-timeout", "SECONDS", hello_timeout_s, 1, 3600,
+          "close connections with no hello by then (default 5)"),
+    SIZE_("max-conn-buffer-bytes", "N", max_conn_buffer_bytes, 1ULL << 16,
+          UINT64_MAX,
+          "requests and unsent replies one connection may hold (default "
+          "2 x --max-frame-bytes)"),
+    SIZE_("max-buffer-bytes", "N", max_buffer_bytes, 1ULL << 20, UINT64_MAX,
+          "the same for all connections together (default a quarter of "
+          "RAM, at least 1G)"),
+    SIZE_("max-memory", "BYTES", max_memory, 0, UINT64_MAX,
+          "cap on table storage (default 0: none)"),
+    SET_("log-level", "L", set_log_level, "debug|info|warn|error",
+         "debug|info|warn|error (default info)"),
+    SET_("log-format", "F", set_log_format, "text|json",
+         "text|json: one line per event (default text)"),
+    SET_("data-dir", "DIR", set_data_dir, "a directory name of 1-899 bytes",
+         "keep tables in DIR: checkpoints and a log (default: memory only)"),
+    SET_("fsync", "MODE", set_fsync, "always|everysec|never",
+         "always|everysec|never: when a push's log record is synced "
+         "(default everysec)"),
+    SIZE_("checkpoint-every", "SECONDS", checkpoint_every_s, 0, 86400 * 365,
+          "periodic checkpoints (default 0: on demand and at SIGTERM only)"),
+    SET_("metrics-listen", "HOST:PORT", set_metrics_listen, "HOST:PORT",
+         "serve Prometheus /metrics, /healthz and /readyz over HTTP "
+         "(default: off)"),
+    EMBPS_FLAG_TEXT("metrics-port-file", "FILE", CFG, metrics_port_file,
+                    "write the bound metrics port to FILE"),
+    EMBPS_FLAG_END};
+
+static const embps_flag_t info_flags[] = {
+    EMBPS_FLAG_TRUE("help", args_t, help, "print this help and exit (or -h)"),
+    EMBPS_FLAG_TRUE("version", args_t, version,
+                    "print the version (and the protocol's) and exit"),
+    EMBPS_FLAG_END};
+
+static const embps_flag_group_t groups[] = {
+    {server_flags, offsetof(args_t, cfg)}, {info_flags, 0}, {NULL, 0}};
+
+static void print_help(void) {
+  printf("usage: embps-server [options]\n");
+  embps_flags_print(stdout, groups, 2, 30);
+  printf("Numbers take K, M or G suffixes (binary multiples). A value "
+         "follows its flag or\njoins it: --shards 8, --shards=8.\n");
 }
 
 /* 1 if every address host resolves to is a loopback one. */
@@ -137,113 +238,40 @@ static void default_budgets(embps_server_config_t *cfg) {
 
 int embps_server_config_parse(embps_server_config_t *cfg, int argc,
                               char **argv, char *err, size_t err_len) {
-  memset(cfg, 0, sizeof *cfg);
-  snprintf(cfg->listen_host, sizeof cfg->listen_host, "127.0.0.1");
-  cfg->listen_port = 7070;
-  cfg->io_threads = 2;
-  cfg->shards = 16;
-  cfg->max_frame_bytes = EMBPS_DEFAULT_MAX_FRAME;
-  cfg->max_connections = 1024;
-  cfg->max_tables = 1024;
-  cfg->log_level = EMBPS_LOG_INFO;
-  cfg->fsync = EMBPS_FSYNC_EVERYSEC;
-  cfg->hello_timeout_s = 5;
+  args_t a;
+  memset(&a, 0, sizeof a);
+  embps_server_config_t *d = &a.cfg; /* the defaults */
+  snprintf(d->listen_host, sizeof d->listen_host, "127.0.0.1");
+  d->listen_port = 7070;
+  d->io_threads = 2;
+  d->shards = 16;
+  d->max_frame_bytes = EMBPS_DEFAULT_MAX_FRAME;
+  d->max_connections = 1024;
+  d->max_tables = 1024;
+  d->log_level = EMBPS_LOG_INFO;
+  d->fsync = EMBPS_FSYNC_EVERYSEC;
+  d->hello_timeout_s = 5;
 
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(usage, stdout);
-      return 1;
+  embps_flags_t p;
+  int rc = embps_flags_parse(&p, groups, &a, argc, argv, NULL, err, err_len);
+  *cfg = a.cfg;
+  if (rc) {
+    if (!strncmp(err, "unknown option", 14)) {
+      size_t n = strlen(err);
+      snprintf(err + n, err_len - n, " (see --help)");
     }
-    if (!strcmp(a, "--version")) {
-      embps_server_version_print(stdout);
-      return 1;
-    }
-    if (strncmp(a, "--", 2) != 0)
-      return fail(err, err_len, "unexpected argument \"%s\"", a);
-    if (!strcmp(a, "--insecure")) {
-      cfg->insecure = 1;
-      continue;
-    }
-    if (!strcmp(a, "--complete-tables")) {
-      cfg->complete_tables = 1;
-      continue;
-    }
-    if (i + 1 >= argc)
-      return fail(err, err_len, "%s needs a value", a);
-    const char *v = argv[++i];
-    uint64_t n;
-#define NUM_(flag, lo, hi, field)                                              \
-  if (!strcmp(a, flag)) {                                                      \
-    if (parse_size(v, hi, &n) || n + 1 < (uint64_t)(lo) + 1)                   \
-      return fail(err, err_len, "%s: \"%s\" is not a number in [%llu, %llu]",  \
-                  a, v, (unsigned long long)(lo), (unsigned long long)(hi));   \
-    cfg->field = n;                                                            \
-    continue;                                                                  \
+    return -1;
   }
-    NUM_("--io-threads", 1, 64, io_threads)
-    NUM_("--shards", 1, 4096, shards)
-    NUM_("--omp-threads", 1, 1024, omp_threads)
-    NUM_("--cluster-size", 1, 65536, cluster_size)
-    NUM_("--cluster-index", 0, 65535, cluster_index)
-    NUM_("--max-frame-bytes", 1024, 1ULL << 31, max_frame_bytes)
-    NUM_("--max-connections", 1, 1000000, max_connections)
-    NUM_("--max-tables", 1, 1000000, max_tables)
-    NUM_("--idle-timeout", 0, 86400 * 365, idle_timeout_s)
-    NUM_("--max-memory", 0, UINT64_MAX, max_memory)
-    NUM_("--checkpoint-every", 0, 86400 * 365, checkpoint_every_s)
-    NUM_("--hello-timeout", 1, 3600, hello_timeout_s)
-    NUM_("--max-buffer-bytes", 1ULL << 20, UINT64_MAX, max_buffer_bytes)
-    NUM_("--max-conn-buffer-bytes", 1ULL << 16, UINT64_MAX,
-         max_conn_buffer_bytes)
-#undef NUM_
-    if (!strcmp(a, "--listen")) {
-      if (embps_parse_hostport(v, cfg->listen_host, sizeof cfg->listen_host,
-                               &cfg->listen_port))
-        return fail(err, err_len, "--listen: \"%s\" is not HOST:PORT", v);
-    } else if (!strcmp(a, "--data-dir")) {
-      if (!*v || strlen(v) >= 900)
-        return fail(err, err_len, "--data-dir: \"%s\" is empty or too long",
-                    v);
-      snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", v);
-    } else if (!strcmp(a, "--fsync")) {
-      if (!strcmp(v, "always"))
-        cfg->fsync = EMBPS_FSYNC_ALWAYS;
-      else if (!strcmp(v, "everysec"))
-        cfg->fsync = EMBPS_FSYNC_EVERYSEC;
-      else if (!strcmp(v, "never"))
-        cfg->fsync = EMBPS_FSYNC_NEVER;
-      else
-        return fail(err, err_len, "--fsync: \"%s\" is not "
-                    "always|everysec|never", v);
-    } else if (!strcmp(a, "--port-file")) {
-      snprintf(cfg->port_file, sizeof cfg->port_file, "%s", v);
-    } else if (!strcmp(a, "--auth-token-file")) {
-      if (embps_token_read(v, cfg->token, sizeof cfg->token, &cfg->token_len,
-                           err, err_len))
-        return -1;
-      cfg->has_token = 1;
-    } else if (!strcmp(a, "--cluster-servers")) {
-      cfg->cluster_servers = v;
-    } else if (!strcmp(a, "--metrics-listen")) {
-      if (embps_parse_hostport(v, cfg->metrics_host, sizeof cfg->metrics_host,
-                               &cfg->metrics_port))
-        return fail(err, err_len, "--metrics-listen: \"%s\" is not "
-                    "HOST:PORT", v);
-    } else if (!strcmp(a, "--metrics-port-file")) {
-      snprintf(cfg->metrics_port_file, sizeof cfg->metrics_port_file, "%s", v);
-    } else if (!strcmp(a, "--log-format")) {
-      if (strcmp(v, "text") && strcmp(v, "json"))
-        return fail(err, err_len, "--log-format: \"%s\" is not text|json", v);
-      cfg->log_json = !strcmp(v, "json");
-    } else if (!strcmp(a, "--log-level")) {
-      if (embps_log_parse_level(v, &cfg->log_level))
-        return fail(err, err_len, "--log-level: \"%s\" is not "
-                    "debug|info|warn|error", v);
-    } else {
-      return fail(err, err_len, "unknown option %s (see --help)", a);
-    }
+  if (a.help) {
+    print_help();
+    return 1;
   }
+  if (a.version) {
+    embps_server_version_print(stdout);
+    return 1;
+  }
+  if (p.next < argc)
+    return fail(err, err_len, "unexpected argument \"%s\"", argv[p.next]);
   if (embps_cluster_config_check(cfg, err, err_len))
     return -1;
   if (cfg->cluster_index >= cfg->cluster_size)

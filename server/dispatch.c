@@ -10,7 +10,7 @@
  * evict.c's. CHECKPOINT goes to the checkpoint thread (durable.c); the
  * SNAPSHOT kinds to snapshot.c (BEGIN's marker to the apply thread). Those
  * are answered later (DEFERRED), through req->complete. The connection
- * (net.c) runs a request only once its earlier pushes are applied, so a
+ * (conn.c) runs a request only once its earlier pushes are applied, so a
  * read sees the pushes sent before it. */
 #include <stdio.h>
 #include <stdlib.h>

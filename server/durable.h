@@ -10,7 +10,7 @@
  * takes the state at that LSN, and writes it while pushes and pulls go
  * on. req->complete is therefore also called from the log thread (acks in
  * --fsync always) and the checkpoint thread (CHECKPOINT replies): it must
- * be callable from any thread, as net.c's is.
+ * be callable from any thread, as conn.c's is.
  *
  * Restore replays the log through redo.c and hands what the apply thread
  * must start from (the last LSN, the exactly-once table) to the restored

@@ -1,46 +1,71 @@
-/* main.c - the embps-server daemon: flags, process set-up, then the server
- * library (net.c): create, run until SIGTERM or SIGINT, destroy. */
+/* main.c - the embps-server daemon: the OpenMP wait policy (one re-exec,
+ * below), flags, process set-up, then the server library (server.c):
+ * create, run until SIGTERM or SIGINT, destroy. */
+#include <errno.h>
 #include <malloc.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/auxv.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include "server.h"
 
 /* OpenMP threads spin for a while after each parallel region by default,
  * taking cores the I/O threads need; passive waiting measured +19% push
- * throughput on 2 cores. libgomp reads OMP_WAIT_POLICY in its constructor,
- * which runs before any code of ours can call setenv (libc's own start-up
- * resets the environment after .preinit_array). So the daemon defines
- * getenv and secure_getenv itself: a shared library's reference binds to
- * the executable's definition, and these answer "passive" for
- * OMP_WAIT_POLICY when the environment does not set it, and read the
- * environment unchanged for every other name. The process keeps its name
- * (no re-exec). tests/integration/test_process.sh checks libgomp's view. */
-extern char **environ;
-
+ * throughput on 2 cores. The OpenMP runtime reads OMP_WAIT_POLICY once,
+ * when it loads (libgomp) or starts (LLVM's libomp), which for libgomp is
+ * before main: a setenv in main comes too late. So when the environment
+ * does not set a policy, the daemon's first act is to add
+ * OMP_WAIT_POLICY=passive to its environment and execute itself again
+ * (/proc/self/exe: the same file, even if the path now names another).
+ * execve keeps the PID, so a supervisor's PID file and signals reach the
+ * server, and keeps argv, so `ps -o args` is unchanged; the variable shows
+ * in /proc/PID/environ. Nothing has started then: no thread, no file but
+ * stdio. The new image finds the variable set and runs on, so there is
+ * one exec at most, and a policy the environment sets (active, or even
+ * empty) is never changed. A process that embeds the server library sets
+ * the variable itself (server.h). tests/ops/test_process.sh checks what
+ * the runtime sees. */
 static const char omp_wait_name[] = "OMP_WAIT_POLICY";
 
-char *getenv(const char *name) {
-  size_t len = strlen(name);
-  for (char **e = environ; e && *e; e++)
-    if (!strncmp(*e, name, len) && (*e)[len] == '=')
-      return *e + len + 1;
-  if (!strcmp(name, omp_wait_name))
-    return (char *)"passive";
-  return NULL;
+/* Returns 0 when the policy is the environment's (set before start, or by
+ * the re-exec that brought us here), or the errno of the exec that failed
+ * (the server then runs with the runtime's default policy). */
+static int omp_passive_reexec(char **argv) {
+  if (getenv(omp_wait_name))
+    return 0;
+  if (setenv(omp_wait_name, "passive", 0))
+    return errno;
+  execv("/proc/self/exe", argv);
+  int err = errno;
+  unsetenv(omp_wait_name); /* not the runtime's policy: do not claim it */
+  return err;
 }
 
-/* glibc declares it only under _GNU_SOURCE */
-char *secure_getenv(const char *name);
-char *secure_getenv(const char *name) {
-  return getauxval(AT_SECURE) ? NULL : getenv(name);
+/* The kernel names a process after the file it executes, so after the
+ * re-exec `ps -o comm` would show "exe": name it after its binary again. */
+static void name_after_binary(void) {
+  char comm[17] = "", path[4096];
+  if (prctl(PR_GET_NAME, comm) || strcmp(comm, "exe"))
+    return;
+  static const char deleted[] = " (deleted)"; /* the file was replaced */
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0)
+    return;
+  path[n] = 0;
+  if ((size_t)n > sizeof deleted - 1 &&
+      !strcmp(path + n - (sizeof deleted - 1), deleted))
+    path[n - (sizeof deleted - 1)] = 0;
+  const char *base = strrchr(path, '/');
+  prctl(PR_SET_NAME, base ? base + 1 : path);
 }
 
 int main(int argc, char **argv) {
+  int exec_err = omp_passive_reexec(argv);
+  name_after_binary();
   embps_server_config_t cfg;
   char err[512];
   int rc = embps_server_config_parse(&cfg, argc, argv, err, sizeof err);
@@ -52,6 +77,10 @@ int main(int argc, char **argv) {
   }
   embps_log_set_level(cfg.log_level);
   embps_log_set_json(cfg.log_json);
+  if (exec_err)
+    LOG_WARN("cannot execute /proc/self/exe again with %s=passive (%s): "
+             "OpenMP threads spin after each push; set %s to silence this",
+             omp_wait_name, strerror(exec_err), omp_wait_name);
   signal(SIGPIPE, SIG_IGN);
   /* Request and reply buffers of a few MiB come and go at every batch; keep
    * them on the heap instead of a fresh mmap (and page faults) each time;

@@ -286,7 +286,7 @@ uint32_t embps_policy_find_shard(const embps_table_t *t,
         s->what[p] = W_LIVE;
       else
         s->what[p] = admits(t, sh, id) ? W_RESET : W_DROP;
-    } else if (s->raw || admits(t, sh, id)) {
+    } else if (s->raw || s->import || admits(t, sh, id)) {
       s->what[p] = W_NEW;
       fresh++;
     } else {

@@ -185,7 +185,7 @@ static int redo_rows(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
   if (keep_rows(r, k, rec->lsn, ids, rows, w, dim, w + rows * dim * 4, sf * dim,
                 &m, err, err_len))
     return -1;
-  if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
+  if (embps_table_prepare_rows(t, &r->scratch, r->ids, m, 0)) {
     snprintf(err, err_len, "out of memory replaying rows");
     return -1;
   }

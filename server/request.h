@@ -1,7 +1,7 @@
 /* request.h - one request, from the frame that carried it to the reply
  * sent for it, and what every handler answers it with.
  *
- * A request is owned by its connection (net.c). The I/O thread that read
+ * A request is owned by its connection (conn.c). The I/O thread that read
  * it dispatches it (dispatch.c); a request that changes tables is handed
  * to the apply thread with req->run set to its handler (apply.h) and comes
  * back through req->complete once its reply is set, after its log record

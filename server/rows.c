@@ -241,8 +241,8 @@ static uint64_t rows_apply(embps_apply_ctx_t *ctx, embps_request_t *req) {
   if (failed)
     snprintf(msg, sizeof msg, "%s", failed);
   if (!rc)
-    rc = embps_table_prepare(t, &ctx->scratch, req->idx, n,
-                             srv->cfg.max_memory);
+    rc = embps_table_prepare_rows(t, &ctx->scratch, req->idx, n,
+                                  srv->cfg.max_memory);
   if (!rc && dur) {
     rc = embps_durable_log_rows(dur, ctx->lsn + 1, t, req->idx, req->vals,
                                 state, n, q->has_step, q->step, msg,

@@ -23,7 +23,8 @@
  * Files, top down: each calls only files after it (no two call each
  * other, directly or around a loop: tests/ops/test_layers.sh checks it
  * from the object files):
- *   net.c          lifecycle, listener, connections, event loops
+ *   server.c       lifecycle, listener, the main loop
+ *   conn.c         connections and their budgets, the I/O threads' loops
  *   dispatch.c     each request kind on its I/O thread
  *   apply.c        the apply thread: runs req->run, in order
  *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
@@ -134,7 +135,7 @@ typedef enum {
 embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                                 int *authed, embps_scratch_t *scratch);
 
-/* ---- net.c: a server's lifecycle, in libuv's shape ----
+/* ---- server.c: a server's lifecycle, in libuv's shape ----
  * create   (cfg is copied) restores --data-dir, starts the apply, metrics,
  *          checkpoint and I/O threads, listens, writes --port-file and
  *          prints the ready line. 0 with *out set, or a negative code
@@ -154,7 +155,12 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
  *   /metrics counters (summed over the process's servers), and the table
  *   bytes --max-memory limits (likewise summed); at most one server of a
  *   process may serve --metrics-listen, and one --cluster-servers, at a
- *   time. The process must ignore SIGPIPE (main.c does). */
+ *   time. The process must ignore SIGPIPE (main.c does).
+ * The process should also start with OMP_WAIT_POLICY=passive in its
+ *   environment: the OpenMP runtime reads it once, as it loads, and
+ *   without it the apply's team threads spin after every push, taking
+ *   cores from the I/O threads. The daemon re-executes itself to set it
+ *   (main.c); an embedder sets it before its process starts. */
 int embps_server_create(const embps_server_config_t *cfg,
                         embps_server_t **out);
 int embps_server_port(const embps_server_t *srv);

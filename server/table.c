@@ -842,6 +842,15 @@ static void fill_rows(const void *ctx, const embps_table_t *t,
     embps_optim_init_state(&t->optim, state, t->dim);
 }
 
+int embps_table_prepare_rows(embps_table_t *t, embps_table_scratch_t *s,
+                             const int64_t *ids, size_t n,
+                             uint64_t max_bytes) {
+  s->import = 1;
+  int rc = embps_table_prepare(t, s, ids, n, max_bytes);
+  s->import = 0;
+  return rc;
+}
+
 void embps_table_write_rows(embps_table_t *t, embps_table_scratch_t *s,
                             const int64_t *ids, const float *w,
                             const float *state, uint64_t lsn,

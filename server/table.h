@@ -53,6 +53,7 @@ typedef struct {
   unsigned char *what;  /* apply, tables with a policy: fate of each position */
   uint32_t *slot;       /* ... and its slot */
   int raw;              /* restore: no admission, no expiry */
+  int import;           /* write rows: no admission */
   size_t cap, shard_cap, wide_floats;
 } embps_table_scratch_t;
 
@@ -187,9 +188,15 @@ int embps_table_restore(embps_table_t *t, embps_table_scratch_t *s,
 int embps_table_scan(embps_table_t *t, uint64_t *cursor, size_t max_rows,
                      int64_t *ids, float *w, float *state, size_t *n,
                      int *done);
-/* Import: after embps_table_prepare with the same scratch, ids and n, sets
- * those distinct, checked rows to weights w (n x dim float32, rounded to
- * the storage type) and optimizer state (n x k x dim float32; NULL: the
+/* embps_table_prepare for embps_table_write_rows: every row not stored is
+ * made, whatever admission says (an import is not a push; a restore does
+ * the same), so room is reserved for all of them. */
+int embps_table_prepare_rows(embps_table_t *t, embps_table_scratch_t *s,
+                             const int64_t *ids, size_t n,
+                             uint64_t max_bytes);
+/* Import: after embps_table_prepare_rows with the same scratch, ids and n,
+ * sets those distinct, checked rows to weights w (n x dim float32, rounded
+ * to the storage type) and optimizer state (n x k x dim float32; NULL: the
  * initial state). Cannot fail; padding ids are skipped. lsn as in
  * embps_table_commit. step: NULL, the step counter is not changed; else it
  * is set to *step first. For TTL and LRU/LFU each row written counts as

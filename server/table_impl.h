@@ -164,7 +164,8 @@ typedef void (*embps_table_fill_fn)(const void *ctx, const embps_table_t *t,
                                     unsigned char *rec, size_t i, float *wide);
 
 /* Writes n distinct, checked, prepared rows (embps_table_prepare with s,
- * ids and n) with fill, shard by shard under the write lock, materialising
+ * ids and n, with s->import or s->raw set: room made for every row not
+ * stored) with fill, shard by shard under the write lock, materialising
  * the new ones without an initial value, shards in parallel (OpenMP) when
  * the rows are many. Padding ids are skipped. lsn != 0 becomes the log
  * position of every shard written. Tables with eviction: every row written

@@ -8,7 +8,13 @@
  * fails with ENOSPC; FSYNC_EIO 1 makes fsync and fdatasync of files (and
  * directories) under the dir fail with EIO. The file is re-read on every
  * intercepted call on such a file, so a test switches faults by rewriting
- * it (write a temporary file and rename it over). */
+ * it (write a temporary file and rename it over).
+ *
+ * $FAULTFS_SYNC_LOG names a file to which every fsync and fdatasync of a
+ * file or directory under the dir appends one line once it returns:
+ * "fdatasync 0 PATH" (the call, its return value, the file), so a test
+ * counts the syncs a process makes and of what, whatever it makes them
+ * fail with. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -27,19 +33,43 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static long long written;   /* bytes since the generation changed */
 static long long last_gen = -1;
 
-/* 1 if fd is a file under $FAULTFS_DIR. */
-static int faulty_fd(int fd) {
+/* 1 if fd is a file under $FAULTFS_DIR; its path in path (cap bytes). */
+static int fd_under_dir(int fd, char *path, size_t cap) {
   const char *dir = getenv("FAULTFS_DIR");
   if (!dir || !*dir || fd < 0)
     return 0;
-  char link[64], path[4096];
+  char link[64];
   snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(link, path, sizeof path - 1);
+  ssize_t n = readlink(link, path, cap - 1);
   if (n <= 0)
     return 0;
   path[n] = 0;
   size_t dl = strlen(dir);
   return !strncmp(path, dir, dl) && (path[dl] == '/' || path[dl] == 0);
+}
+
+static int faulty_fd(int fd) {
+  char path[4096];
+  return fd_under_dir(fd, path, sizeof path);
+}
+
+/* Appends "CALL RC PATH" to $FAULTFS_SYNC_LOG (raw syscalls: the write
+ * is not intercepted; one write of O_APPEND, whole among threads). */
+static void log_sync(const char *call, int rc, const char *path) {
+  const char *log = getenv("FAULTFS_SYNC_LOG");
+  if (!log || !*log)
+    return;
+  char line[4200];
+  int n = snprintf(line, sizeof line, "%s %d %s\n", call, rc, path);
+  if (n <= 0 || (size_t)n >= sizeof line)
+    return;
+  int fd = (int)syscall(SYS_openat, AT_FDCWD, log,
+                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return;
+  ssize_t w = syscall(SYS_write, fd, line, (size_t)n);
+  (void)w;
+  syscall(SYS_close, fd);
 }
 
 /* Reads the control file (raw syscalls: not intercepted). */
@@ -219,20 +249,29 @@ int fallocate(int fd, int mode, off_t off, off_t len) {
   return real_fallocate(fd, mode, off, len);
 }
 
+/* Shared body of fsync and fdatasync: fails with EIO when the control
+ * file says so, then logs the call. */
+#define SYNCED(name)                                                           \
+  do {                                                                         \
+    char path[4096];                                                           \
+    if (!fd_under_dir(fd, path, sizeof path))                                  \
+      return real_##name(fd);                                                  \
+    int rc = -1, e = EIO;                                                      \
+    if (!fsync_fails()) {                                                      \
+      rc = real_##name(fd);                                                    \
+      e = errno;                                                               \
+    }                                                                          \
+    log_sync(#name, rc, path);                                                 \
+    errno = e;                                                                 \
+    return rc;                                                                 \
+  } while (0)
+
 int fsync(int fd) {
   REAL(fsync);
-  if (faulty_fd(fd) && fsync_fails()) {
-    errno = EIO;
-    return -1;
-  }
-  return real_fsync(fd);
+  SYNCED(fsync);
 }
 
 int fdatasync(int fd) {
   REAL(fdatasync);
-  if (faulty_fd(fd) && fsync_fails()) {
-    errno = EIO;
-    return -1;
-  }
-  return real_fdatasync(fd);
+  SYNCED(fdatasync);
 }

@@ -6,18 +6,24 @@
  * 1 or 2, shards, a memory cap, a token); then each op byte names a
  * connection (4 of them) and a request: hello, create, drop, describe,
  * list, stats, pull, push (asynchronous or to a synchronous table), scan
- * and write rows (export and import), a raw
- * frame of any kind, or closing the connection. Fields come from the
- * following bytes, mostly near valid values so that requests get deep.
+ * and write rows (export and import), evict, a raw frame of any kind, or
+ * closing the connection. Tables may have admission and eviction policies
+ * (dynamic ones) and a step to wait for (synchronous ones). Fields come
+ * from the following bytes, mostly near valid values so that requests get
+ * deep.
  *
  * Invariants: every reply is a well-formed frame with the request's id,
  * whose kind is the request's reply kind or ERROR and whose meta decodes;
  * counts match the request (pull rows and dims, bulk bytes, push rows);
  * create, drop, describe, list and stats agree with a model of the table
- * set; a refused connection is closed; every deferred push is completed
- * exactly once (creates and drops, run on the apply thread, before the
- * next request); after teardown no table bytes remain (and ASan's leak check
- * finds nothing). */
+ * set (evict too); a refused connection is closed; every deferred push is
+ * completed exactly once (creates and drops, run on the apply thread,
+ * before the next request), with a reply unless it was a synchronous push held for
+ * its step that a later push with the same table, client id, sequence
+ * and step took the place of (a retry: sync.c completes the held one
+ * without a reply, so that its connection is closed, not answered twice;
+ * each push takes the place of one at most); after teardown no table
+ * bytes remain (and ASan's leak check finds nothing). */
 #include <math.h>
 #include <pthread.h>
 
@@ -47,6 +53,10 @@ typedef struct {
   uint32_t dims[N_NAMES];
   size_t n_tables; /* model: tables in the registry (fuzzed names too) */
   uint32_t next_id;
+  /* deferred pushes in dispatch order, and which took a held one's place */
+  embps_request_t *pushes[OPS_MAX];
+  unsigned char took_place[OPS_MAX];
+  size_t n_pushes;
 } core_t;
 
 /* req->complete: called on the apply thread. */
@@ -151,7 +161,8 @@ static void check_reply(core_t *k, const embps_request_t *req) {
     if (q->kind == EMBPS_KIND_CREATE && code == EMBPS_EEXIST &&
         (ti = model_index(q->u.spec.name)) >= 0)
       FUZZ_CHECK(k->exists[ti]);
-    if (q->kind == EMBPS_KIND_DROP && (ti = model_index(q->u.name)) >= 0)
+    if ((q->kind == EMBPS_KIND_DROP || q->kind == EMBPS_KIND_EVICT) &&
+        (ti = model_index(q->u.name)) >= 0)
       FUZZ_CHECK(code != EMBPS_ENOTABLE || !k->exists[ti]);
     embps_msg_free(&r);
     return;
@@ -185,6 +196,11 @@ static void check_reply(core_t *k, const embps_request_t *req) {
     FUZZ_CHECK(ti < 0 || (k->exists[ti] && r.u.info.spec.dim == k->dims[ti]));
     FUZZ_CHECK(!(q->u.alter.set.set & EMBPS_ALTER_LR) ||
                r.u.info.spec.lr == q->u.alter.set.lr);
+    break;
+  case EMBPS_KIND_EVICT:
+    FUZZ_CHECK(bulk_len == 0);
+    ti = model_index(q->u.name);
+    FUZZ_CHECK(ti < 0 || k->exists[ti]);
     break;
   case EMBPS_KIND_DESCRIBE:
     FUZZ_CHECK(strcmp(r.u.info.spec.name, q->u.name) == 0);
@@ -246,6 +262,30 @@ static void check_reply(core_t *k, const embps_request_t *req) {
   embps_msg_free(&r);
 }
 
+/* req, a deferred push completed without a reply, was held for a
+ * synchronous step until a later push took its place: the first such push
+ * with its table, client id, nonzero sequence and step that took no other
+ * one's place. */
+static void check_replaced(core_t *k, const embps_request_t *req) {
+  FUZZ_CHECK(req->hdr.kind == EMBPS_KIND_PUSH && !req->reply_len);
+  size_t i = 0;
+  while (i < k->n_pushes && k->pushes[i] != req)
+    i++;
+  FUZZ_CHECK(i < k->n_pushes);
+  const embps_push_t *p = &req->msg.u.push;
+  FUZZ_CHECK(p->seq != 0);
+  for (size_t j = i + 1; j < k->n_pushes; j++) {
+    const embps_push_t *q = &k->pushes[j]->msg.u.push;
+    if (!k->took_place[j] && q->client_id == p->client_id &&
+        q->seq == p->seq && q->step == p->step &&
+        !strcmp(q->table, p->table)) {
+      k->took_place[j] = 1;
+      return;
+    }
+  }
+  FUZZ_CHECK(!"a push completed without a reply that no later push replaced");
+}
+
 /* ------------------------------------------------------------ running */
 
 /* Waits until the apply thread completed req and takes it off k->done (a
@@ -280,10 +320,14 @@ static void run(core_t *k, int ci, embps_request_t *req) {
                               req->hdr.kind == EMBPS_KIND_CREATE ||
                               req->hdr.kind == EMBPS_KIND_DROP ||
                               req->hdr.kind == EMBPS_KIND_ALTER ||
+                              req->hdr.kind == EMBPS_KIND_EVICT ||
                               req->hdr.kind == EMBPS_KIND_WRITE_ROWS));
     k->deferred++; /* req belongs to the apply thread now */
-    if (req->hdr.kind == EMBPS_KIND_PUSH)
+    if (req->hdr.kind == EMBPS_KIND_PUSH) {
+      FUZZ_CHECK(k->n_pushes < OPS_MAX);
+      k->pushes[k->n_pushes++] = req;
       return;
+    }
     wait_done(k, req);
     check_reply(k, req);
     break;
@@ -379,6 +423,15 @@ static void op_create(core_t *k, int ci, fuzz_in_t *in) {
   if (f & 32) {
     s->has_padding = 1;
     s->padding_id = take_id(in);
+  }
+  if (f & 64) { /* admission and eviction: refused unless dynamic */
+    uint8_t h = fuzz_u8(in);
+    s->admit_after = h & 3;
+    s->admit_sketch_bytes = 1024;
+    s->ttl_steps = (h >> 2) & 3;
+    s->max_rows = 8 * (uint64_t)((h >> 4) & 3);
+    s->evict = (h >> 6) & 1;
+    s->evict_l2_below = h & 0x80 ? 0.5 : 0;
   }
   s->seed = f;
   run(k, ci, request_build(k, &m, NULL, 0));
@@ -551,11 +604,18 @@ static void core_teardown(core_t *k) {
   embps_apply_drain(k->srv.apply);
   embps_apply_stop(k->srv.apply);
   FUZZ_CHECK(k->completed == k->deferred);
+  /* every push checked before any is freed: check_replaced reads later
+   * ones */
+  for (embps_request_t *req = k->done; req; req = req->next) {
+    if (req->reply)
+      check_reply(k, req);
+    else
+      check_replaced(k, req);
+  }
   while (k->done) {
     embps_request_t *req = k->done;
     k->done = req->next;
     req->next = NULL;
-    check_reply(k, req);
     embps_request_free(req);
   }
   FUZZ_CHECK(atomic_load(&k->srv.counters.requests) == k->dispatched);
@@ -622,7 +682,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       op_write_rows(k, ci, &in);
       break;
     default:
-      op_hello(k, ci, &in);
+      op_name(k, ci, &in, EMBPS_KIND_EVICT);
     }
   }
   core_teardown(k);

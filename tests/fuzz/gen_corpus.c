@@ -2,6 +2,9 @@
  *   OUT/msg/       one message of every kind (u16 kind + packed meta)
  *   OUT/frames/    each message as a whole frame with its bulk, a stream of
  *                  all of them, and streams with an oversized or bad header
+ *   OUT/framer/    that stream behind fuzz_framer.c's set-up bytes: limits
+ *                  raised after a first frame, oversized frames stopped at
+ *                  or skipped, split bodies, kinds that stop or are skipped
  *   OUT/dispatch/  request programs (see fuzz_dispatch.c for the encoding)
  * Run by tests/fuzz/gen-corpus.sh; the files are committed, and files the
  * fuzzers find are added beside them. */
@@ -147,6 +150,65 @@ static const char *sample(int i, embps_msg_t *m, embps_table_info_t *infos,
   }
 }
 
+/* One framer seed: set-up bytes a0 (limits, flags) and a1 (kind), the
+ * chunking seed, then pre (if any) and the stream. */
+static void framer_seed(const char *name, uint8_t a0, uint8_t a1,
+                        uint64_t seed, const uint8_t *pre, size_t pre_len,
+                        const uint8_t *stream, size_t len) {
+  uint8_t *buf = malloc(10 + pre_len + len);
+  FUZZ_CHECK(buf);
+  buf[0] = a0;
+  buf[1] = a1;
+  memcpy(buf + 2, &seed, sizeof seed);
+  if (pre_len)
+    memcpy(buf + 10, pre, pre_len);
+  memcpy(buf + 10 + pre_len, stream, len);
+  write_file("framer", name, buf, 10 + pre_len + len);
+  free(buf);
+}
+
+/* Limit indexes of fuzz_framer.c's LIMITS[] and its flag bits. */
+#define LIM(first, after) ((uint8_t)((first) | (after) << 3))
+#define SKIP_OVERSIZED 0x40
+#define SPLIT 0x80
+
+static void gen_framer(const uint8_t *stream, size_t len) {
+  uint8_t pre[EMBPS_FRAME_HEADER_LEN + 100];
+  embps_frame_header_t h = {.body_len = 100, .meta_len = 4, .req_id = 77,
+                            .kind = EMBPS_KIND_PUSH};
+  embps_frame_header_encode(&h, pre);
+  memset(pre + EMBPS_FRAME_HEADER_LEN, 0x5a, 100);
+  framer_seed("stream", LIM(7, 7), 0, 1, NULL, 0, stream, len);
+  framer_seed("hello-first", LIM(4, 6), 0, 2, NULL, 0, stream, len);
+  framer_seed("split", LIM(7, 7) | SPLIT, 0, 3, NULL, 0, stream, len);
+  framer_seed("stop-push", LIM(7, 7), EMBPS_KIND_PUSH, 4, NULL, 0, stream,
+              len);
+  framer_seed("skip-pulls", LIM(7, 7), (uint8_t)~EMBPS_KIND_PULL, 5, NULL, 0,
+              stream, len);
+  framer_seed("skip-lists", LIM(7, 7), (uint8_t)~EMBPS_KIND_LIST, 9, NULL, 0,
+              stream, len); /* an empty body skipped */
+  /* a 100-byte frame over a 64-byte limit: skipped, or the end */
+  framer_seed("oversized-skip", LIM(2, 7) | SKIP_OVERSIZED, 0, 6, pre,
+              sizeof pre, stream, len);
+  framer_seed("oversized-stop", LIM(2, 7), 0, 7, pre, sizeof pre, stream,
+              len);
+  /* a bulk without meta (an empty first segment), then the stream */
+  uint8_t bulk[EMBPS_FRAME_HEADER_LEN + 24];
+  h = (embps_frame_header_t){.body_len = 24, .req_id = 78,
+                             .kind = EMBPS_KIND_PULL | EMBPS_KIND_REPLY};
+  embps_frame_header_encode(&h, bulk);
+  memset(bulk + EMBPS_FRAME_HEADER_LEN, 0xc3, 24);
+  framer_seed("split-bulk-only", LIM(7, 7) | SPLIT, 0, 10, bulk, sizeof bulk,
+              stream, len);
+  /* a bad magic after the first frame, the owner answering skip */
+  uint8_t bad[EMBPS_FRAME_HEADER_LEN] = {0};
+  framer_seed("bad-magic-skip", LIM(7, 7) | SKIP_OVERSIZED, 0, 11, bulk,
+              sizeof bulk, bad, sizeof bad);
+  /* small limits all along: most frames skipped, bodies split */
+  framer_seed("tiny-limits", LIM(1, 3) | SKIP_OVERSIZED | SPLIT, 0, 8, NULL,
+              0, stream, len);
+}
+
 static void gen_msg_and_frames(void) {
   uint8_t *stream = NULL;
   size_t stream_len = 0;
@@ -178,6 +240,7 @@ static void gen_msg_and_frames(void) {
     free(frame);
   }
   write_file("frames", "stream", stream, stream_len);
+  gen_framer(stream, stream_len);
   /* an oversized frame (skipped), then the stream */
   uint8_t *big = malloc(EMBPS_FRAME_HEADER_LEN + 64 + stream_len);
   FUZZ_CHECK(big);

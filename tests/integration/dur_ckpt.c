@@ -188,7 +188,9 @@ static void run_failpoint(const char *fp, int new_visible, uint64_t seed) {
   }
   sh = dur_shared_new();
   pids[1] = dur_worker_spawn(sh, &wl, 1, srv.addr, NULL, 60000);
-  dur_sleep_ms(150);
+  /* the checkpoint starts while the worker pushes */
+  if (dur_worker_wait_acked(sh, 1, 3, 20000) < 0)
+    dur_fail("%s: worker 1 had no 3 pushes acknowledged within 20 s", fp);
   {
     const char *args[] = {"checkpoint", NULL};
     int st = dur_cli(srv.addr, args, NULL, NULL);
@@ -237,7 +239,12 @@ static void run_failpoint(const char *fp, int new_visible, uint64_t seed) {
     dur_fail("%s: a temporary checkpoint directory is left after restart",
              fp);
   check_restored(&srv, fp, n_now ? now[n_now - 1] : NULL);
-  dur_sleep_ms(300);
+  /* the worker's push in flight at the crash resolves, and two more are
+   * acknowledged by the recovered server (unless it stopped on the one in
+   * flight: reported below) */
+  uint64_t at_crash = atomic_load(&sh->w[1].acked_ada);
+  if (dur_worker_wait_acked(sh, 1, at_crash + 3, 60000) < 0)
+    dur_fail("%s: worker 1 made no progress within 60 s of the restart", fp);
   dur_workers_finish(sh, pids, 2, 60000, 0);
   wit_acked[1] = atomic_load(&sh->w[1].acked_wit);
   ada_acked[1] = atomic_load(&sh->w[1].acked_ada);

@@ -83,7 +83,7 @@ static void flip_trial(corrupt_t *t, const char *rel, long long off,
       close(fd);
     return;
   }
-  unsigned char x = (unsigned char)(1 + dur_splitmix(rng) % 255);
+  unsigned char x = (unsigned char)(1 + rng_next(rng) % 255);
   unsigned char nb = b ^ x;
   if (pwrite(fd, &nb, 1, off) != 1)
     dur_fail("cannot write %s", path);
@@ -307,7 +307,7 @@ int dur_scenario_corrupt(void) {
       flip_trial(&t, files[i], off, &rng);
     for (int k = 0; size > header && k < samples; k++)
       flip_trial(&t, files[i],
-                 header + (long long)(dur_splitmix(&rng) %
+                 header + (long long)(rng_next(&rng) %
                                       (uint64_t)(size - header)), &rng);
     flip_trial(&t, files[i], size - 1, &rng);
     dur_note("flips in %s: %d undetected or badly reported", files[i],
@@ -327,7 +327,7 @@ int dur_scenario_corrupt(void) {
     long long *offs = malloc(((size_t)cuts + 8) * sizeof *offs);
     int m = 0;
     for (int k = 0; k < cuts; k++)
-      offs[m++] = (long long)(dur_splitmix(&rng) % (uint64_t)size);
+      offs[m++] = (long long)(rng_next(&rng) % (uint64_t)size);
     offs[m++] = 0;
     offs[m++] = size - 1;
     offs[m++] = size / 2;
@@ -376,7 +376,7 @@ int dur_scenario_corrupt(void) {
     ckpt_truncate_trial(&t, files[i], size - 1);
     for (int k = 0; k < cuts; k++)
       ckpt_truncate_trial(&t, files[i],
-                          (long long)(dur_splitmix(&rng) % (uint64_t)size));
+                          (long long)(rng_next(&rng) % (uint64_t)size));
     ckpt_truncate_trial(&t, files[i], -1);
   }
   dur_note("%d server starts on damaged copies", t.trials);

@@ -167,9 +167,9 @@ int dur_scenario_kill(int unsafe) {
   int detected = 0;
   int cycle;
   for (cycle = 0; cycle < cycles && !dur_failures(); cycle++) {
-    double storm = 50 + (double)(dur_splitmix(&rng) % 1000) / 1000.0 *
+    double storm = 50 + (double)(rng_next(&rng) % 1000) / 1000.0 *
                             storm_max_ms;
-    if (dur_splitmix(&rng) % 4 == 0) { /* a checkpoint on demand too */
+    if (rng_next(&rng) % 4 == 0) { /* a checkpoint on demand too */
       dur_sleep_ms(storm / 2);
       const char *args[] = {"checkpoint", NULL};
       char *err = NULL;
@@ -211,8 +211,15 @@ int dur_scenario_kill(int unsafe) {
   dur_note("%d kill -9 cycles, %llu witness pushes acknowledged", cycle,
            (unsigned long long)total);
 
-  /* The end: let the last in-flight pushes resolve, stop the workers. */
-  dur_sleep_ms(200);
+  /* The end: each worker's push in flight at the last kill resolves and
+   * one more is acknowledged (or the worker failed: reported by finish),
+   * then the workers stop. */
+  for (int w = 0; w < wl.n_workers; w++) {
+    uint64_t at = atomic_load(&sh->w[w].acked_ada);
+    if (dur_worker_wait_acked(sh, w, at + 2, 60000) < 0)
+      dur_fail("worker %d made no progress within 60 s of the last restart",
+               w);
+  }
   dur_workers_finish(sh, pids, wl.n_workers, 90000, 1);
 
   if (unsafe) {

@@ -7,5 +7,6 @@ int dur_scenario_ckpt(void);
 int dur_scenario_corrupt(void);
 int dur_scenario_diskfull(const char *shim);
 int dur_scenario_faultfs(const char *shim);
+int dur_scenario_fsync(const char *shim);
 int dur_scenario_retry(void);
 #endif

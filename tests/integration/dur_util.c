@@ -68,13 +68,6 @@ uint64_t dur_seed(void) {
   return seed;
 }
 
-uint64_t dur_splitmix(uint64_t *state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 /* ------------------------------------------------------------ servers */
 
 int dur_mkdtemp(char *out, size_t cap, const char *what) {
@@ -117,25 +110,21 @@ int dur_server_start(dur_server_t *s, int timeout_ms) {
     argv[argc++] = s->args[i];
   argv[argc] = NULL;
   unlink(s->port_file);
-  fflush(stdout);
-  fflush(stderr);
-  pid_t parent = getpid();
-  pid_t pid = fork();
+  /* test-only switches of this process are not the server's; the wait
+   * policy saves the server's re-exec; then the scenario's own */
+  const char *env[8 + sizeof s->env / sizeof *s->env];
+  int n_env = 0;
+  env[n_env++] = "EMBPS_FAILPOINT";
+  env[n_env++] = "EMBPS_TEST_UNSAFE_ACK";
+  env[n_env++] = "LD_PRELOAD";
+  if (!getenv("OMP_WAIT_POLICY"))
+    env[n_env++] = "OMP_WAIT_POLICY=passive";
+  for (int i = 0; s->env[i]; i++)
+    env[n_env++] = s->env[i];
+  env[n_env] = NULL;
+  pid_t pid = it_spawn(argv, s->log_file, env);
   if (pid < 0)
     return -1;
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(127);
-    it_child_reset_signals();
-    unsetenv("EMBPS_FAILPOINT");
-    unsetenv("EMBPS_TEST_UNSAFE_ACK");
-    unsetenv("LD_PRELOAD");
-    setenv("OMP_WAIT_POLICY", "passive", 0); /* saves the server's re-exec */
-    for (int i = 0; s->env[i]; i++)
-      putenv((char *)s->env[i]);
-    it_exec_logged(argv, s->log_file);
-  }
   s->pid = pid;
   s->starts++;
   int code = -1;
@@ -334,12 +323,12 @@ void dur_ada_push_rows(const dur_workload_t *wl, int w, uint64_t j,
                        int64_t *ids, float *vals) {
   uint64_t st = wl->seed ^ ((uint64_t)w << 40) ^ (j * 0x2545f4914f6cdd1dULL);
   uint64_t r = (uint64_t)wl->rows_per_worker;
-  uint64_t start = dur_splitmix(&st) % r;
-  uint64_t stride = (dur_splitmix(&st) % r) | 1; /* odd: distinct mod 2^k */
+  uint64_t start = rng_next(&st) % r;
+  uint64_t stride = (rng_next(&st) % r) | 1; /* odd: distinct mod 2^k */
   for (int i = 0; i < DUR_ADA_K; i++)
     ids[i] = (int64_t)((uint64_t)w * r + (start + (uint64_t)i * stride) % r);
   for (int i = 0; i < DUR_ADA_K * DUR_ADA_DIM; i++) {
-    int64_t q = (int64_t)(dur_splitmix(&st) % 257) - 128;
+    int64_t q = (int64_t)(rng_next(&st) % 257) - 128;
     vals[i] = (float)q / 64.0f;
   }
 }
@@ -577,6 +566,20 @@ pid_t dur_worker_spawn(dur_shared_t *sh, const dur_workload_t *wl, int w,
     worker_main(sh, wl, w, addr, ack_dir, retry_ms);
   }
   return pid;
+}
+
+int dur_worker_wait_acked(dur_shared_t *sh, int w, uint64_t want,
+                          int timeout_ms) {
+  double deadline = dur_now_ms() + timeout_ms;
+  for (;;) {
+    if (atomic_load(&sh->w[w].acked_ada) >= want)
+      return 1;
+    if (atomic_load(&sh->w[w].failed))
+      return 0;
+    if (dur_now_ms() > deadline)
+      return -1;
+    dur_sleep_ms(2);
+  }
 }
 
 void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,

@@ -15,6 +15,7 @@
 
 #include "embps/embps.h"
 #include "harness.h"
+#include "rng.h"
 
 #define DUR_SKIP 77 /* ctest SKIP_RETURN_CODE */
 #define DUR_RETRY_DEFAULT (-1000000)
@@ -158,6 +159,10 @@ void dur_shared_free(dur_shared_t *sh);
  * appended to ack_dir/worker-W.acks when ack_dir is not NULL. */
 pid_t dur_worker_spawn(dur_shared_t *sh, const dur_workload_t *wl, int w,
                        const char *addr, const char *ack_dir, int retry_ms);
+/* Waits up to timeout_ms until worker w has at least `want` Adagrad pushes
+ * acknowledged: 1, or 0 once it has failed, or -1 on the timeout. */
+int dur_worker_wait_acked(dur_shared_t *sh, int w, uint64_t want,
+                          int timeout_ms);
 /* Sets sh->stop and reaps the workers (killed after timeout_ms); with
  * report_errors, a worker that failed is reported with dur_fail. */
 void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,
@@ -165,7 +170,6 @@ void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,
 
 /* -------------------------------------------------------------- files */
 
-uint64_t dur_splitmix(uint64_t *state);
 /* mkdtemp under /tmp with a prefix; returns 0 or -1. */
 int dur_mkdtemp(char *out, size_t cap, const char *what);
 int dur_rm_rf(const char *path);

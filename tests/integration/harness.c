@@ -126,7 +126,15 @@ int it_read_port(const char *path) {
   return port > 0 && port < 65536 ? port : -1;
 }
 
-void it_exec_logged(const char *const *argv, const char *log_file) {
+/* In the child of it_spawn: stdio and the environment, then the exec. */
+static void exec_logged(const char *const *argv, const char *log_file,
+                        const char *const *env) {
+  for (size_t i = 0; env && env[i]; i++) {
+    if (strchr(env[i], '='))
+      putenv((char *)env[i]);
+    else
+      unsetenv(env[i]);
+  }
   int log = open(log_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   int null = open("/dev/null", O_RDONLY);
   if (log < 0 || null < 0)
@@ -137,6 +145,24 @@ void it_exec_logged(const char *const *argv, const char *log_file) {
   execv(argv[0], (char *const *)argv);
   fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
   _exit(127);
+}
+
+pid_t it_spawn(const char *const *argv, const char *log_file,
+               const char *const *env) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(127);
+    it_child_reset_signals();
+    exec_logged(argv, log_file, env);
+  }
+  if (pid < 0)
+    fprintf(stderr, "[harness] fork: %s\n", strerror(errno));
+  return pid;
 }
 
 int it_server_start(it_server_t *s, const char *const *extra_args) {
@@ -167,19 +193,10 @@ int it_server_start(it_server_t *s, const char *const *extra_args) {
   }
   argv[argc] = NULL;
 
-  pid_t parent = getpid();
-  pid_t pid = fork();
+  pid_t pid = it_spawn(argv, s->log_file, NULL);
   if (pid < 0) {
-    fprintf(stderr, "[harness] fork: %s\n", strerror(errno));
     remove_dir(s);
     return -1;
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(127);
-    it_child_reset_signals();
-    it_exec_logged(argv, s->log_file);
   }
   s->pid = pid;
 

@@ -76,9 +76,14 @@ int it_wait_port(pid_t pid, const char *port_file, int timeout_ms,
 /* Waits up to timeout_ms for child pid to exit: 1 (its status in *code, as
  * it_status_code), 0 (still running) or -1 (no such child). */
 int it_wait_exit(pid_t pid, int timeout_ms, int *code);
-/* In a forked child: stdin from /dev/null, stdout and stderr to log_file
- * (truncated), then execv(argv[0], argv); never returns. */
-void it_exec_logged(const char *const *argv, const char *log_file);
+/* Forks and execs argv (argv[0] the program's path): stdin from
+ * /dev/null, stdout and stderr to log_file (truncated), default signal
+ * handling, and death with this process (PR_SET_PDEATHSIG). env, when not
+ * NULL, is applied to the child's environment in order: "NAME=VALUE" sets
+ * a variable, a bare "NAME" removes it. stdio is flushed first. Returns the
+ * child's pid, or -1 if fork failed. */
+pid_t it_spawn(const char *const *argv, const char *log_file,
+               const char *const *env);
 /* In a freshly forked child: default signal handling, nothing blocked. */
 void it_child_reset_signals(void);
 

@@ -33,6 +33,7 @@
 #include "frame.h"
 #include "harness.h"
 #include "wire.h"
+#include "rng.h"
 
 #define WORKERS 8
 #define DIM 32
@@ -68,13 +69,6 @@ static embps_client_t *connect_client(void) {
   if (embps_client_create(&o, &c, err, sizeof err))
     failf("cannot connect to %s: %s", srv.addr, err);
   return c;
-}
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 /* ------------------------------------------------------------ workers */

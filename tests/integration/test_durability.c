@@ -25,6 +25,7 @@
 
 #include "embps/embps.h"
 #include "harness.h"
+#include "rng.h"
 
 #define DIM 8
 #define ROWS 200
@@ -43,13 +44,6 @@ typedef struct {
   uint64_t rng;
   uint64_t sync_step;
 } fixture_t;
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 static void table_name(char *buf, size_t len, int i) {
   snprintf(buf, len, "t%02d", i);

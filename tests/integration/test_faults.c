@@ -240,10 +240,16 @@ static void test_retry_bounded(void **state) {
   waitpid(later, &st, 0);
 }
 
-/* Stops process pid (SIGSTOP) and has a forked waker continue it after
- * usec; returns the waker's pid. */
+/* Stops process pid, a child of this one (SIGSTOP), and has a forked
+ * waker continue it after usec; returns the waker's pid. A stop takes
+ * effect some time after kill() returns (a thread running stops when it
+ * next leaves the kernel): waitpid reports it once every thread is
+ * stopped, before anything is asked of the server. */
 static pid_t stop_for(pid_t pid, useconds_t usec) {
   kill(pid, SIGSTOP);
+  int st;
+  assert_int_equal(waitpid(pid, &st, WUNTRACED), pid);
+  assert_true(WIFSTOPPED(st));
   pid_t waker = fork();
   assert_true(waker >= 0);
   if (waker == 0) {
@@ -254,13 +260,14 @@ static pid_t stop_for(pid_t pid, useconds_t usec) {
   return waker;
 }
 
-/* A push to server srv stopped for usec: returns how long it took; fails
- * the test unless it succeeded. */
+/* A push to server srv stopped for usec: returns how long it took from
+ * the stop (so waiting for the stop and the waker's fork do not shorten
+ * it); fails the test unless it succeeded. */
 static double push_while_stopped(embps_client_t *c, it_server_t *srv,
                                  useconds_t usec, int64_t id,
                                  const float *g) {
-  pid_t waker = stop_for(srv->pid, usec);
   double t0 = it_now_ms();
+  pid_t waker = stop_for(srv->pid, usec);
   int rc = embps_push(c, "to", &id, 1, g, DIM, 0);
   double ms = it_now_ms() - t0;
   int st;

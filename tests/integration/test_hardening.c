@@ -6,36 +6,21 @@
  * OpenMP team, malformed headers and names, and shutdown with pushes held.
  *
  * Memory and CPU are read from /proc/PID of the server; every wait has a
- * deadline of a few seconds. Raw frames are built with common/wire.h. */
+ * deadline of a few seconds, and what the server has done (connections
+ * counted, bytes read) is polled in its stats, never slept for. Raw frames
+ * come from harness_raw.h. */
 #define _GNU_SOURCE /* prlimit */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-
-#include <cmocka.h>
-
-#include "embps/embps.h"
-#include "frame.h"
-#include "harness.h"
-#include "wire.h"
+#include "harness_raw.h"
 
 /* ================================================================ helpers */
 
@@ -43,138 +28,6 @@ static void *must_alloc(size_t n) {
   void *p = calloc(1, n ? n : 1);
   assert_non_null(p);
   return p;
-}
-
-static embps_client_t *client_to(const it_server_t *s) {
-  embps_client_options_t o;
-  embps_client_options_init(&o);
-  o.servers = s->addr;
-  o.timeout_ms = 15000;
-  embps_client_t *c = NULL;
-  char err[512];
-  int rc = embps_client_create(&o, &c, err, sizeof err);
-  if (rc)
-    fail_msg("connect to %s: %s (%s)", s->addr, err, embps_err_name(rc));
-  return c;
-}
-
-static int tcp_to(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  assert_true(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof a))
-    fail_msg("connect to port %d: %s", port, strerror(errno));
-  return fd;
-}
-
-/* Writes all of p within timeout_ms; returns bytes written (fewer when the
- * peer stops reading or goes away). */
-static size_t put_bytes(int fd, const void *p, size_t n, int timeout_ms) {
-  const uint8_t *b = p;
-  size_t done = 0;
-  double end = it_now_ms() + timeout_ms;
-  while (done < n) {
-    int left = (int)(end - it_now_ms());
-    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-    if (left <= 0 || poll(&pfd, 1, left) <= 0)
-      break;
-    ssize_t w = send(fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && (errno == EINTR || errno == EAGAIN))
-      continue;
-    if (w <= 0)
-      break;
-    done += (size_t)w;
-  }
-  return done;
-}
-
-/* Sends m as a frame of `kind` followed by bulk; 0 or -1. */
-static int send_msg(int fd, uint16_t kind, embps_msg_t *m, uint32_t req_id,
-                    const void *bulk, size_t bulk_len) {
-  uint8_t *head;
-  size_t head_len;
-  m->kind = kind;
-  assert_int_equal(
-      embps_frame_build_head(m, req_id, bulk_len, &head, &head_len), 0);
-  int ok = put_bytes(fd, head, head_len, 5000) == head_len &&
-           put_bytes(fd, bulk, bulk_len, 5000) == bulk_len;
-  free(head);
-  return ok ? 0 : -1;
-}
-
-typedef struct {
-  embps_frame_header_t h;
-  uint8_t *body;
-  embps_msg_t m;
-} frame_t;
-
-/* Reads one reply frame within timeout_ms: 0, 1 closed, -1 timed out. */
-static int get_frame(int fd, frame_t *f, int timeout_ms) {
-  memset(f, 0, sizeof *f);
-  double end = it_now_ms() + timeout_ms;
-  uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
-  int rc = it_recv_full(fd, hdr, sizeof hdr, timeout_ms);
-  if (rc)
-    return rc;
-  assert_int_equal(embps_frame_header_decode(hdr, 1u << 30, &f->h), 0);
-  f->body = must_alloc(f->h.body_len);
-  int left = (int)(end - it_now_ms());
-  rc = it_recv_full(fd, f->body, f->h.body_len, left > 0 ? left : 1);
-  if (rc)
-    return rc;
-  assert_int_equal(embps_msg_unpack(f->h.kind, f->body, f->h.meta_len, &f->m),
-                   0);
-  return 0;
-}
-
-static void frame_free(frame_t *f) {
-  embps_msg_free(&f->m);
-  free(f->body);
-}
-
-/* The next frame must be an error with code whose message holds substr. */
-static void want_error(int fd, int code, const char *substr, int timeout_ms) {
-  frame_t f;
-  int rc = get_frame(fd, &f, timeout_ms);
-  if (rc)
-    fail_msg("expected %s (\"%s\"): %s", embps_err_name(code), substr,
-             rc > 0 ? "connection closed" : "nothing within the deadline");
-  if (f.h.kind != EMBPS_KIND_ERROR || f.m.u.error.code != code ||
-      !strstr(f.m.u.error.message, substr))
-    fail_msg("expected %s (\"%s\"), got kind 0x%x %s \"%s\"",
-             embps_err_name(code), substr, f.h.kind,
-             embps_err_name(f.m.u.error.code), f.m.u.error.message);
-  frame_free(&f);
-}
-
-/* 1 if the server closes fd within timeout_ms (anything sent is dropped). */
-static int closed_by_peer(int fd, int timeout_ms) {
-  double end = it_now_ms() + timeout_ms;
-  uint8_t buf[4096];
-  for (int first = 1;; first = 0) {
-    int left = (int)(end - it_now_ms());
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (left <= 0 && !first)
-      return 0;
-    if (poll(&pfd, 1, left > 0 ? left : 0) <= 0)
-      continue;
-    ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN))
-      return 1;
-  }
-}
-
-static void say_hello(int fd, uint32_t req_id) {
-  embps_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.u.hello.version = EMBPS_PROTOCOL_VERSION;
-  assert_int_equal(send_msg(fd, EMBPS_KIND_HELLO, &m, req_id, NULL, 0), 0);
-  frame_t f;
-  assert_int_equal(get_frame(fd, &f, 5000), 0);
-  assert_int_equal(f.h.kind, EMBPS_KIND_HELLO | EMBPS_KIND_REPLY);
-  frame_free(&f);
 }
 
 /* A pull frame of n ids (all 0..rows-1) from table. */
@@ -188,7 +41,8 @@ static int send_pull(int fd, uint32_t req_id, const char *table, uint32_t n,
   snprintf(m.u.pull.table, sizeof m.u.pull.table, "%s", table);
   m.u.pull.n_ids = n;
   m.u.pull.dim = dim;
-  int rc = send_msg(fd, EMBPS_KIND_PULL, &m, req_id, ids, n * sizeof *ids);
+  int rc =
+      it_raw_try_send(fd, EMBPS_KIND_PULL, &m, req_id, ids, n * sizeof *ids);
   free(ids);
   return rc;
 }
@@ -238,12 +92,6 @@ static long log_lines(const it_server_t *s, const char *substr) {
   return n;
 }
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) && errno == EINTR) {
-  }
-}
-
 static void stop_ok(it_server_t *s) {
   int st = it_server_stop(s);
   if (st != 0)
@@ -274,17 +122,17 @@ static void test_frame_before_hello(void **state) {
   const size_t chunk = 8u << 20;
   uint8_t *junk = must_alloc(chunk);
   for (int i = 0; i < N; i++) {
-    fds[i] = tcp_to(s.port);
+    fds[i] = it_raw_connect(s.port);
     embps_frame_header_t h = {.body_len = 60u << 20, .meta_len = 16,
                               .req_id = 7, .kind = EMBPS_KIND_PUSH};
     uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
     embps_frame_header_encode(&h, hdr);
-    assert_int_equal(put_bytes(fds[i], hdr, sizeof hdr, 2000), sizeof hdr);
-    put_bytes(fds[i], junk, chunk, 500); /* refused: may not all go */
+    assert_int_equal(it_raw_put(fds[i], hdr, sizeof hdr, 2000), sizeof hdr);
+    it_raw_put(fds[i], junk, chunk, 500); /* refused: may not all go */
   }
   for (int i = 0; i < N; i++) {
-    want_error(fds[i], EMBPS_EFRAMESIZE, "before a hello", 3000);
-    assert_true(closed_by_peer(fds[i], 3000));
+    it_raw_expect_error(fds[i], UINT32_MAX, EMBPS_EFRAMESIZE, "before a hello");
+    assert_true(it_raw_closed(fds[i], 3000));
     close(fds[i]);
   }
   long grown_kb = proc_status(s.pid, "VmRSS") - rss0;
@@ -292,8 +140,8 @@ static void test_frame_before_hello(void **state) {
     fail_msg("server RSS grew by %ld kB for %d refused frames", grown_kb, N);
   free(junk);
   /* a hello still fits, and the server serves */
-  int fd = tcp_to(s.port);
-  say_hello(fd, 1);
+  int fd = it_raw_connect(s.port);
+  it_raw_hello(fd, NULL, 1);
   close(fd);
   stop_ok(&s);
 }
@@ -304,15 +152,18 @@ static void test_frame_before_hello(void **state) {
 static void test_hello_deadline(void **state) {
   (void)state;
   it_server_t s;
-  const char *args[] = {"--hello-timeout", "2", "--max-connections", "4",
+  const char *args[] = {"--hello-timeout", "2", "--max-connections", "5",
                         NULL};
   assert_int_equal(it_server_start(&s, args), 0);
+  embps_client_t *watch = it_client_ok(s.addr, NULL); /* counts the others */
   int fds[4];
   for (int i = 0; i < 4; i++)
-    fds[i] = tcp_to(s.port);
-  sleep_ms(300); /* all four accepted: the limit is reached */
+    fds[i] = it_raw_connect(s.port);
+  /* all four accepted and counted: the limit is reached */
+  it_stat_wait(watch, IT_STAT(connections), 5, 5, 5000,
+               "connections open (the watcher and four strangers)");
   /* a real client still gets in: a stranger makes room */
-  embps_client_t *c = client_to(&s);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
   create_dense(c, "t", 4, 16, 0);
   /* the others are closed by the deadline, however they trickle */
   double t0 = it_now_ms();
@@ -328,8 +179,8 @@ static void test_hello_deadline(void **state) {
         continue;
       /* fds[0] sends a byte of a frame every 100 ms */
       if (i == 0 && k < sizeof hello_prefix)
-        put_bytes(fds[0], hello_prefix + k, 1, 50);
-      if (closed_by_peer(fds[i], 1)) {
+        it_raw_put(fds[0], hello_prefix + k, 1, 50);
+      if (it_raw_closed(fds[i], 1)) {
         close(fds[i]);
         fds[i] = -1;
       } else {
@@ -338,7 +189,7 @@ static void test_hello_deadline(void **state) {
     }
     if (!open)
       break;
-    sleep_ms(100);
+    it_sleep_ms(100);
   }
   for (int i = 0; i < 4; i++)
     if (fds[i] >= 0)
@@ -346,10 +197,12 @@ static void test_hello_deadline(void **state) {
   if (open)
     fail_msg("%d connection(s) without a hello still open after 4 s "
              "(--hello-timeout 2)", open);
-  /* the authenticated client was not touched */
+  /* the authenticated clients were not touched */
   embps_table_info_t info;
   assert_int_equal(embps_describe_table(c, "t", &info), 0);
+  assert_int_equal(embps_describe_table(watch, "t", &info), 0);
   embps_client_destroy(c);
+  embps_client_destroy(watch);
   stop_ok(&s);
 }
 
@@ -363,15 +216,15 @@ static void test_unread_pulls_bounded(void **state) {
   it_server_t s;
   const char *args[] = {"--max-frame-bytes", "4M", NULL};
   assert_int_equal(it_server_start(&s, args), 0);
-  embps_client_t *c = client_to(&s);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
   const uint32_t dim = 256, rows = 1024, n_ids = 8192; /* 8 MiB replies */
   create_dense(c, "p", dim, rows, 0);
   long rss0 = proc_status(s.pid, "VmRSS");
   enum { CONNS = 3, PULLS = 24 };
   int fds[CONNS];
   for (int i = 0; i < CONNS; i++) {
-    fds[i] = tcp_to(s.port);
-    say_hello(fds[i], 1);
+    fds[i] = it_raw_connect(s.port);
+    it_raw_hello(fds[i], NULL, 1);
   }
   int sent[CONNS] = {0};
   double end = it_now_ms() + 3000;
@@ -380,11 +233,11 @@ static void test_unread_pulls_bounded(void **state) {
       if (sent[i] == k && send_pull(fds[i], 10 + (uint32_t)k, "p", n_ids, dim,
                                     rows) == 0)
         sent[i]++;
-  long peak_kb = 0;
+  long peak_kb = 0; /* the scenario: RSS sampled for a second */
   for (int t = 0; t < 10; t++) {
     long kb = proc_status(s.pid, "VmRSS") - rss0;
     peak_kb = kb > peak_kb ? kb : peak_kb;
-    sleep_ms(100);
+    it_sleep_ms(100);
   }
 #ifdef EMBPS_TEST_TSAN /* its shadow memory and allocator quadruple RSS */
   const long slack = 4;
@@ -397,11 +250,11 @@ static void test_unread_pulls_bounded(void **state) {
   /* now read: every pull sent is answered in full */
   for (int i = 0; i < CONNS; i++) {
     for (int k = 0; k < sent[i]; k++) {
-      frame_t f;
-      assert_int_equal(get_frame(fds[i], &f, 10000), 0);
+      it_raw_reply_t f;
+      assert_int_equal(it_raw_get(fds[i], &f, 10000), 0);
       assert_int_equal(f.h.kind, EMBPS_KIND_PULL | EMBPS_KIND_REPLY);
       assert_int_equal(f.m.u.pull_reply.n_rows, n_ids);
-      frame_free(&f);
+      it_raw_reply_free(&f);
     }
     close(fds[i]);
   }
@@ -420,7 +273,7 @@ static void test_frame_beyond_server_budget(void **state) {
                         "1M", "--max-buffer-bytes", "1M", NULL};
   assert_int_equal(it_server_start(&s, args), 0);
   enum { N = 24000, DIM = 32 }; /* a 3.3 MB push */
-  embps_client_t *c = client_to(&s);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
   create_dense(c, "big", DIM, N, 0);
   size_t bulk_len = (size_t)N * (sizeof(int64_t) + DIM * sizeof(float));
   uint8_t *bulk = must_alloc(bulk_len);
@@ -436,22 +289,30 @@ static void test_frame_beyond_server_budget(void **state) {
   size_t head_len;
   assert_int_equal(embps_frame_build_head(&m, 2, bulk_len, &head, &head_len),
                    0);
-  int fd = tcp_to(s.port);
-  say_hello(fd, 1);
-  /* the header and 1.5 MB, a pause (the server reads them), the rest */
+  int fd = it_raw_connect(s.port);
+  it_raw_hello(fd, NULL, 1);
+  /* the header and 1.4 MB; once the server has read them (more than its
+   * 1 MiB budgets: it reads no request of another connection now, so
+   * this is seen in the kernel's queues), the rest */
   size_t first = 3 * bulk_len / 7;
-  assert_int_equal(put_bytes(fd, head, head_len, 2000), head_len);
-  assert_int_equal(put_bytes(fd, bulk, first, 2000), first);
-  sleep_ms(400);
-  size_t rest = put_bytes(fd, bulk + first, bulk_len - first, 5000);
-  frame_t f;
-  int rc = get_frame(fd, &f, 5000);
+  assert_int_equal(it_raw_put(fd, head, head_len, 2000), head_len);
+  assert_int_equal(it_raw_put(fd, bulk, first, 2000), first);
+  double end = it_now_ms() + 5000;
+  long unread;
+  while ((unread = it_raw_unread(fd)) != 0 && it_now_ms() < end)
+    it_sleep_ms(2);
+  if (unread)
+    fail_msg("the server left %ld of the first %zu bytes of a push unread "
+             "for 5 s", unread, head_len + first);
+  size_t rest = it_raw_put(fd, bulk + first, bulk_len - first, 5000);
+  it_raw_reply_t f;
+  int rc = it_raw_get(fd, &f, 5000);
   if (rc || f.h.kind != (EMBPS_KIND_PUSH | EMBPS_KIND_REPLY))
     fail_msg("push of %zu bytes (budgets 1 MiB): %s, %zu of the last "
              "%zu bytes sent", bulk_len,
              rc < 0 ? "no reply" : rc ? "closed" : f.m.u.error.message, rest,
              bulk_len - first);
-  frame_free(&f);
+  it_raw_reply_free(&f);
   close(fd);
   free(head);
   free(bulk);
@@ -471,11 +332,16 @@ static void test_out_of_fds(void **state) {
   enum { N = 80 };
   int fds[N];
   for (int i = 0; i < N; i++)
-    fds[i] = tcp_to(s.port);
-  sleep_ms(500);
+    fds[i] = it_raw_connect(s.port);
+  double end = it_now_ms() + 5000; /* until it has run out */
+  while (!log_lines(&s, "accept: ") && it_now_ms() < end)
+    it_sleep_ms(10);
+  if (!log_lines(&s, "accept: "))
+    fail_msg("no accept warning within 5 s of %d connections with 48 "
+             "descriptors", N);
   long lines0 = log_lines(&s, "accept");
   long t0 = cpu_ticks(s.pid);
-  sleep_ms(1000);
+  it_sleep_ms(1000); /* the scenario: a second out of descriptors */
   long ticks = cpu_ticks(s.pid) - t0;
   long lines = log_lines(&s, "accept") - lines0;
   long hz = sysconf(_SC_CLK_TCK);
@@ -486,7 +352,7 @@ static void test_out_of_fds(void **state) {
     fail_msg("%ld log lines about accept in one second", lines);
   for (int i = 0; i < N; i++)
     close(fds[i]);
-  embps_client_t *c = client_to(&s);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
   create_dense(c, "after", 2, 2, 0);
   embps_client_destroy(c);
   stop_ok(&s);
@@ -529,8 +395,8 @@ static void test_nofile_at_start(void **state) {
 /* Connects, says hello and pushes worker 77's gradient for step 1 of the
  * synchronous table (dim 4); checks it is held. Returns the socket. */
 static int held_push(const it_server_t *s, const char *table) {
-  int fd = tcp_to(s->port);
-  say_hello(fd, 1);
+  int fd = it_raw_connect(s->port);
+  it_raw_hello(fd, NULL, 1);
   struct {
     int64_t idx;
     float g[4];
@@ -542,10 +408,11 @@ static int held_push(const it_server_t *s, const char *table) {
   m.u.push.dim = 4;
   m.u.push.client_id = 77;
   m.u.push.step = 1;
-  assert_int_equal(send_msg(fd, EMBPS_KIND_PUSH, &m, 2, &bulk, sizeof bulk),
-                   0);
-  frame_t f;
-  assert_int_equal(get_frame(fd, &f, 300), -1); /* no reply: held */
+  assert_int_equal(
+      it_raw_try_send(fd, EMBPS_KIND_PUSH, &m, 2, &bulk, sizeof bulk), 0);
+  it_raw_reply_t f;
+  /* a negative check: no reply within 300 ms (it is held) */
+  assert_int_equal(it_raw_get(fd, &f, 300), -1);
   return fd;
 }
 
@@ -557,7 +424,7 @@ static void test_drop_sync_and_create_budget(void **state) {
   it_server_t s;
   const char *args[] = {"--max-memory", "24M", NULL};
   assert_int_equal(it_server_start(&s, args), 0);
-  embps_client_t *a = client_to(&s);
+  embps_client_t *a = it_client_ok(s.addr, NULL);
   const uint64_t rows = 1ULL << 27; /* a 16 MiB bitmap */
   create_dense(a, "s", 4, rows, 2);
   embps_table_spec_t spec;
@@ -568,7 +435,7 @@ static void test_drop_sync_and_create_budget(void **state) {
   /* a worker's push for step 1 waits for the second worker */
   int fd = held_push(&s, "s");
   assert_int_equal(embps_drop_table(a, "s"), 0);
-  want_error(fd, EMBPS_ENOTABLE, "dropped", 3000);
+  it_raw_expect_error(fd, UINT32_MAX, EMBPS_ENOTABLE, "dropped");
   close(fd);
   /* the table and its bitmap are gone: the same size fits again */
   assert_int_equal(embps_create_table(a, &spec), 0);
@@ -582,32 +449,22 @@ static int run_server(const char *const *args, char *out, size_t out_len) {
   char path[] = "/tmp/embps-hard-XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(fd, 2);
-    dup2(fd, 1);
-    const char *argv[16] = {EMBPS_SERVER_BIN};
-    for (int i = 0; args[i] && i < 14; i++)
-      argv[i + 1] = args[i];
-    execv(EMBPS_SERVER_BIN, (char *const *)argv);
-    _exit(127);
-  }
-  int st = 0, done = 0;
-  for (int i = 0; i < 100 && !done; i++) {
-    done = waitpid(pid, &st, WNOHANG) == pid;
-    if (!done)
-      sleep_ms(50);
-  }
+  const char *argv[16] = {EMBPS_SERVER_BIN};
+  for (int i = 0; args[i] && i < 14; i++)
+    argv[i + 1] = args[i];
+  pid_t pid = it_spawn(argv, path, NULL);
+  assert_true(pid > 0);
+  int code = -1;
+  int done = it_wait_exit(pid, 5000, &code) == 1;
   if (!done) {
     kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
+    it_wait_exit(pid, 5000, &code);
   }
   ssize_t n = pread(fd, out, out_len - 1, 0);
   out[n > 0 ? n : 0] = 0;
   close(fd);
   unlink(path);
-  return done && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return done ? code : -1;
 }
 
 /* Defect 8: a token file others can read, and a public address without a
@@ -647,7 +504,7 @@ static void test_omp_threads_reach_apply(void **state) {
   assert_int_equal(it_server_start(&s, args), 0);
   double end = it_now_ms() + 3000;
   while (!log_lines(&s, "OpenMP team of") && it_now_ms() < end)
-    sleep_ms(50);
+    it_sleep_ms(50);
   if (log_lines(&s, "apply thread: OpenMP team of 3 threads") != 1) {
     it_server_dump_log(&s);
     fail_msg("the apply thread does not run a team of --omp-threads 3");
@@ -663,26 +520,26 @@ static void test_empty_token_hello(void **state) {
   (void)state;
   it_server_t s;
   assert_int_equal(it_server_start(&s, NULL), 0);
-  int fd = tcp_to(s.port);
+  int fd = it_raw_connect(s.port);
   const uint8_t meta[8] = {0x08, EMBPS_PROTOCOL_VERSION, 0x12, 0x00};
   embps_frame_header_t h = {.body_len = 8, .meta_len = 4, .req_id = 3,
                             .kind = EMBPS_KIND_HELLO};
   uint8_t frame[EMBPS_FRAME_HEADER_LEN + 8];
   embps_frame_header_encode(&h, frame);
   memcpy(frame + EMBPS_FRAME_HEADER_LEN, meta, sizeof meta);
-  assert_int_equal(put_bytes(fd, frame, sizeof frame, 2000), sizeof frame);
-  frame_t f;
-  assert_int_equal(get_frame(fd, &f, 5000), 0);
+  assert_int_equal(it_raw_put(fd, frame, sizeof frame, 2000), sizeof frame);
+  it_raw_reply_t f;
+  assert_int_equal(it_raw_get(fd, &f, 5000), 0);
   assert_int_equal(f.h.kind, EMBPS_KIND_HELLO | EMBPS_KIND_REPLY);
-  frame_free(&f);
+  it_raw_reply_free(&f);
   /* meta_len 5 rounded up to 8 past a body of 6: refused in the header */
   h.body_len = 6;
   h.meta_len = 5;
   h.kind = EMBPS_KIND_STATS;
   embps_frame_header_encode(&h, frame);
-  assert_int_equal(put_bytes(fd, frame, EMBPS_FRAME_HEADER_LEN + 6, 2000),
+  assert_int_equal(it_raw_put(fd, frame, EMBPS_FRAME_HEADER_LEN + 6, 2000),
                    EMBPS_FRAME_HEADER_LEN + 6);
-  want_error(fd, EMBPS_EPROTO, "malformed frame header", 3000);
+  it_raw_expect_error(fd, UINT32_MAX, EMBPS_EPROTO, "malformed frame header");
   close(fd);
   stop_ok(&s);
 }
@@ -694,10 +551,11 @@ static void test_shutdown_with_held_push_of_closed_conn(void **state) {
   (void)state;
   it_server_t s;
   assert_int_equal(it_server_start(&s, NULL), 0);
-  embps_client_t *a = client_to(&s);
+  embps_client_t *a = it_client_ok(s.addr, NULL);
   create_dense(a, "h", 4, 64, 2);
   close(held_push(&s, "h")); /* its connection goes away */
-  sleep_ms(200);
+  it_stat_wait(a, IT_STAT(connections), 1, 1, 5000,
+               "connections once the held push's one closed");
   embps_client_destroy(a);
   double t0 = it_now_ms();
   stop_ok(&s);
@@ -710,10 +568,10 @@ static void test_names_nul_and_escaped(void **state) {
   (void)state;
   it_server_t s;
   assert_int_equal(it_server_start(&s, NULL), 0);
-  embps_client_t *c = client_to(&s);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
   create_dense(c, "t", 2, 8, 0);
-  int fd = tcp_to(s.port);
-  say_hello(fd, 1);
+  int fd = it_raw_connect(s.port);
+  it_raw_hello(fd, NULL, 1);
   /* "tAx" packed, then the A turned into a NUL */
   embps_msg_t m;
   memset(&m, 0, sizeof m);
@@ -730,24 +588,25 @@ static void test_names_nul_and_escaped(void **state) {
   uint8_t *a = memchr(frame + EMBPS_FRAME_HEADER_LEN, 'A', off);
   assert_non_null(a);
   *a = 0;
-  assert_int_equal(put_bytes(fd, frame, len, 2000), len);
+  assert_int_equal(it_raw_put(fd, frame, len, 2000), len);
   free(frame);
-  want_error(fd, EMBPS_EPROTO, "decode", 3000);
+  it_raw_expect_error(fd, UINT32_MAX, EMBPS_EPROTO, "decode");
   close(fd);
   /* a name of control and invalid UTF-8 bytes comes back escaped */
-  fd = tcp_to(s.port);
-  say_hello(fd, 1);
+  fd = it_raw_connect(s.port);
+  it_raw_hello(fd, NULL, 1);
   memset(&m, 0, sizeof m);
   snprintf(m.u.pull.table, sizeof m.u.pull.table, "bad\x01\n\xff\xc3\xa9");
   m.u.pull.n_ids = 1;
   m.u.pull.dim = 2;
-  assert_int_equal(send_msg(fd, EMBPS_KIND_PULL, &m, 3, &id, sizeof id), 0);
-  frame_t f;
-  assert_int_equal(get_frame(fd, &f, 3000), 0);
+  assert_int_equal(it_raw_try_send(fd, EMBPS_KIND_PULL, &m, 3, &id, sizeof id),
+                   0);
+  it_raw_reply_t f;
+  assert_int_equal(it_raw_get(fd, &f, 3000), 0);
   assert_int_equal(f.m.u.error.code, EMBPS_ENOTABLE);
   if (!strstr(f.m.u.error.message, "bad\\x01\\x0a\\xff\xc3\xa9"))
     fail_msg("name not escaped in \"%s\"", f.m.u.error.message);
-  frame_free(&f);
+  it_raw_reply_free(&f);
   close(fd);
   embps_client_destroy(c);
   stop_ok(&s);

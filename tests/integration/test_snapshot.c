@@ -162,11 +162,11 @@ static int dyn_push(embps_client_t *c, uint64_t k) {
   float g[DYN_K * DYN_DIM];
   uint64_t st = k * 0x9e3779b97f4a7c15ULL + 17;
   for (int i = 0; i < DYN_K; i++) { /* half of them among a hot eighth */
-    uint64_t r = dur_splitmix(&st);
+    uint64_t r = rng_next(&st);
     ids[i] = (int64_t)(r % (i & 1 ? DYN_IDS : DYN_IDS / 8));
   }
   for (int i = 0; i < DYN_K * DYN_DIM; i++)
-    g[i] = (float)((int64_t)(dur_splitmix(&st) % 129) - 64) / 32.0f;
+    g[i] = (float)((int64_t)(rng_next(&st) % 129) - 64) / 32.0f;
   return embps_push(c, "dyn", ids, DYN_K, g, DYN_DIM, 0);
 }
 

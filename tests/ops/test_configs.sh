@@ -10,9 +10,11 @@
 # Prometheus config (with its alert rules) passes promtool and every
 # Grafana panel's query parses; the systemd unit passes systemd-analyze
 # verify (ExecStart pointed at SERVER when given) with the settings it must
-# have; README.md and docker/README.md give the same bytes-per-row formula
-# and /readyz paragraph; the StatefulSet's start script builds
-# --cluster-servers and passes the token and checkpoint flags.
+# have; every flag these files give the server is one its --help lists
+# (SERVER given); README.md and docker/README.md give the same
+# bytes-per-row formula and /readyz paragraph; the StatefulSet's start
+# script builds --cluster-servers and passes the token and checkpoint
+# flags.
 set -u
 ROOT=$1
 SERVER=${2:-}
@@ -246,6 +248,47 @@ PY
   awk -v e="${exposure:-99}" 'BEGIN { exit !(e <= 2.0) }' &&
     ok "systemd-analyze security: exposure $exposure (at most 2.0)" ||
     bad "systemd-analyze security: exposure at most 2.0" "${exposure:-none}"
+fi
+
+# every flag the deployment files give embps-server is one its --help
+# lists: the systemd unit's ExecStart, the image's CMD, the compose
+# services' commands, the StatefulSet's start script (run as above, with a
+# stub server)
+if [ -n "$SERVER" ]; then
+  "$SERVER" --help >"$TMP/server.help"
+  check "deployment files: every embps-server flag is one --help lists" \
+    $PY - "$TMP/server.help" "$UNIT" "$D/Dockerfile" "$D/compose.yaml" \
+    "$D/k8s/statefulset.yaml" "$TMP" <<'PY'
+import json, os, re, subprocess, sys, yaml
+help_text, unit, dockerfile, compose, sts_file, tmp = sys.argv[1:]
+known = set(re.findall(r"^\s+(--[a-z0-9-]+)", open(help_text).read(), re.M))
+assert len(known) > 20, known
+used = {}
+execstart = re.search(r"^ExecStart=((?:.*\\\n)*.*)$", open(unit).read(), re.M)
+used["systemd unit"] = re.findall(r"(?<!\S)(--[a-z0-9-]+)", execstart.group(1))
+df = re.sub(r"\\\n", " ", open(dockerfile).read())
+cmd = json.loads(re.search(r"^CMD (\[.*\])$", df, re.M).group(1))
+used["image CMD"] = [a for a in cmd if a.startswith("--")]
+for name, svc in yaml.safe_load(open(compose))["services"].items():
+    cmd = svc.get("command")
+    if isinstance(cmd, list) and cmd and str(cmd[0]).startswith("--"):
+        used["compose " + name] = [a for a in cmd if str(a).startswith("--")]
+sts = next(d for d in yaml.safe_load_all(open(sts_file))
+           if d and d["kind"] == "StatefulSet")
+c = sts["spec"]["template"]["spec"]["containers"][0]
+stub = os.path.join(tmp, "embps-server")
+with open(stub, "w") as f:
+    f.write('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+os.chmod(stub, 0o755)
+env = {e["name"]: e["value"] for e in c["env"]}
+env.update(HOSTNAME=sts["metadata"]["name"] + "-0", PATH=tmp + ":/usr/bin:/bin")
+args = subprocess.run(c["command"] + c["args"], env=env, check=True,
+                      capture_output=True, text=True).stdout.split("\n")
+used["StatefulSet"] = [a for a in args if a.startswith("--")]
+assert all(used.values()) and len(used) >= 4, used
+unknown = {k: sorted(set(v) - known) for k, v in used.items() if set(v) - known}
+assert not unknown, unknown
+PY
 fi
 
 # the formula: the fenced lines after "Bytes per row" in each README

@@ -4,10 +4,16 @@ step, and the pushes after it) into fresh clusters of other sizes and
 --shards counts; numpy.load of the files equals pulls; pretrained vectors
 written by numpy warm-start a table; bad files are refused whole, naming
 the file; an export taken while pushes run holds whole rows only; an
-import survives kill -9 with --data-dir.
+import survives kill -9 with --data-dir. The dense export (issue 20):
+[rows, dim] by id equal to pulls of every id on clusters of 1 and 3
+servers, every init and storage type, padding; a dynamic table's lookup as
+the README builds it; a link planted at a temporary name is never
+followed.
 """
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import unittest
@@ -15,8 +21,10 @@ import unittest
 import numpy as np
 import torch
 
-from harness import Server
+from harness import ROOT, SERVER_BIN, Server
 import embps
+
+CLI = os.path.join(os.path.dirname(os.path.abspath(SERVER_BIN)), "embps")
 
 DIM = 8
 
@@ -243,6 +251,94 @@ class ExportImport(unittest.TestCase):
             c.export("t", out)
             self.assertTrue(np.array_equal(load(out, "weights"),
                                            c.pull("t", load(out, "ids"))))
+
+    def test_dense_export_is_every_row_by_id(self):
+        for k in (1, 3):
+            a = self.start(k, 4)
+            with embps.Client(a) as c:
+                specs = [("n", dict(init="normal:1", seed=5)),
+                         ("u", dict(init="uniform:0.1", seed=6,
+                                    dtype="f16")),
+                         ("z", dict(init="zeros", dtype="bf16",
+                                    padding_id=7, optimizer="adagrad"))]
+                for name, kw in specs:
+                    rows = 1000 + k  # not a multiple of any chunk
+                    c.create_table(name, DIM, rows=rows, **kw)
+                    hit = np.arange(0, rows, 3)
+                    c.push(name, hit, np.full((hit.size, DIM), 0.5,
+                                              np.float32))
+                    d = os.path.join(self.tmp, "dense-%d-%s" % (k, name))
+                    self.assertEqual(c.export(name, d, dense=True), rows)
+                    w = load(d, "weights")
+                    self.assertEqual((w.shape, w.dtype),
+                                     ((rows, DIM), np.float32))
+                    self.assertTrue(np.array_equal(
+                        w, c.pull(name, np.arange(rows))), (k, name))
+                    self.assertFalse(os.path.exists(os.path.join(d,
+                                                                 "ids.npy")))
+                    with open(os.path.join(d, "spec.json")) as f:
+                        spec = json.load(f)
+                    self.assertEqual((spec["dense"], spec["n"],
+                                      spec["rows"]), (True, rows, rows))
+                    if name == "z":
+                        self.assertTrue(np.all(w[7] == 0))
+                # a dense export imports back (no ids.npy: rows 0..n-1)
+                c.create_table("back", DIM, rows=1000 + k)
+                c.import_("back", os.path.join(self.tmp,
+                                               "dense-%d-n" % k))
+                self.assertTrue(np.array_equal(
+                    c.pull("back", np.arange(1000 + k)),
+                    c.pull("n", np.arange(1000 + k))))
+                with self.assertRaises(embps.InvalidArgument):
+                    c.export("n", os.path.join(self.tmp, "x"), dense=True,
+                             with_state=True)
+            stop_all(self.servers)
+            self.servers = []
+
+    def test_dense_cli_and_dynamic_lookup(self):
+        a = self.start(2, 3)
+        with embps.Client(a) as c:
+            c.create_table("f", DIM, rows=50, init="normal:1", seed=2)
+            d = os.path.join(self.tmp, "cli")
+            out = subprocess.run([CLI, "--servers", ",".join(a), "export",
+                                  "f", "--dense", "--out", d], check=True,
+                                 capture_output=True, text=True).stdout
+            self.assertIn("exported 50 rows", out)
+            self.assertTrue(np.array_equal(load(d, "weights"),
+                                           c.pull("f", np.arange(50))))
+            # a dynamic table: ids + rows, and the README's lookup
+            c.create_table("dyn", DIM, dynamic=True, init="normal:1", seed=3)
+            ids = np.array([-2**62, -5, 0, 17, 2**40], np.int64)
+            c.push("dyn", ids, np.ones((ids.size, DIM), np.float32))
+            d = os.path.join(self.tmp, "dyn")
+            self.assertEqual(c.export("dyn", d, dense=True), ids.size)
+            exported, weights = load(d, "ids"), load(d, "weights")
+            order = np.argsort(exported)
+            exported, weights = exported[order], weights[order]
+            query = np.array([17, -5, 2**40, 17])
+            rows = weights[np.searchsorted(exported, query)]
+            self.assertTrue(np.array_equal(rows, c.pull("dyn", query)))
+
+    def test_export_never_follows_a_planted_link(self):
+        a = self.start(1, 2)
+        victim = os.path.join(self.tmp, "victim")
+        with open(victim, "w") as f:
+            f.write("precious")
+        with embps.Client(a) as c:
+            c.create_table("t", DIM, rows=20, init="normal:1")
+            for dense, names in ((True, ("weights.npy", "spec.json")),
+                                 (False, ("ids.npy", "weights.npy",
+                                          "spec.json"))):
+                d = os.path.join(self.tmp, "links-%d" % dense)
+                os.makedirs(d)
+                for n in names:
+                    os.symlink(victim, os.path.join(d, n + ".tmp"))
+                c.export("t", d, dense=dense)
+                with open(victim) as f:
+                    self.assertEqual(f.read(), "precious")
+                self.assertEqual(sorted(os.listdir(d)), sorted(names))
+                for n in names:
+                    self.assertFalse(os.path.islink(os.path.join(d, n)))
 
     def test_import_survives_kill_9(self):
         data = os.path.join(self.tmp, "data")

@@ -4,7 +4,8 @@ put in the same prefix, with EMBPS_LIBRARY unset, and talks to a server.
 Two layouts: a virtual environment made in the prefix, and pip's --prefix
 (Debian's scheme: PREFIX/local/lib/python3.X/dist-packages). The installed
 package's version is the one CMakeLists.txt defines, which the installed
-library reports too.
+library reports too. And the README's install block, run as written with
+another `python3` first on PATH.
 """
 import glob
 import os
@@ -108,6 +109,28 @@ class Install(unittest.TestCase):
         env = dict(self.env,
                    PYTHONPATH=os.path.dirname(os.path.dirname(init)))
         self.check(sys.executable, prefix, "p", env)
+
+    def test_readme_install_block_as_written(self):
+        with open(os.path.join(ROOT, "README.md")) as f:
+            blocks = re.findall(r"```sh\n(.*?)```", f.read(), re.S)
+        (block,) = [b for b in blocks if "-m venv" in b]
+        # a source tree as the block expects it: build/, client/python and
+        # CMakeLists.txt (the package's version)
+        top = os.path.join(self.tmp, "src")
+        os.symlink(build_dir(), os.path.join(top, "build"))
+        fake = os.path.join(self.tmp, "fakebin")
+        os.makedirs(fake)
+        with open(os.path.join(fake, "python3"), "w") as f:
+            f.write("#!/bin/sh\necho 'not this python3' >&2\nexit 3\n")
+        os.chmod(os.path.join(fake, "python3"), 0o755)
+        env = dict(self.env, HOME=self.tmp,
+                   PATH=fake + os.pathsep + self.env.get("PATH", ""))
+        run("bash", "-euc", block, cwd=top, env=env)
+        prefix = os.path.join(self.tmp, "embps-venv")
+        self.check(os.path.join(prefix, "bin", "python"), prefix, "r")
+        for f in ("py.typed", os.path.join("torch", "weight.py")):
+            self.assertTrue(glob.glob(os.path.join(
+                prefix, "lib", "python3*", "site-packages", "embps", f)), f)
 
 
 if __name__ == "__main__":

@@ -20,15 +20,9 @@
 #include "embps/embps.h"
 #include "init.h"
 #include "table.h"
+#include "rng.h"
 
 /* ---------------------------------------------------------------- helpers */
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 static uint32_t bits_of(float x) {
   uint32_t u;

@@ -16,20 +16,9 @@
 #include "embps/embps.h"
 #include "embps/nn.h"
 #include "merge.h"
+#include "rng.h"
 
 /* ---------------------------------------------------------------- helpers */
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-static float rng_float(uint64_t *s) {
-  return (float)((double)(rng_next(s) >> 11) / 9007199254740992.0 * 2.0 -
-                 1.0);
-}
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);

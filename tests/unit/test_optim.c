@@ -14,23 +14,11 @@
 
 #include "embps/embps.h"
 #include "optim.h"
+#include "rng.h"
 
 #define STEPS 50
 #define N_ROWS 3
 #define RTOL 1e-5
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-/* Uniform float in [-1, 1). */
-static float rng_float(uint64_t *s) {
-  return (float)((double)(rng_next(s) >> 11) / 9007199254740992.0 * 2.0 -
-                 1.0);
-}
 
 static void *xcalloc(size_t n, size_t size) {
   void *p = calloc(n ? n : 1, size);

@@ -14,15 +14,9 @@
 
 #include "embps/embps.h"
 #include "route.h"
+#include "rng.h"
 
 #define N_IDS 200000
-
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 /* The paper's reference implementation ("A Fast, Minimal Memory, Consistent
  * Hash Algorithm", Lamping and Veach 2014, figure 1). */

@@ -3,7 +3,11 @@
  * last segment is truncated; any flipped byte of a complete record or
  * header is refused with the file and offset; an LSN gap between segments
  * is refused; rotation and deletion; acknowledgements wait for the sync;
- * embps_wal_sync makes late (unsafe-ack) records durable in any mode. */
+ * embps_wal_sync writes late (unsafe-ack) records in any mode. And what
+ * mutants showed untested: a segment that is not the last, cut anywhere,
+ * is refused and left byte for byte as it was; embps_wal_delete_upto at
+ * every boundary; records out of order inside a segment, even where the
+ * checkpoint covers them. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -242,8 +246,10 @@ static void test_torn_tail_before_empty_segment(void **state) {
 
 /* embps_wal_sync in mode never with late writes (the test-only unsafe
  * ack): the records are not in the file until the sync asks for them, and
- * are all there, readable, when it returns. */
-static void test_sync_writes_and_syncs(void **state) {
+ * are all there, readable, when it returns. (That it also fdatasyncs, in
+ * every mode, is observed through tests/fault/faultfs.c by
+ * durability.fsync.) */
+static void test_sync_writes_queued_records(void **state) {
   char dir[64], err[512], path[128];
   make_dir(dir, sizeof dir);
   embps_wal_t *w;
@@ -270,6 +276,189 @@ static void test_sync_writes_and_syncs(void **state) {
   remove_dir(dir);
 }
 
+/* ------------------------------------------------ files, byte for byte */
+
+typedef struct {
+  char path[128];
+  uint8_t *bytes;
+  size_t len;
+} file_t;
+
+static void file_read(file_t *f, const char *path) {
+  snprintf(f->path, sizeof f->path, "%s", path);
+  FILE *fp = fopen(path, "rb");
+  assert_non_null(fp);
+  assert_int_equal(fseek(fp, 0, SEEK_END), 0);
+  long n = ftell(fp);
+  assert_true(n >= 0);
+  rewind(fp);
+  f->len = (size_t)n;
+  f->bytes = malloc(f->len + 1);
+  assert_non_null(f->bytes);
+  assert_int_equal(fread(f->bytes, 1, f->len, fp), f->len);
+  fclose(fp);
+}
+
+static void file_write(const file_t *f, const char *path) {
+  FILE *fp = fopen(path, "wb");
+  assert_non_null(fp);
+  assert_int_equal(fwrite(f->bytes, 1, f->len, fp), f->len);
+  fclose(fp);
+}
+
+/* The file at f->path still holds exactly f's bytes. */
+static void file_unchanged(const file_t *f) {
+  file_t now;
+  file_read(&now, f->path);
+  if (now.len != f->len || memcmp(now.bytes, f->bytes, f->len))
+    fail_msg("%s was modified (%zu bytes, were %zu)", f->path, now.len,
+             f->len);
+  free(now.bytes);
+}
+
+/* Record i of write_log (lsn first + i) has a payload of 16 + i % 40
+ * bytes: its offset in a segment holding records 0.. of that log. */
+static size_t rec_offset(int i) {
+  size_t off = EMBPS_WAL_HEADER_BYTES;
+  for (int k = 0; k < i; k++)
+    off += EMBPS_WAL_HEADER_BYTES + 16 + (size_t)k % 40;
+  return off;
+}
+
+/* A segment that is not the last, cut inside its last record (its payload
+ * or its header) or with zeros after it, is refused, naming the file and
+ * the offset, and no file of the log is changed: only the last segment's
+ * tail may be cut off. */
+static void test_cut_middle_segment_refused_unmodified(void **state) {
+  char dir[64], first[128], second[128], err[512];
+  for (int how = 0; how < 3; how++) {
+    make_dir(dir, sizeof dir);
+    write_log(dir, 1, 4, EMBPS_FSYNC_NEVER);
+    write_log(dir, 5, 2, EMBPS_FSYNC_NEVER);
+    seg(first, sizeof first, dir, 1);
+    seg(second, sizeof second, dir, 5);
+    file_t f;
+    file_read(&f, first);
+    assert_int_equal(f.len, rec_offset(4));
+    const char *what;
+    if (how == 0) { /* the payload of record 4 cut short */
+      f.len -= 3;
+      what = "payload runs past the end";
+    } else if (how == 1) { /* inside the header of record 4 */
+      f.len = rec_offset(3) + 10;
+      what = "short header";
+    } else { /* zeros after record 4 */
+      f.bytes = realloc(f.bytes, f.len + 100);
+      assert_non_null(f.bytes);
+      memset(f.bytes + f.len, 0, 100);
+      f.len += 100;
+      what = "zeros";
+    }
+    file_write(&f, first);
+    file_t g;
+    file_read(&g, second);
+    seen_t s = {0};
+    uint64_t last;
+    err[0] = 0;
+    int rc = embps_wal_replay(dir, 0, visit, &s, &last, err, sizeof err);
+    file_unchanged(&f);
+    file_unchanged(&g);
+    assert_int_equal(rc, -1);
+    if (!strstr(err, first) || !strstr(err, "offset") || !strstr(err, what) ||
+        !strstr(err, "not the last"))
+      fail_msg("cut %d: the error \"%s\" does not say where and what", how,
+               err);
+    free(f.bytes);
+    free(g.bytes);
+    remove_dir(dir);
+  }
+}
+
+/* embps_wal_delete_upto(lsn) deletes exactly the segments whose records
+ * are all <= lsn, never the last one, and leaves the others as they were:
+ * segments 1 (records 1-3), 4 (4-6) and 7 (7-9), every lsn from 0 to 10. */
+static void test_delete_upto_boundary(void **state) {
+  char dir[64], path[128], err[512];
+  const uint64_t firsts[3] = {1, 4, 7};
+  for (uint64_t lsn = 0; lsn <= 10; lsn++) {
+    make_dir(dir, sizeof dir);
+    file_t f[3];
+    for (int k = 0; k < 3; k++) {
+      write_log(dir, firsts[k], 3, EMBPS_FSYNC_NEVER);
+      seg(path, sizeof path, dir, firsts[k]);
+      file_read(&f[k], path);
+    }
+    embps_wal_delete_upto(dir, lsn);
+    for (int k = 0; k < 3; k++) {
+      int gone = k < 2 && lsn >= firsts[k] + 2;
+      struct stat st;
+      int exists = stat(f[k].path, &st) == 0;
+      if (exists == gone)
+        fail_msg("delete_upto(%" PRIu64 "): segment %" PRIu64 " (records "
+                 "%" PRIu64 "-%" PRIu64 ") %s", lsn, firsts[k], firsts[k],
+                 firsts[k] + 2, gone ? "kept" : "deleted");
+      if (exists)
+        file_unchanged(&f[k]);
+      free(f[k].bytes);
+    }
+    /* what is left replays from lsn on */
+    seen_t s = {0};
+    uint64_t last;
+    assert_int_equal(embps_wal_replay(dir, lsn, visit, &s, &last, err,
+                                      sizeof err), 0);
+    assert_int_equal(s.n, lsn < 9 ? 9 - lsn : 0);
+    assert_int_equal(last, lsn < 9 ? 9 : lsn);
+    remove_dir(dir);
+  }
+}
+
+/* Records inside a segment must follow each other, even where the
+ * checkpoint covers them (at or below `after`, so never visited): two
+ * swapped, or one written twice, is a log that is not what the writer
+ * wrote. Built by splicing the records of a well-formed segment. */
+static void test_lsn_order_within_segment(void **state) {
+  char dir[64], path[128], err[512];
+  make_dir(dir, sizeof dir);
+  write_log(dir, 1, 4, EMBPS_FSYNC_NEVER);
+  seg(path, sizeof path, dir, 1);
+  file_t f;
+  file_read(&f, path);
+  static const int orders[2][5] = {{0, 2, 1, 3, -1}, {0, 1, 1, 2, 3}};
+  static const char *const wants[2] = {"LSN 3 where 2", "LSN 2 where 3"};
+  for (int o = 0; o < 2; o++) {
+    file_t g = {.len = EMBPS_WAL_HEADER_BYTES};
+    g.bytes = malloc(2 * f.len);
+    assert_non_null(g.bytes);
+    memcpy(g.bytes, f.bytes, EMBPS_WAL_HEADER_BYTES);
+    for (int k = 0; k < 5 && orders[o][k] >= 0; k++) {
+      int i = orders[o][k];
+      size_t n = rec_offset(i + 1) - rec_offset(i);
+      memcpy(g.bytes + g.len, f.bytes + rec_offset(i), n);
+      g.len += n;
+    }
+    file_write(&g, path);
+    seen_t s = {0};
+    uint64_t last;
+    err[0] = 0;
+    assert_int_equal(embps_wal_replay(dir, 3, visit, &s, &last, err,
+                                      sizeof err), -1);
+    if (!strstr(err, path) || !strstr(err, wants[o]))
+      fail_msg("records in order %d: \"%s\" (want \"%s\")", o, err,
+               wants[o]);
+    free(g.bytes);
+  }
+  /* put back in order, the same segment replays */
+  file_write(&f, path);
+  seen_t s = {0};
+  uint64_t last;
+  assert_int_equal(embps_wal_replay(dir, 3, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 1);
+  assert_int_equal(s.lsns[0], 4);
+  free(f.bytes);
+  remove_dir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_and_ack),
@@ -277,7 +466,10 @@ int main(void) {
       cmocka_unit_test(test_every_flipped_byte_refused),
       cmocka_unit_test(test_gap_refused_rotation_deletes),
       cmocka_unit_test(test_torn_tail_before_empty_segment),
-      cmocka_unit_test(test_sync_writes_and_syncs),
+      cmocka_unit_test(test_sync_writes_queued_records),
+      cmocka_unit_test(test_cut_middle_segment_refused_unmodified),
+      cmocka_unit_test(test_delete_upto_boundary),
+      cmocka_unit_test(test_lsn_order_within_segment),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -569,6 +569,7 @@ EMBPS_EXTERN int embps_write_rows(embps_client_t *c, const char *table,
 
 /* Export/import flags. */
 #define EMBPS_EXPORT_STATE 1u  /* also the optimizer state (and step) */
+#define EMBPS_EXPORT_DENSE 2u  /* fixed-size table: every row, by id */
 #define EMBPS_IMPORT_STATE 1u  /* set the state from the files too */
 #define EMBPS_IMPORT_CREATE 2u /* create the table from spec.json if missing */
 
@@ -582,6 +583,12 @@ EMBPS_EXTERN int embps_write_rows(embps_client_t *c, const char *table,
  * chunks (memory bounded by a chunk, not the table); files are written
  * under temporary names and renamed once complete. With pushes going on,
  * the export is consistent per chunk, not a snapshot of one instant.
+ * With EMBPS_EXPORT_DENSE (not with EMBPS_EXPORT_STATE), a table of fixed
+ * size gets weights.npy [rows, dim] with row i the row of id i for every
+ * id, pushed or not (as a pull returns it: a row never pushed as the
+ * server initialises it), and spec.json, and no ids.npy: what
+ * np.load and nn.Embedding.from_pretrained read with no server. A dynamic
+ * table has no row count: it gets the files above (ids.npy, weights.npy).
  * *rows_out (may be NULL) gets the rows written. */
 EMBPS_EXTERN int embps_export_table(embps_client_t *c, const char *table,
                                     const char *dir, unsigned flags,

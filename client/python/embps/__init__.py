@@ -1,8 +1,11 @@
 """embps: Python binding of libembps, the embps parameter-server client.
 
 A thin ctypes layer: numpy arrays go to the C library without copies
-(int64 ids, float32 rows), errors come back as EmbpsError carrying the
-server's own message. One Client per thread or process, as in C.
+(int64 ids, float32 rows), errors come back as EmbpsError subclasses
+carrying the server's own message (embps.errors: TableNotFound,
+OutOfRange, which is also an IndexError, ConnectionFailed, also a
+ConnectionError, ...), and the codes of embps.h are constants here
+(embps.EMBPS_ENOTABLE, ...). One Client per thread or process, as in C.
 
     import embps
     c = embps.Client("127.0.0.1:7070")
@@ -21,25 +24,40 @@ A Client may be shared by threads (its calls are serialised by a lock) but
 not across fork(): a child that uses its parent's Client gets ForkError (it
 would read replies meant for the parent); create a new Client in the child.
 """
+from __future__ import annotations
+
 import ctypes
 import ctypes.util
 import os
 import sys
 import sysconfig
 import threading
+import warnings
+from typing import (Any, Dict, List, Optional, Sequence, Tuple, Union)
 
 import numpy as np
 
 from ._version import __version__
+from . import errors
+from ._codes import *  # noqa: F401,F403 (EMBPS_* constants)
+from ._codes import __all__ as _CODE_NAMES
+from .errors import *  # noqa: F401,F403
+from .errors import EmbpsError, InvalidArgument, TableExists, error_for
 
-__all__ = ["Client", "EmbpsError", "ForkError", "Ticket", "load_library",
-           "parse_init"]
+__all__ = ["Client", "ForkError", "Ticket", "load_library", "parse_init",
+           "route", "bag_forward", "bag_backward", "spec_differences",
+           "errors"] + list(errors.__all__) + list(_CODE_NAMES)
+
+#: ids (any integer array-like, any shape) and rows (float32 array-like)
+IdsLike = Union[np.ndarray, Sequence[int], Sequence[Sequence[int]]]
+RowsLike = Union[np.ndarray, Sequence[Sequence[float]]]
 
 OPTIMIZERS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2}  # storage type of the weights
 _INITS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
 PUSH_MERGE = 1
 EXPORT_STATE = 1  # embps.h: EMBPS_EXPORT_STATE
+EXPORT_DENSE = 2  # EMBPS_EXPORT_DENSE
 IMPORT_STATE = 1  # EMBPS_IMPORT_STATE
 IMPORT_CREATE = 2  # EMBPS_IMPORT_CREATE
 
@@ -217,23 +235,14 @@ def _check_abi(lib):
                    want))
 
 
-class EmbpsError(Exception):
-    """A failed call: .code is the embps or -errno code, .name its symbol."""
-
-    def __init__(self, code, message):
-        self.code = code
-        self.name = _lib().embps_err_name(code).decode()
-        super().__init__("%s (%s)" % (message, self.name))
-
-
 class ForkError(RuntimeError):
     """A Client used in a process other than the one that created it."""
 
 
-_LIB = None
+_LIB: Optional[ctypes.CDLL] = None
 
 
-def _library_candidates(path):
+def _library_candidates(path: Optional[str]) -> List[Optional[str]]:
     """Where libembps.so may be, in the order load_library tries them."""
     here = os.path.dirname(os.path.abspath(__file__))
     out = [path, os.environ.get("EMBPS_LIBRARY"),
@@ -254,7 +263,7 @@ def _library_candidates(path):
     return out
 
 
-def load_library(path=None):
+def load_library(path: Optional[str] = None) -> ctypes.CDLL:
     """Loads libembps (once); returns the ctypes handle."""
     global _LIB
     if _LIB is not None and path is None:
@@ -280,11 +289,11 @@ def load_library(path=None):
     return lib
 
 
-def _lib():
+def _lib() -> ctypes.CDLL:
     return load_library()
 
 
-def _declare(lib):
+def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.c_void_p
     i64p = ctypes.POINTER(ctypes.c_int64)
     f32p = ctypes.POINTER(ctypes.c_float)
@@ -342,6 +351,10 @@ def _declare(lib):
         "embps_import_table": (ctypes.c_int, [P, ctypes.c_char_p,
                                               ctypes.c_char_p, ctypes.c_uint,
                                               ctypes.POINTER(ctypes.c_uint64)]),
+        "embps_write_rows": (ctypes.c_int, [P, ctypes.c_char_p, i64p,
+                                            ctypes.c_size_t, f32p,
+                                            ctypes.c_uint32, f32p,
+                                            ctypes.c_int, ctypes.c_uint64]),
         "embps_route": (ctypes.c_uint32, [ctypes.c_int64, ctypes.c_uint32]),
         "embps_slices_init": (None, [ctypes.POINTER(_Slices), ctypes.c_uint32]),
         "embps_slices_free": (None, [ctypes.POINTER(_Slices)]),
@@ -363,15 +376,19 @@ def _declare(lib):
     lib._free.argtypes = [ctypes.c_void_p]
 
 
-def _ids(a):
-    return np.ascontiguousarray(np.asarray(a, dtype=np.int64))
+def _ids(a: IdsLike) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu" and a.size:
+        raise InvalidArgument(EMBPS_EINVAL, "ids must be integers, not %s"
+                              % a.dtype)
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def _ptr(a, ctype):
+def _ptr(a: np.ndarray, ctype: Any) -> Any:
     return a.ctypes.data_as(ctypes.POINTER(ctype))
 
 
-def _spec_dict(s):
+def _spec_dict(s: _Spec) -> Dict[str, Any]:
     d = {f: getattr(s, f) for f in _names(_Spec)}
     d["name"] = s.name.decode()
     d["optimizer"] = {v: k for k, v in OPTIMIZERS.items()}[s.optimizer]
@@ -382,14 +399,14 @@ def _spec_dict(s):
     return d
 
 
-def _info_dict(i):
+def _info_dict(i: _Info) -> Dict[str, Any]:
     d = _spec_dict(i.spec)
     for f in _INFO_COUNTERS:
         d[f] = getattr(i, f)
     return d
 
 
-def route(id_, n_servers):
+def route(id_: int, n_servers: int) -> int:
     """The server (0..n_servers-1) that owns id_: the same hash as C."""
     return int(_lib().embps_route(int(id_), n_servers))
 
@@ -397,7 +414,9 @@ def route(id_, n_servers):
 COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}  # embps_combiner_t
 
 
-def _bag_args(ids, offsets, weights):
+def _bag_args(ids: IdsLike, offsets: Any,
+              weights: Optional[Any]) -> Tuple[np.ndarray, np.ndarray,
+                                               Optional[np.ndarray]]:
     ids = _ids(ids).reshape(-1)
     offs = np.ascontiguousarray(np.asarray(offsets, dtype=np.uintp))
     if (offs.ndim != 1 or offs.size < 1 or offs[0] != 0
@@ -411,12 +430,13 @@ def _bag_args(ids, offsets, weights):
     return ids, offs, weights
 
 
-def _fptr(a):
+def _fptr(a: Optional[np.ndarray]) -> Any:
     return None if a is None else _ptr(a, ctypes.c_float)
 
 
-def bag_forward(rows, ids, offsets, weights=None, combiner="sum",
-                padding_id=None):
+def bag_forward(rows: RowsLike, ids: IdsLike, offsets: Any,
+                weights: Optional[Any] = None, combiner: str = "sum",
+                padding_id: Optional[int] = None) -> np.ndarray:
     """embps_bag_forward: rows (one per id position, n x dim), bag b covers
     ids[offsets[b]:offsets[b+1]]; returns the n_bags x dim combined rows."""
     ids, offs, weights = _bag_args(ids, offsets, weights)
@@ -432,8 +452,10 @@ def bag_forward(rows, ids, offsets, weights=None, combiner="sum",
     return out
 
 
-def bag_backward(grad_out, ids, offsets, weights=None, combiner="sum",
-                 padding_id=None):
+def bag_backward(grad_out: RowsLike, ids: IdsLike, offsets: Any,
+                 weights: Optional[Any] = None, combiner: str = "sum",
+                 padding_id: Optional[int] = None
+                 ) -> Tuple[np.ndarray, np.ndarray]:
     """embps_bag_backward: the IndexedSlices (indices, values) of the rows
     given d loss / d out (n_bags x dim): one row per non-padding id
     position, not merged."""
@@ -452,7 +474,7 @@ def bag_backward(grad_out, ids, offsets, weights=None, combiner="sum",
             COMBINERS[combiner], padding_id is not None, int(padding_id or 0),
             ctypes.byref(s))
         if rc:
-            raise EmbpsError(rc, "bag backward failed")
+            raise error_for(rc, "bag backward failed")
         idx = np.ctypeslib.as_array(s.indices, (s.n,)).copy() if s.n else \
             np.empty(0, np.int64)
         vals = np.ctypeslib.as_array(s.values, (s.n, dim)).copy() if s.n \
@@ -462,7 +484,8 @@ def bag_backward(grad_out, ids, offsets, weights=None, combiner="sum",
     return idx, vals
 
 
-def parse_init(init, init_value=None):
+def parse_init(init: str, init_value: Optional[float] = None
+               ) -> Tuple[str, float]:
     """(kind, value) of an init spec: the CLI's spellings `zeros`,
     `constant:V`, `uniform:A` (U(-A, A)), `normal:STD`, or a bare kind with
     init_value. A value given both ways must agree."""
@@ -491,7 +514,8 @@ _SPEC_KEYS = ("dim", "rows", "dynamic", "optimizer", "lr", "eps", "beta1",
               "padding_id", "dtype", "sync_workers") + _DYN_KEYS
 
 
-def spec_differences(want, have):
+def spec_differences(want: Dict[str, Any], have: Dict[str, Any]
+                     ) -> List[str]:
     """The fields in which two spec dicts differ, as 'field X, not Y'
     strings (padding_id only when padding is on)."""
     out = []
@@ -510,21 +534,34 @@ def spec_differences(want, have):
 
 
 class Ticket:
-    """An asynchronous call in flight; wait() returns its result."""
+    """An asynchronous call in flight; wait() returns its result.
 
-    def __init__(self, client, handle, keep, result=None):
+    A ticket dropped without wait() is waited for when it is collected
+    (or at the client's next call, if another thread holds the client
+    then): its C ticket and buffers do not live until close(). An error
+    of a dropped ticket is reported as a RuntimeWarning."""
+
+    def __init__(self, client: "Client", handle: Any, keep: Any,
+                 result: Any = None) -> None:
         self._client, self._handle, self._keep = client, handle, keep
         self._result = result
 
-    def wait(self):
+    def wait(self) -> Any:
+        """Waits for every server's reply; returns the call's result (a
+        pull's rows, None for a push) or raises its EmbpsError."""
         if self._handle is None:
             return self._result
         with self._client._lock:
-            rc = _lib().embps_wait(self._client._h(), self._handle)
-            self._handle = None
+            handle, self._handle = self._handle, None
+            rc = _lib().embps_wait(self._client._h(), handle)
             if rc:
                 self._client._raise(rc)
         return self._result
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            self._client._drop_ticket(self._handle, self._keep)
+            self._handle = None
 
 
 class Client:
@@ -534,7 +571,9 @@ class Client:
     Client belongs to the process that created it (ForkError elsewhere).
     """
 
-    def __init__(self, servers=None, token=None, timeout_ms=0, retry_ms=0):
+    def __init__(self, servers: Union[str, Sequence[str], None] = None,
+                 token: Optional[str] = None, timeout_ms: int = 0,
+                 retry_ms: int = 0) -> None:
         lib = _lib()
         if isinstance(servers, (list, tuple)):
             servers = ",".join(servers)
@@ -545,17 +584,21 @@ class Client:
                         int(retry_ms))
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
+        self._c = None
         rc = lib.embps_client_create(ctypes.byref(opts), ctypes.byref(handle),
                                      err, len(err))
         if rc:
-            raise EmbpsError(rc, err.value.decode())
+            raise error_for(rc, err.value.decode())
         self._c = handle
         self._pid = os.getpid()
         self._lock = threading.RLock()
-        self._dims = {}
+        self._dims: Dict[str, int] = {}
+        self._dropped: List[Tuple[Any, Any]] = []
 
-    def _h(self):
-        """The C handle, checked to belong to this process and be open."""
+    def _h(self) -> Any:
+        """The C handle, checked to belong to this process and be open;
+        waits first for the tickets dropped since the last call. Called
+        with the lock held."""
         if self._pid != os.getpid():
             raise ForkError(
                 "embps.Client for %s was created in process %d and cannot be "
@@ -564,44 +607,75 @@ class Client:
                 % (self.servers, self._pid, os.getpid()))
         if not self._c:
             raise ValueError("embps.Client for %s is closed" % self.servers)
+        if self._dropped:
+            self._reap()
         return self._c
 
-    def close(self):
-        """Closes the connections. In a fork() child, releases the child's
-        copy only (the parent's connections are untouched)."""
+    def _drop_ticket(self, handle: Any, keep: Any) -> None:
+        """A Ticket collected before wait(): its buffers (keep) stay alive
+        until embps_wait returns, now if the lock is free, else at the
+        next call."""
+        self._dropped.append((handle, keep))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._reap()
+            finally:
+                self._lock.release()
+
+    def _reap(self) -> None:
+        while self._dropped:
+            handle, _ = self._dropped.pop()
+            if not self._c or self._pid != os.getpid():
+                continue  # freed by close(), or the parent's
+            rc = _lib().embps_wait(self._c, handle)
+            if rc:
+                warnings.warn("embps: a call whose ticket was dropped "
+                              "without wait() failed: %s"
+                              % _lib().embps_client_last_error(
+                                  self._c).decode(), RuntimeWarning)
+
+    def close(self) -> None:
+        """Closes the connections (pending tickets are freed). In a fork()
+        child, releases the child's copy only (the parent's connections are
+        untouched)."""
         if getattr(self, "_c", None):
             _lib().embps_client_destroy(self._c)
             self._c = None
+            self._dropped = []
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         raise TypeError("an embps.Client holds open connections and cannot be "
                         "pickled; create one in each process")
 
     @property
-    def n_servers(self):
-        return int(_lib().embps_client_n_servers(self._h()))
+    def n_servers(self) -> int:
+        """The number of servers of the cluster."""
+        with self._lock:
+            return int(_lib().embps_client_n_servers(self._h()))
 
-    def _raise(self, rc):
-        raise EmbpsError(rc, _lib().embps_client_last_error(self._c).decode())
+    def _raise(self, rc: int) -> None:
+        raise error_for(rc, _lib().embps_client_last_error(self._c).decode())
 
-    def _check(self, rc):
+    def _check(self, rc: int) -> None:
         if rc:
             self._raise(rc)
 
     # ---- tables ----
-    def create_table(self, name, dim, rows=None, dynamic=False,
-                     optimizer="sgd", init="zeros", init_value=None, seed=0,
-                     padding_id=None, sync_workers=0, dtype="f32",
-                     exist_ok=False, **params):
+    def create_table(self, name: str, dim: int, rows: Optional[int] = None,
+                     dynamic: bool = False, optimizer: str = "sgd",
+                     init: str = "zeros", init_value: Optional[float] = None,
+                     seed: int = 0, padding_id: Optional[int] = None,
+                     sync_workers: int = 0, dtype: str = "f32",
+                     exist_ok: bool = False, **params: Any) -> None:
         """Creates a table on every server. params: lr, eps, beta1, beta2,
         initial_accumulator, l1, l2, lr_power, weight_decay (defaults per
         optimizer as in DESIGN.md). init: the CLI's spellings zeros,
@@ -609,7 +683,7 @@ class Client:
         with init_value the constant, bound or std. dtype: f32|f16|bf16,
         how the server stores the weights (pulls and pushes stay float32;
         optimizer state is float32). exist_ok: an existing table with the
-        same spec is fine; one with a different spec raises EmbpsError
+        same spec is fine; one with a different spec raises TableExists
         (EMBPS_EEXIST) naming every difference. Dynamic tables also take
         admit_after, admit_probability, admit_sketch_bytes, ttl_steps,
         max_rows, evict ("lru"|"lfu") and evict_l2_below (README,
@@ -647,34 +721,41 @@ class Client:
             setattr(spec, k, float(v))
         with self._lock:
             rc = _lib().embps_create_table(self._h(), ctypes.byref(spec))
-            if rc == -30003 and exist_ok:  # EMBPS_EEXIST
+            if rc == EMBPS_EEXIST and exist_ok:
                 diff = spec_differences(_spec_dict(spec), self.describe(name))
                 if diff:
-                    raise EmbpsError(rc, "table \"%s\" exists with a different "
-                                     "spec: %s" % (name, "; ".join(diff)))
+                    raise TableExists(rc, "table \"%s\" exists with a "
+                                      "different spec: %s"
+                                      % (name, "; ".join(diff)))
                 rc = 0
             self._check(rc)
         self._dims[name] = dim
 
-    def drop_table(self, name):
+    def drop_table(self, name: str) -> None:
+        """Drops table `name` on every server (TableNotFound if none holds
+        it)."""
         self._dims.pop(name, None)
         with self._lock:
             self._check(_lib().embps_drop_table(self._h(), name.encode()))
 
-    def describe(self, name):
+    def describe(self, name: str) -> Dict[str, Any]:
+        """The spec and counters of table `name` (counters summed over the
+        servers): the keys of create_table, and rows_allocated,
+        bytes_used, pushes, pulls, step and the admission counters."""
         info = _Info()
         with self._lock:
             self._check(_lib().embps_describe_table(self._h(), name.encode(),
                                                     ctypes.byref(info)))
         return _info_dict(info)
 
-    def alter(self, name, **params):
+    def alter(self, name: str, **params: float) -> Dict[str, Any]:
         """Changes hyperparameters of table `name` on every server during
         training: any of lr, eps, beta1, beta2, l1, l2, lr_power,
         weight_decay (the others would change the rows' layout or meaning).
         In order with pushes: a push sent after this returns uses the new
-        values. Checked like create_table (EmbpsError EPARAM naming the
-        field; nothing changes). Returns the table's new describe()."""
+        values. Checked like create_table (InvalidParameter, EMBPS_EPARAM,
+        naming the field; nothing changes). Returns the table's new
+        describe()."""
         a = _Alter()
         for k, v in params.items():
             if k not in _ALTER_FIELDS:
@@ -689,11 +770,12 @@ class Client:
                                                  ctypes.byref(info)))
         return _info_dict(info)
 
-    def set_lr(self, name, lr):
+    def set_lr(self, name: str, lr: float) -> Dict[str, Any]:
         """alter(name, lr=lr)."""
         return self.alter(name, lr=lr)
 
-    def tables(self):
+    def tables(self) -> List[Dict[str, Any]]:
+        """describe() of every table any server holds."""
         p = ctypes.POINTER(_Info)()
         n = ctypes.c_size_t()
         with self._lock:
@@ -703,7 +785,10 @@ class Client:
         _lib()._free(p)
         return out
 
-    def stats(self):
+    def stats(self) -> List[Dict[str, Any]]:
+        """One dict per server (cluster order): its address, version,
+        counters, durability state and describe() of each of its
+        tables."""
         p = ctypes.POINTER(_Stats)()
         n = ctypes.c_size_t()
         with self._lock:
@@ -723,34 +808,50 @@ class Client:
         _lib().embps_stats_free(p, n.value)
         return out
 
-    def checkpoint(self):
+    def checkpoint(self) -> List[Dict[str, int]]:
         """Takes a checkpoint on every server (--data-dir); returns once each
         is durable, with one dict per server (lsn, bytes, duration_ms,
         unix_s)."""
-        n = _lib().embps_client_n_servers(self._c)
-        info = (_CheckpointInfo * max(n, 1))()
-        self._check(_lib().embps_checkpoint(self._c, info))
+        with self._lock:
+            h = self._h()
+            n = _lib().embps_client_n_servers(h)
+            info = (_CheckpointInfo * max(n, 1))()
+            self._check(_lib().embps_checkpoint(h, info))
         return [{f: getattr(info[i], f) for f in _names(_CheckpointInfo)}
                 for i in range(n)]
 
-    def evict(self, name):
+    def evict(self, name: str) -> int:
         """Evicts now, on every server, the table's expired rows and those
         of L2 norm below its evict_l2_below; returns the rows evicted."""
         n = ctypes.c_uint64()
-        self._check(_lib().embps_evict(self._c, name.encode(),
-                                       ctypes.byref(n)))
+        with self._lock:
+            self._check(_lib().embps_evict(self._h(), name.encode(),
+                                           ctypes.byref(n)))
         return n.value
 
-    def dim(self, name):
+    def dim(self, name: str) -> int:
+        """The dim of table `name` (asked once, then remembered)."""
         if name not in self._dims:
             self._dims[name] = self.describe(name)["dim"]
         return self._dims[name]
 
     # ---- pull / push ----
-    def pull_async(self, name, ids):
+    def pull_async(self, name: str, ids: IdsLike,
+                   out: Optional[np.ndarray] = None) -> Ticket:
+        """Starts a pull of the rows of ids (any shape); the ticket's wait()
+        returns them, shape ids.shape + (dim,). out: a C-contiguous
+        float32 array of that shape to fill (not read until then)."""
         ids = _ids(ids)
         dim = self.dim(name)
-        out = np.empty(ids.shape + (dim,), dtype=np.float32)
+        shape = ids.shape + (dim,)
+        if out is None:
+            out = np.empty(shape, dtype=np.float32)
+        elif (not isinstance(out, np.ndarray) or out.dtype != np.float32
+              or out.shape != shape or not out.flags.c_contiguous
+              or not out.flags.writeable):
+            raise InvalidArgument(EMBPS_EINVAL, "out must be a writable "
+                                  "C-contiguous float32 array of shape %s"
+                                  % (shape,))
         flat = ids.reshape(-1)
         h = ctypes.c_void_p()
         with self._lock:
@@ -759,21 +860,25 @@ class Client:
                 flat.size, _ptr(out, ctypes.c_float), dim, ctypes.byref(h)))
         return Ticket(self, h, (flat, out), out)
 
-    def pull(self, name, ids):
-        """Rows of ids (any shape): an array of shape ids.shape + (dim,)."""
-        return self.pull_async(name, ids).wait()
+    def pull(self, name: str, ids: IdsLike,
+             out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Rows of ids (any shape): an array of shape ids.shape + (dim,)
+        (out, if given). A row never pushed reads as its initial value."""
+        return self.pull_async(name, ids, out).wait()
 
-    def _push_args(self, name, indices, values):
+    def _push_args(self, name: str, indices: IdsLike, values: RowsLike
+                   ) -> Tuple[np.ndarray, np.ndarray, int]:
         idx = _ids(indices).reshape(-1)
         dim = self.dim(name)
         vals = np.ascontiguousarray(np.asarray(values, dtype=np.float32))
         if vals.size != idx.size * dim:
-            raise EmbpsError(-30006, "push has %d indices but %d values "
-                             "(expected %d x %d)" % (idx.size, vals.size,
-                                                     idx.size, dim))
+            raise error_for(EMBPS_ECOUNT, "push has %d indices but %d values "
+                            "(expected %d x %d)" % (idx.size, vals.size,
+                                                    idx.size, dim))
         return idx, vals, dim
 
-    def push_async(self, name, indices, values, merge=False, step=None):
+    def push_async(self, name: str, indices: IdsLike, values: RowsLike,
+                   merge: bool = False, step: Optional[int] = None) -> Ticket:
         """Starts a push; the ticket's wait() returns its result. indices
         and values must not change until then: they may be sent from
         where they are."""
@@ -786,26 +891,64 @@ class Client:
                 int(step or 0), ctypes.byref(h)))
         return Ticket(self, h, (idx, vals))
 
-    def push(self, name, indices, values, merge=False, step=None):
+    def push(self, name: str, indices: IdsLike, values: RowsLike,
+             merge: bool = False, step: Optional[int] = None) -> None:
         """Pushes an IndexedSlices gradient (indices, values rows); with
         step, the push for that step of a synchronous table (it returns once
         the step, with every worker's push, is applied)."""
         return self.push_async(name, indices, values, merge, step).wait()
 
+    def write_rows(self, name: str, ids: IdsLike, weights: RowsLike) -> int:
+        """Sets the rows of distinct ids to weights ([n, dim], rounded to
+        float32 and to the table's dtype); their optimizer state starts
+        again from its initial value, as after an import without state.
+        Each server checks and applies its rows as one mutation, in order
+        with pushes, in chunks of about 1 MiB (a failure leaves the chunks
+        before it written). Returns n."""
+        idx = _ids(ids).reshape(-1)
+        dim = self.dim(name)
+        w = np.ascontiguousarray(np.asarray(weights, dtype=np.float32))
+        if w.shape != (idx.size, dim):
+            raise error_for(EMBPS_ECOUNT, "write_rows: weights of shape %s "
+                            "for %d ids of dim %d" % (w.shape, idx.size, dim))
+        chunk = max(1, (1 << 20) // (8 + 4 * dim))
+        with self._lock:
+            h = self._h()
+            for a in range(0, idx.size, chunk):
+                i, r = idx[a:a + chunk], w[a:a + chunk]
+                self._check(_lib().embps_write_rows(
+                    h, name.encode(), _ptr(i, ctypes.c_int64), i.size,
+                    _ptr(r, ctypes.c_float), dim, None, 0, 0))
+        return int(idx.size)
+
     # ---- export / import ----
-    def export(self, table, dir, with_state=False):
-        """Writes every row the cluster holds of table into directory dir as
-        numpy .npy files (ids.npy, weights.npy, with_state: one file per
-        optimizer slot, e.g. adam_m.npy, adam_v.npy) and spec.json; returns
-        the number of rows. Read them with numpy.load."""
+    def export(self, table: str, dir: Union[str, os.PathLike],
+               with_state: bool = False, dense: bool = False) -> int:
+        """Writes the rows of table into directory dir as numpy .npy files
+        and spec.json; returns the number of rows. Read them with
+        numpy.load.
+
+        By default: every row the cluster holds (those a push or import
+        made), ids.npy [n] and weights.npy [n, dim] in no particular order;
+        with_state also one file per optimizer slot (adam_m.npy, ...).
+        dense=True (not with with_state), for a table of fixed size:
+        weights.npy [rows, dim] with row i the row of id i for every id,
+        pushed or not (as a pull returns it), and no ids.npy: what
+        torch.nn.Embedding.from_pretrained(torch.from_numpy(np.load(...)))
+        serves with no server. A dynamic table has no row count: dense=True
+        writes ids.npy and weights.npy as the default does (README, "Export
+        and import", for the lookup)."""
+        flags = (EXPORT_STATE if with_state else 0) | \
+            (EXPORT_DENSE if dense else 0)
         n = ctypes.c_uint64()
         with self._lock:
             self._check(_lib().embps_export_table(
-                self._h(), table.encode(), os.fsencode(dir),
-                EXPORT_STATE if with_state else 0, ctypes.byref(n)))
+                self._h(), table.encode(), os.fsencode(dir), flags,
+                ctypes.byref(n)))
         return n.value
 
-    def import_(self, table, dir, with_state=False, create=False):
+    def import_(self, table: str, dir: Union[str, os.PathLike],
+                with_state: bool = False, create: bool = False) -> int:
         """Writes the rows of directory dir (as export() wrote it, or
         weights.npy [n, dim] and optional ids.npy [n] saved by numpy) into
         table; with_state sets the optimizer state and step too (otherwise

@@ -1,0 +1,839 @@
+/* transport.c - libembps's transport: connections, frames, tickets and
+ * their retries (internal.h); the API operations (client.c) are built on
+ * it.
+ *
+ * No background thread: a client owns one non-blocking socket per server
+ * and makes progress only inside embps_wait() (and the blocking calls built
+ * on it), with one poll() over every socket that both writes queued request
+ * frames and reads replies. Reading while writing matters: a server that
+ * applies backpressure stops reading until we read its replies.
+ *
+ * Parts: each part of a ticket is a request frame with its own request id,
+ * queued on its server's connection; a bulk sent from the caller's arrays
+ * is written from there (sendmsg), not copied. Replies are matched to parts
+ * by id, so many tickets may be in flight on one connection. Replies are
+ * read through a framer (common/framer.h): a pull reply's rows go straight
+ * into the ticket's unique-row buffer, everything else into the
+ * connection's buffer.
+ *
+ * Retries: a connection that breaks keeps the parts whose ticket may still
+ * retry (the operation allows it: reads, absolute sets, and pushes, whose
+ * client id and seq make them exactly once), and sends them again, the
+ * very same bytes in the same order, once a reconnection with backoff
+ * succeeds; each attempt gets the client's timeout, after which the
+ * connections that owe the ticket a reply are dropped, so no late reply
+ * lands in a buffer the caller took back. */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "embps/embps.h"
+#include "internal.h"
+#include "util.h"
+#include "wire.h"
+
+#define MAX_REPLY_BYTES (1u << 30)
+#define BACKOFF_MIN_MS 20
+#define BACKOFF_MAX_MS 1000
+
+/* ------------------------------------------------------------ errors */
+
+int embps_client_error_(embps_client_t *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int embps_client_set_error_(embps_client_t *c, int code, const char *msg) {
+  return embps_client_error_(c, code, "%s", msg);
+}
+
+uint64_t embps_client_max_frame_(const embps_client_t *c) {
+  uint64_t m = 0;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (c->conns[i].max_frame && (!m || c->conns[i].max_frame < m))
+      m = c->conns[i].max_frame;
+  return m;
+}
+
+void embps_ticket_fail_(embps_ticket_t *t, int code, const char *fmt, ...) {
+  if (t->result)
+    return; /* the first error is the one reported */
+  t->result = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->error, sizeof t->error, fmt, ap);
+  va_end(ap);
+}
+
+/* ------------------------------------------------------------ tickets */
+
+embps_ticket_t *embps_ticket_new_(op_t op, uint32_t n_parts) {
+  embps_ticket_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return NULL;
+  t->op = op;
+  t->n_parts = n_parts;
+  t->parts = calloc(n_parts ? n_parts : 1, sizeof *t->parts);
+  if (!t->parts) {
+    free(t);
+    return NULL;
+  }
+  for (uint32_t i = 0; i < n_parts; i++)
+    t->parts[i].t = t;
+  return t;
+}
+
+void embps_ticket_free_(embps_ticket_t *t) {
+  if (!t)
+    return;
+  for (uint32_t i = 0; i < t->n_parts; i++) {
+    free(t->parts[i].pos);
+    free(t->parts[i].frame);
+    free(t->parts[i].rbulk);
+    if (t->parts[i].has_reply)
+      embps_msg_free(&t->parts[i].reply);
+  }
+  free(t->parts);
+  free(t->uniq);
+  free(t->inverse);
+  if (t->urows != t->out)
+    free(t->urows);
+  free(t->m_idx);
+  free(t->m_vals);
+  free(t);
+}
+
+/* ------------------------------------------------------------ connections */
+
+/* Connection-level failures after which a request may be sent again: the
+ * server never answered it, or said it was going away. Any other code is a
+ * server's answer (or ours) and final. */
+static int code_retryable(int code) {
+  return code == EMBPS_ECONN || code == EMBPS_ETIMEDOUT ||
+         code == EMBPS_ESHUTDOWN;
+}
+
+static void pending_append(conn_t *k, part_t *p) {
+  p->next = NULL;
+  if (k->pending_tail)
+    k->pending_tail->next = p;
+  else
+    k->pending_head = p;
+  k->pending_tail = p;
+}
+
+/* Drops a connection. Every part waiting on it fails with code, except,
+ * when may_retry, those whose ticket may still retry after a failure of
+ * this kind: they stay pending, in order, to be sent again once the
+ * connection is back (embps_client_connect_). */
+void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry) {
+  if (k->fd >= 0)
+    close(k->fd);
+  k->fd = -1;
+  for (out_buf_t *o = k->out_head, *next; o; o = next) {
+    next = o->next;
+    free(o);
+  }
+  k->out_head = k->out_tail = NULL;
+  uint64_t now = embps_now_ns();
+  part_t *p = k->pending_head;
+  k->pending_head = k->pending_tail = NULL;
+  for (part_t *next; p; p = next) {
+    next = p->next;
+    if (may_retry && code_retryable(code) && p->t->retry_until_ns > now) {
+      pending_append(k, p);
+      continue;
+    }
+    p->next = NULL;
+    embps_ticket_fail_(p->t, code, "server %u (%s): %s", k->index, k->addr,
+                       why);
+    embps_part_done_(p);
+  }
+  k->down_code = code;
+  snprintf(k->down_why, sizeof k->down_why, "server %u (%s): %s", k->index,
+           k->addr, why);
+  if (k->pending_head) {
+    k->backoff_ms = k->backoff_ms ? k->backoff_ms : BACKOFF_MIN_MS;
+    k->retry_at_ns = now + (uint64_t)k->backoff_ms * 1000000ULL;
+  }
+  free(k->body);
+  k->body = NULL;
+  k->body_cap = 0;
+  k->cur = NULL; /* the framer starts afresh on the next connection */
+  k->in_place = 0;
+}
+
+static void conn_fail(conn_t *k, int code, const char *why) {
+  embps_conn_drop_(k, code, why, 1);
+}
+
+static int connect_fd(conn_t *k, int timeout_ms, char *why, size_t why_len) {
+  char port[16];
+  snprintf(port, sizeof port, "%d", k->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *res;
+  int rc = getaddrinfo(k->host, port, &hints, &res);
+  if (rc) {
+    snprintf(why, why_len, "cannot resolve %s: %s", k->host, gai_strerror(rc));
+    return EMBPS_ECONN;
+  }
+  int err = ECONNREFUSED;
+  for (struct addrinfo *a = res; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 || errno == EINPROGRESS) {
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      int n = poll(&pfd, 1, timeout_ms);
+      socklen_t sl = sizeof err;
+      if (n == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) == 0 &&
+          err == 0) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        freeaddrinfo(res);
+        k->fd = fd;
+        return 0;
+      }
+      if (n == 0)
+        err = ETIMEDOUT;
+    } else {
+      err = errno;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  snprintf(why, why_len, "cannot connect: %s", strerror(err));
+  return EMBPS_ECONN;
+}
+
+/* Queues part p's frame (p->frame, then its borrowed bulk segments, which
+ * must stay unchanged until the reply) for writing on connection k.
+ * Returns 0 or -ENOMEM. */
+static int out_queue(conn_t *k, part_t *p) {
+  out_buf_t *o = malloc(sizeof *o);
+  if (!o)
+    return -ENOMEM;
+  o->seg[0] = (struct iovec){.iov_base = p->frame, .iov_len = p->frame_len};
+  o->n_seg = 1;
+  for (int i = 0; i < p->n_bulk; i++)
+    if (p->bulk[i].iov_len)
+      o->seg[o->n_seg++] = p->bulk[i];
+  o->cur = 0;
+  o->part = p;
+  o->next = NULL;
+  if (k->out_tail)
+    k->out_tail->next = o;
+  else
+    k->out_head = o;
+  k->out_tail = o;
+  p->t->sent_ns = embps_now_ns();
+  return 0;
+}
+
+/* Queues p's request on connected k, with p awaiting its reply. */
+static void conn_send(conn_t *k, part_t *p) {
+  if (out_queue(k, p)) {
+    embps_ticket_fail_(p->t, -ENOMEM, "out of memory");
+    embps_part_done_(p);
+    return;
+  }
+  pending_append(k, p);
+}
+
+/* Writes as much of k's queue as the socket takes. */
+static void conn_write(conn_t *k) {
+  while (k->out_head) {
+    struct iovec iov[16];
+    int n = 0;
+    for (out_buf_t *o = k->out_head; o && n < 16; o = o->next)
+      for (int j = o->cur; j < o->n_seg && n < 16; j++)
+        iov[n++] = o->seg[j];
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        conn_fail(k, EMBPS_ECONN, strerror(errno));
+      return;
+    }
+    size_t left = (size_t)w;
+    while (left && k->out_head) {
+      out_buf_t *o = k->out_head;
+      struct iovec *v = &o->seg[o->cur];
+      size_t take = v->iov_len < left ? v->iov_len : left;
+      v->iov_base = (uint8_t *)v->iov_base + take;
+      v->iov_len -= take;
+      left -= take;
+      if (!v->iov_len)
+        o->cur++;
+      if (o->cur == o->n_seg) {
+        k->out_head = o->next;
+        if (!k->out_head)
+          k->out_tail = NULL;
+        free(o);
+      }
+    }
+  }
+}
+
+/* Checks a decoded reply m against the request of part p: its kind must be
+ * the request's kind | EMBPS_KIND_REPLY (or ERROR) and its counts those
+ * asked for. in_place: its bulk went straight to the part's destination
+ * (pull rows). Returns NULL, or what is wrong. */
+static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
+                                  int in_place) {
+  if (m->kind == EMBPS_KIND_ERROR)
+    return NULL;
+  if (m->kind != (p->kind | EMBPS_KIND_REPLY))
+    return "reply of the wrong kind";
+  switch (p->kind) {
+  case EMBPS_KIND_PULL:
+    if (!in_place || m->u.pull_reply.n_rows != p->n ||
+        m->u.pull_reply.dim != p->t->dim)
+      return "pull reply does not match the request";
+    break;
+  case EMBPS_KIND_PUSH:
+    if (m->u.push_reply.n_unique > p->n)
+      return "push reply counts more rows than were sent";
+    break;
+  case EMBPS_KIND_STATS:
+    if (m->u.stats.cluster_index != p->server)
+      return "stats reply from another cluster index";
+    break;
+  default:
+    break;
+  }
+  return NULL;
+}
+
+/* Hands a checked reply m (taken) to part p. */
+static void deliver(conn_t *k, part_t *p, embps_msg_t *m) {
+  embps_ticket_t *t = p->t;
+  if (m->kind == EMBPS_KIND_ERROR)
+    embps_ticket_fail_(t, m->u.error.code, "server %u (%s): %s", k->index,
+                       k->addr, m->u.error.message);
+  if (t->op == OP_SIMPLE || t->op == OP_HELLO) {
+    p->reply = *m;
+    p->has_reply = 1;
+    return; /* kept, an error too: the caller reads it */
+  }
+  embps_msg_free(m);
+}
+
+/* The pending part answered by request id `req_id`, or NULL. Replies
+ * mostly come in order, so this usually looks at the head only. */
+static part_t *find_part(conn_t *k, uint32_t req_id) {
+  part_t *p = k->pending_head;
+  while (p && p->req_id != req_id)
+    p = p->next;
+  return p;
+}
+
+static void unlink_part(conn_t *k, part_t *p) {
+  part_t *prev = NULL;
+  for (part_t *q = k->pending_head; q && q != p; q = q->next)
+    prev = q;
+  if (prev)
+    prev->next = p->next;
+  else
+    k->pending_head = p->next;
+  if (k->pending_tail == p)
+    k->pending_tail = prev;
+  p->next = NULL;
+}
+
+/* Where the body of a reply goes (the framer's header callback): finds
+ * its part; a pull reply of the expected size has its rows read straight
+ * into the ticket's row buffer, everything else is read into the
+ * connection's buffer. A header that is not one fails the connection. */
+static int on_reply_header(void *owner, const embps_frame_header_t *h,
+                           int rc, embps_framer_seg_t seg[2]) {
+  conn_t *k = owner;
+  if (rc) {
+    conn_fail(k, EMBPS_EPROTO, "malformed reply frame");
+    return EMBPS_FRAMER_STOP;
+  }
+  part_t *p = find_part(k, h->req_id);
+  size_t off = embps_bulk_offset(h->meta_len);
+  size_t buffered = h->body_len;
+  k->cur = p;
+  k->in_place = 0;
+  if (p && p->t->op == OP_PULL &&
+      h->kind == (EMBPS_KIND_PULL | EMBPS_KIND_REPLY) &&
+      h->body_len == off + p->n * p->t->dim * sizeof(float)) {
+    seg[1] = (embps_framer_seg_t){
+        (uint8_t *)(p->t->urows + p->base * p->t->dim), h->body_len - off};
+    k->in_place = 1;
+    buffered = off;
+  } else if (p && p->rdst && h->kind == (p->kind | EMBPS_KIND_REPLY) &&
+             h->body_len > off && h->body_len - off <= p->rdst_cap) {
+    seg[1] = (embps_framer_seg_t){p->rdst, h->body_len - off};
+    k->in_place = 1; /* embps_client_request_'s destination */
+    buffered = off;
+  }
+  if (buffered > k->body_cap) {
+    free(k->body);
+    k->body_cap = 0;
+    k->body = malloc(buffered);
+    if (!k->body) {
+      conn_fail(k, -ENOMEM, "out of memory for a reply");
+      return EMBPS_FRAMER_STOP;
+    }
+    k->body_cap = buffered;
+  }
+  seg[0] = (embps_framer_seg_t){k->body, buffered};
+  return EMBPS_FRAMER_READ;
+}
+
+/* A whole reply is in (the framer's frame callback): hands it to its
+ * part. Stops when the connection was failed. */
+static int on_reply(void *owner, const embps_frame_header_t *h) {
+  conn_t *k = owner;
+  part_t *p = k->cur;
+  int in_place = k->in_place;
+  k->cur = NULL;
+  k->in_place = 0;
+  if (p) {
+    /* A server replies once it has read the whole request. A reply that
+     * comes earlier would let embps_wait() return while the queue still
+     * points into the caller's buffers: treat it as the protocol error it
+     * is. */
+    for (const out_buf_t *o = k->out_head; o; o = o->next) {
+      if (o->part == p && o->n_seg > 1) {
+        conn_fail(k, EMBPS_EPROTO,
+                  "server replied before reading the whole request");
+        return EMBPS_FRAMER_STOP;
+      }
+    }
+    embps_msg_t m;
+    if (embps_msg_unpack(h->kind, k->body, h->meta_len, &m)) {
+      char why[64];
+      snprintf(why, sizeof why, "reply of kind %u does not decode", h->kind);
+      conn_fail(k, EMBPS_EPROTO, why);
+      return EMBPS_FRAMER_STOP;
+    }
+    const char *bad = reply_mismatch(p, &m, in_place);
+    if (bad || (m.kind == EMBPS_KIND_ERROR &&
+                m.u.error.code == EMBPS_ESHUTDOWN)) {
+      /* a lying server is dropped; one going away is retried elsewhere */
+      char why[EMBPS_MESSAGE_MAX + 64];
+      snprintf(why, sizeof why, "%s", bad ? bad : m.u.error.message);
+      embps_msg_free(&m);
+      conn_fail(k, bad ? EMBPS_EPROTO : EMBPS_ESHUTDOWN, why);
+      return EMBPS_FRAMER_STOP;
+    }
+    unlink_part(k, p);
+    size_t off = embps_bulk_offset(h->meta_len);
+    if (p->t->op == OP_SIMPLE && in_place) {
+      p->rbulk_len = h->body_len - off; /* in p->rdst */
+    } else if (p->t->op == OP_SIMPLE && h->body_len > off && !p->rbulk &&
+               (p->rbulk = malloc(h->body_len - off)) != NULL) {
+      memcpy(p->rbulk, k->body + off, h->body_len - off);
+      p->rbulk_len = h->body_len - off;
+    }
+    deliver(k, p, &m);
+    embps_part_done_(p);
+  } else if (h->kind == EMBPS_KIND_ERROR && h->req_id == 0) {
+    /* a connection-level refusal (e.g. --max-connections) */
+    embps_msg_t m;
+    char why[EMBPS_MESSAGE_MAX] = "connection refused by server";
+    int code = EMBPS_ECONN;
+    if (embps_msg_unpack(h->kind, k->body, h->meta_len, &m) == 0) {
+      snprintf(why, sizeof why, "%s", m.u.error.message);
+      code = m.u.error.code;
+    }
+    conn_fail(k, code, why);
+    return EMBPS_FRAMER_STOP;
+  } /* else: a reply nobody waits for any more */
+  return EMBPS_FRAMER_READ;
+}
+
+static const embps_framer_ops_t reply_ops = {on_reply_header, on_reply};
+
+/* Reads whatever is available on k and delivers complete frames. Each
+ * read goes where the framer says: a header, the connection's buffer or
+ * a pull's rows. (The framer never stops while k is open: every stop
+ * fails the connection first.) */
+static void conn_read(conn_t *k) {
+  for (;;) {
+    uint8_t *dst;
+    size_t want = embps_framer_want(&k->framer, &dst);
+    ssize_t r = read(k->fd, dst, want);
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        conn_fail(k, EMBPS_ECONN, strerror(errno));
+      return;
+    }
+    if (r == 0) {
+      conn_fail(k, EMBPS_ECONN, "server closed the connection");
+      return;
+    }
+    if (embps_framer_advance(&k->framer, (size_t)r))
+      return;
+  }
+}
+
+/* One round of I/O on every connection; waits at most timeout_ms, and not
+ * at all once ticket t is complete. */
+static int progress(embps_client_t *c, const embps_ticket_t *t,
+                    int timeout_ms) {
+  struct pollfd stack[16];
+  struct pollfd *pfd = c->n <= 16 ? stack : malloc(c->n * sizeof *pfd);
+  if (!pfd)
+    return -ENOMEM;
+  uint32_t nf = 0;
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    if (k->fd < 0 || (!k->out_head && !k->pending_head))
+      continue;
+    if (k->out_head)
+      conn_write(k); /* optimistic: usually the socket takes it all */
+    if (k->fd < 0)
+      continue;
+    pfd[nf].fd = k->fd;
+    pfd[nf].events = POLLIN | (k->out_head ? POLLOUT : 0);
+    pfd[nf].revents = 0;
+    nf++;
+  }
+  if (t->n_done == t->n_parts) /* e.g. a write failed */
+    timeout_ms = 0;
+  int n = poll(pfd, nf, timeout_ms); /* none: sleeps until a retry */
+  if (n > 0) {
+    for (uint32_t j = 0; j < nf; j++) {
+      if (!pfd[j].revents)
+        continue;
+      conn_t *k = NULL;
+      for (uint32_t i = 0; i < c->n; i++)
+        if (c->conns[i].fd == pfd[j].fd)
+          k = &c->conns[i];
+      if (!k)
+        continue;
+      if (pfd[j].revents & (POLLIN | POLLHUP | POLLERR))
+        conn_read(k);
+      if (k->fd >= 0 && (pfd[j].revents & POLLOUT))
+        conn_write(k);
+    }
+  }
+  if (pfd != stack)
+    free(pfd);
+  return 0;
+}
+
+/* After a timeout: drops the connections that still owe t a reply, so no
+ * late reply can land in a buffer the caller has taken back. Their other
+ * requests, and t's own while it may still retry, are sent again once the
+ * connection is back. */
+static void ticket_abandon(embps_client_t *c, embps_ticket_t *t, int code) {
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    if (k->fd < 0)
+      continue;
+    for (part_t *p = k->pending_head; p; p = p->next) {
+      if (p->t == t) {
+        conn_fail(k, code, "no reply in time; connection dropped");
+        break;
+      }
+    }
+  }
+}
+
+/* Whether a part of t waits on broken connection k (not yet sent again). */
+static int conn_holds(const conn_t *k, const embps_ticket_t *t) {
+  if (k->fd >= 0)
+    return 0;
+  for (const part_t *p = k->pending_head; p; p = p->next)
+    if (p->t == t)
+      return 1;
+  return 0;
+}
+
+/* t's retries are over: its parts waiting on broken connections fail with
+ * the reason the connection is down. */
+static void ticket_expire(embps_client_t *c, embps_ticket_t *t) {
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    while (conn_holds(k, t)) {
+      part_t *p = k->pending_head;
+      while (p->t != t)
+        p = p->next;
+      unlink_part(k, p);
+      embps_ticket_fail_(t, k->down_code ? k->down_code : EMBPS_ECONN,
+                         "%s (gave up after retrying for %d ms)", k->down_why,
+                         c->retry_ms);
+      embps_part_done_(p);
+    }
+  }
+}
+
+/* Ends t's retries: its parts still pending anywhere fail with code (or
+ * their connection's reason), so none stays linked once t is freed. */
+static void ticket_cancel(embps_client_t *c, embps_ticket_t *t, int code) {
+  t->retry_until_ns = 0;
+  ticket_abandon(c, t, code);
+  ticket_expire(c, t);
+}
+
+/* Reconnects the broken connections that hold parts of t and whose
+ * backoff is over; returns the earliest time another attempt is due
+ * (UINT64_MAX: none). */
+static uint64_t reconnect_due(embps_client_t *c, embps_ticket_t *t) {
+  uint64_t next = UINT64_MAX;
+  for (uint32_t i = 0; i < c->n; i++) {
+    conn_t *k = &c->conns[i];
+    if (!conn_holds(k, t))
+      continue;
+    if (embps_now_ns() >= k->retry_at_ns)
+      embps_client_connect_(c, i);
+    if (conn_holds(k, t) && k->retry_at_ns < next)
+      next = k->retry_at_ns;
+  }
+  return next;
+}
+
+/* Runs I/O until t completes. Each attempt (from t's last send) may take
+ * the client's timeout; while t may retry, a timed-out attempt or a broken
+ * connection leads to another. After the retry time a broken connection
+ * is final, but an attempt under way still gets its whole timeout. */
+int embps_ticket_run_(embps_client_t *c, embps_ticket_t *t) {
+  const uint64_t attempt_ns = (uint64_t)c->timeout_ms * 1000000ULL;
+  if (!t->sent_ns)
+    t->sent_ns = embps_now_ns();
+  while (t->n_done < t->n_parts) {
+    uint64_t now = embps_now_ns();
+    int retrying = t->retry_until_ns && now < t->retry_until_ns;
+    if (t->retry_until_ns && !retrying) {
+      ticket_expire(c, t);
+      if (t->n_done == t->n_parts)
+        break;
+    }
+    uint64_t until = t->sent_ns + attempt_ns;
+    if (now >= until) {
+      if (!retrying) {
+        embps_ticket_fail_(t, EMBPS_ETIMEDOUT, "no reply within %d ms%s",
+                           c->timeout_ms,
+                           t->retry_until_ns ? " (retries over)" : "");
+        ticket_cancel(c, t, EMBPS_ETIMEDOUT);
+        break;
+      }
+      ticket_abandon(c, t, EMBPS_ETIMEDOUT); /* and try again */
+      t->sent_ns = now;
+      continue;
+    }
+    if (retrying) {
+      uint64_t due = reconnect_due(c, t);
+      now = embps_now_ns();
+      if (due < until)
+        until = due > now ? due : now;
+      if (t->retry_until_ns < until)
+        until = t->retry_until_ns;
+    }
+    int ms = until > now ? (int)((until - now + 999999) / 1000000) : 0;
+    int rc = progress(c, t, ms);
+    if (rc) {
+      embps_ticket_fail_(t, rc, "%s", embps_strerror(rc));
+      ticket_cancel(c, t, rc);
+      break;
+    }
+  }
+  return t->result;
+}
+
+/* Lets t's parts be sent again after a connection failure, until the
+ * client's retry time from now is over. */
+void embps_ticket_allow_retry_(const embps_client_t *c, embps_ticket_t *t) {
+  if (c->retry_ms >= 0)
+    t->retry_until_ns = embps_now_ns() + (uint64_t)c->retry_ms * 1000000ULL;
+}
+
+static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
+  embps_ticket_t *t = embps_ticket_new_(OP_HELLO, 1);
+  if (!t)
+    return -ENOMEM;
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_HELLO;
+  m.u.hello.version = EMBPS_PROTOCOL_VERSION;
+  memcpy(m.u.hello.token, c->token, c->token_len);
+  m.u.hello.token_len = c->token_len;
+  part_t *p = &t->parts[0];
+  p->server = index;
+  p->kind = m.kind;
+  p->req_id = ++c->next_req_id;
+  int rc = embps_frame_build(&m, p->req_id, 0, &p->frame, &p->frame_len, NULL);
+  if (!rc) {
+    conn_send(k, p);
+    rc = embps_ticket_run_(c, t);
+  }
+  if (!rc) {
+    const embps_hello_reply_t *r = &p->reply.u.hello_reply;
+    k->max_frame = r->max_frame_bytes;
+    if (r->cluster_size != c->n || r->cluster_index != index) {
+      rc = EMBPS_EWRONGSERVER;
+      snprintf(t->error, sizeof t->error, "%s is server %u of a cluster of "
+               "%u, but the client lists it as server %u of %u", k->addr,
+               r->cluster_index, r->cluster_size, index, c->n);
+    }
+  }
+  if (rc)
+    embps_client_error_(c, rc, "%s",
+                        t->error[0] ? t->error : embps_strerror(rc));
+  embps_ticket_free_(t);
+  return rc;
+}
+
+/* Makes sure server s is connected (reconnecting after a failure); a new
+ * connection first sends again, in their order, the requests still
+ * pending from the broken one. A failure schedules the next attempt. */
+int embps_client_connect_(embps_client_t *c, uint32_t s) {
+  conn_t *k = &c->conns[s];
+  if (k->fd >= 0)
+    return 0;
+  char why[400];
+  int rc = connect_fd(k, c->timeout_ms, why, sizeof why);
+  if (rc) {
+    k->down_code = rc;
+    snprintf(k->down_why, sizeof k->down_why, "server %u (%s): %s", k->index,
+             k->addr, why);
+  } else {
+    embps_framer_init(&k->framer, &reply_ops, k, MAX_REPLY_BYTES);
+    rc = hello(c, k, s);
+    if (rc && k->fd >= 0)
+      conn_fail(k, rc, "hello failed");
+    if (rc) {
+      k->down_code = rc;
+      snprintf(k->down_why, sizeof k->down_why, "%s", c->last_error);
+    }
+  }
+  if (rc) {
+    k->backoff_ms = k->backoff_ms < BACKOFF_MIN_MS ? BACKOFF_MIN_MS
+                    : 2 * k->backoff_ms > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                         : 2 * k->backoff_ms;
+    k->retry_at_ns = embps_now_ns() + (uint64_t)k->backoff_ms * 1000000ULL;
+    return embps_client_error_(c, rc, "%s", k->down_why);
+  }
+  k->backoff_ms = 0;
+  for (part_t *p = k->pending_head; p; p = p->next) {
+    if (out_queue(k, p)) {
+      embps_conn_drop_(k, -ENOMEM, "out of memory", 0);
+      return embps_client_error_(c, -ENOMEM, "out of memory");
+    }
+  }
+  return 0;
+}
+
+/* Refuses a frame larger than server s accepts, before sending it. */
+int embps_client_frame_fits_(embps_client_t *c, uint32_t s,
+                             size_t frame_len) {
+  const conn_t *k = &c->conns[s];
+  size_t body = frame_len - EMBPS_FRAME_HEADER_LEN;
+  if (!k->max_frame || body <= k->max_frame)
+    return 0;
+  return embps_client_error_(c, EMBPS_EFRAMESIZE, "server %u (%s): frame of "
+                             "%zu bytes exceeds --max-frame-bytes %llu; split "
+                             "the request", k->index, k->addr, body,
+                             (unsigned long long)k->max_frame);
+}
+
+/* Sends part p, its frame built, to server s: now when connected (or it
+ * connects), later when the connection is down and p's ticket may retry;
+ * otherwise p fails. */
+void embps_part_submit_(embps_client_t *c, uint32_t s, part_t *p) {
+  conn_t *k = &c->conns[s];
+  int rc = 0;
+  int waiting = k->fd < 0 && k->pending_head && p->t->retry_until_ns &&
+                embps_now_ns() < k->retry_at_ns;
+  if (k->fd < 0 && !waiting)
+    rc = embps_client_connect_(c, s);
+  if (k->fd >= 0) {
+    conn_send(k, p);
+  } else if (p->t->retry_until_ns &&
+             code_retryable(rc ? rc : k->down_code)) {
+    pending_append(k, p);
+  } else {
+    embps_ticket_fail_(p->t, rc ? rc : k->down_code, "%s", c->last_error);
+    embps_part_done_(p);
+  }
+}
+
+/* Builds the frame for message m (no bulk) into p and sends it to server
+ * s. Returns 0 (a failure to send is p's ticket's) or the build error. */
+int embps_part_send_msg_(embps_client_t *c, uint32_t s, part_t *p,
+                         const embps_msg_t *m) {
+  p->server = s;
+  p->kind = m->kind;
+  p->req_id = ++c->next_req_id;
+  int rc = embps_frame_build(m, p->req_id, 0, &p->frame, &p->frame_len, NULL);
+  if (rc)
+    return embps_client_error_(c, rc, "%s", embps_strerror(rc));
+  rc = embps_client_frame_fits_(c, s, p->frame_len);
+  if (rc)
+    return rc;
+  embps_part_submit_(c, s, p);
+  return 0;
+}
+
+/* ------------------------------------------------- a request of any kind */
+
+int embps_client_request_(embps_client_t *c, uint32_t server,
+                          const embps_msg_t *m, uint8_t *dst, size_t dst_cap,
+                          embps_ticket_t **out) {
+  *out = NULL;
+  if (server >= c->n)
+    return embps_client_error_(c, EMBPS_EINVAL, "server %u of a cluster of "
+                               "%u", server, c->n);
+  embps_ticket_t *t = embps_ticket_new_(OP_SIMPLE, 1);
+  if (!t)
+    return embps_client_error_(c, -ENOMEM, "out of memory");
+  t->parts[0].rdst = dst;
+  t->parts[0].rdst_cap = dst ? dst_cap : 0;
+  int rc = embps_part_send_msg_(c, server, &t->parts[0], m);
+  if (rc) {
+    embps_ticket_free_(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+int embps_client_reply_(embps_client_t *c, embps_ticket_t *t,
+                        embps_msg_t *reply, size_t *bulk_len) {
+  memset(reply, 0, sizeof *reply);
+  *bulk_len = 0;
+  int rc = embps_ticket_run_(c, t);
+  part_t *p = &t->parts[0];
+  if (!rc && (!p->has_reply || p->rbulk))
+    rc = embps_client_error_(c, EMBPS_EPROTO, "server %u (%s): a reply of "
+                             "%zu bulk bytes where at most %zu were asked "
+                             "for", p->server, c->conns[p->server].addr,
+                             p->rbulk_len, p->rdst_cap);
+  else if (rc)
+    embps_client_error_(c, rc, "%s",
+                        t->error[0] ? t->error : embps_strerror(rc));
+  if (!rc) {
+    *reply = p->reply;
+    p->has_reply = 0;
+    *bulk_len = p->rbulk_len;
+  }
+  embps_ticket_free_(t);
+  return rc;
+}
