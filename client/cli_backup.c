@@ -188,8 +188,10 @@ static int backup_member(embps_client_t *c, uint32_t i, backup_t *b,
   embps_snapstream_end_t end;
   const uint64_t t0 = embps_now_ns();
   int rc = embps_snapshot_copy(c, i, &o, &sink, b, &info, &end);
-  if (b->file_fd >= 0)
+  if (b->file_fd >= 0) { /* a file the failure cut short */
     close(b->file_fd);
+    b->file_fd = -1;
+  }
   if (rc)
     snprintf(err, sizeof err, "%s", embps_client_last_error(c));
   if (!rc && info.cluster_index != i) {
