@@ -347,12 +347,61 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     r = RUN_(write_rows, p);
     break;
   }
+  case EMBPS_KIND_SNAPSHOT_BEGIN: {
+    Embps__SnapshotBegin p = EMBPS__SNAPSHOT_BEGIN__INIT;
+    const embps_snapshot_begin_t *q = &m->u.snap_begin;
+    p.has_with_log = p.has_max_chunk_bytes = p.has_idle_ms = 1;
+    p.with_log = q->with_log != 0;
+    p.max_chunk_bytes = q->max_chunk_bytes;
+    p.idle_ms = q->idle_ms;
+    r = RUN_(snapshot_begin, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_BEGIN | EMBPS_KIND_REPLY: {
+    Embps__SnapshotBeginReply p = EMBPS__SNAPSHOT_BEGIN_REPLY__INIT;
+    const embps_snapshot_begin_reply_t *q = &m->u.snap_begin_reply;
+    p.session = q->session;
+    p.has_lsn = p.has_chunk_bytes = p.has_cluster_size = 1;
+    p.has_cluster_index = p.has_shards = p.has_tables = p.has_idle_ms = 1;
+    p.lsn = q->lsn;
+    p.chunk_bytes = q->chunk_bytes;
+    p.cluster_size = q->cluster_size;
+    p.cluster_index = q->cluster_index;
+    p.shards = q->shards;
+    p.tables = q->tables;
+    p.idle_ms = q->idle_ms;
+    r = RUN_(snapshot_begin_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ: {
+    Embps__SnapshotRead p = EMBPS__SNAPSHOT_READ__INIT;
+    p.session = m->u.snap_read.session;
+    p.seq = m->u.snap_read.seq;
+    p.max_bytes = m->u.snap_read.max_bytes;
+    r = RUN_(snapshot_read, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ | EMBPS_KIND_REPLY: {
+    Embps__SnapshotReadReply p = EMBPS__SNAPSHOT_READ_REPLY__INIT;
+    p.seq = m->u.snap_read_reply.seq;
+    p.offset = m->u.snap_read_reply.offset;
+    p.done = m->u.snap_read_reply.done != 0;
+    r = RUN_(snapshot_read_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_END: {
+    Embps__SnapshotEnd p = EMBPS__SNAPSHOT_END__INIT;
+    p.session = m->u.snap_session;
+    r = RUN_(snapshot_end, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
-  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY: {
+  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_SNAPSHOT_END | EMBPS_KIND_REPLY: {
     Embps__Ack p = EMBPS__ACK__INIT;
     r = RUN_(ack, p);
     break;
@@ -673,12 +722,62 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
     FREE_(write_rows, p);
     break;
   }
+  case EMBPS_KIND_SNAPSHOT_BEGIN: {
+    UNPACK_(snapshot_begin, p);
+    m->u.snap_begin.with_log = p->with_log;
+    m->u.snap_begin.max_chunk_bytes = p->max_chunk_bytes;
+    m->u.snap_begin.idle_ms = p->idle_ms;
+    rc = 0;
+    FREE_(snapshot_begin, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_BEGIN | EMBPS_KIND_REPLY: {
+    UNPACK_(snapshot_begin_reply, p);
+    embps_snapshot_begin_reply_t *q = &m->u.snap_begin_reply;
+    q->session = p->session;
+    q->lsn = p->lsn;
+    q->chunk_bytes = p->chunk_bytes;
+    q->cluster_size = p->cluster_size;
+    q->cluster_index = p->cluster_index;
+    q->shards = p->shards;
+    q->tables = p->tables;
+    q->idle_ms = p->idle_ms;
+    rc = 0;
+    FREE_(snapshot_begin_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ: {
+    UNPACK_(snapshot_read, p);
+    m->u.snap_read.session = p->session;
+    m->u.snap_read.seq = p->seq;
+    m->u.snap_read.max_bytes = p->max_bytes;
+    rc = 0;
+    FREE_(snapshot_read, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ | EMBPS_KIND_REPLY: {
+    UNPACK_(snapshot_read_reply, p);
+    m->u.snap_read_reply.seq = p->seq;
+    m->u.snap_read_reply.offset = p->offset;
+    m->u.snap_read_reply.done = p->done;
+    rc = 0;
+    FREE_(snapshot_read_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_END: {
+    UNPACK_(snapshot_end, p);
+    m->u.snap_session = p->session;
+    rc = 0;
+    FREE_(snapshot_end, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
-  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY: {
+  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_SNAPSHOT_END | EMBPS_KIND_REPLY: {
     UNPACK_(ack, p);
     rc = 0;
     FREE_(ack, p);

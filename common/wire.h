@@ -8,6 +8,7 @@
  *   PUSH        n x int64 indices, then n x dim x float32 values
  *   SCAN reply  n x int64 ids, n x dim x float32, n x k x dim float32 state
  *   WRITE_ROWS  the same as a SCAN reply
+ *   SNAPSHOT_READ reply  the chunk's bytes of the snapshot stream
  */
 #ifndef EMBPS_WIRE_H
 #define EMBPS_WIRE_H
@@ -78,6 +79,26 @@ typedef struct {
 } embps_write_rows_t;
 
 typedef struct {
+  int with_log;
+  uint32_t max_chunk_bytes, idle_ms;
+} embps_snapshot_begin_t;
+
+typedef struct {
+  uint64_t session, lsn;
+  uint32_t chunk_bytes, cluster_size, cluster_index, shards, tables, idle_ms;
+} embps_snapshot_begin_reply_t;
+
+typedef struct {
+  uint64_t session, seq;
+  uint32_t max_bytes;
+} embps_snapshot_read_t;
+
+typedef struct {
+  uint64_t seq, offset;
+  int done;
+} embps_snapshot_read_reply_t;
+
+typedef struct {
   uint16_t kind; /* enum embps_kind, with EMBPS_KIND_REPLY for replies */
   union {
     embps_hello_t hello;             /* HELLO */
@@ -104,6 +125,11 @@ typedef struct {
     embps_scan_reply_t scan_reply;   /* SCAN | REPLY */
     embps_write_rows_t write_rows;   /* WRITE_ROWS; its reply: none */
     uint64_t evicted;                /* EVICT | REPLY (EVICT: name) */
+    embps_snapshot_begin_t snap_begin;             /* SNAPSHOT_BEGIN */
+    embps_snapshot_begin_reply_t snap_begin_reply; /* ... | REPLY */
+    embps_snapshot_read_t snap_read;               /* SNAPSHOT_READ */
+    embps_snapshot_read_reply_t snap_read_reply;   /* ... | REPLY */
+    uint64_t snap_session; /* SNAPSHOT_END (its reply: none) */
   } u;                               /* CREATE|DROP|LIST|STATS replies: none */
 } embps_msg_t;
 

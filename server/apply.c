@@ -73,6 +73,7 @@ static void *apply_main(void *arg) {
   for (embps_request_t *req; (req = next_locked(a));) {
     pthread_mutex_unlock(&a->mu);
     embps_metrics_queue(-1);
+    a->ctx.runs++;
     req->run(&a->ctx, req);
     pthread_mutex_lock(&a->mu);
   }

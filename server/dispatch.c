@@ -7,7 +7,8 @@
  * req->run: a push, merged in place first (duplicates summed inside the
  * frame buffer it arrived in, so it costs no allocation), runs push.c's
  * step; an import rows.c's; CREATE, DROP and ALTER ddl.c's; EVICT
- * evict.c's. CHECKPOINT goes to the checkpoint thread (durable.c). Those
+ * evict.c's. CHECKPOINT goes to the checkpoint thread (durable.c); the
+ * SNAPSHOT kinds to snapshot.c (BEGIN's marker to the apply thread). Those
  * are answered later (DEFERRED), through req->complete. The connection
  * (conn.c) runs a request only once its earlier pushes are applied, so a
  * read sees the pushes sent before it. */
@@ -21,6 +22,7 @@
 #include "push.h"
 #include "rows.h"
 #include "server.h"
+#include "snapshot.h"
 #include "token.h"
 
 /* Hands req to the apply thread, where run will answer it. */
@@ -287,6 +289,10 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     if (embps_rows_write_check(srv, req))
       break;
     return defer(srv, req, embps_rows_run);
+  case EMBPS_KIND_SNAPSHOT_BEGIN: /* snapshot.h */
+  case EMBPS_KIND_SNAPSHOT_READ:
+  case EMBPS_KIND_SNAPSHOT_END:
+    return embps_snapshot_dispatch(srv, req);
   default:
     embps_request_fail(srv, req, EMBPS_EKIND, "kind %u is not a request",
                        req->hdr.kind);

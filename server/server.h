@@ -28,9 +28,11 @@
  *   dispatch.c     each request kind on its I/O thread
  *   apply.c        the apply thread: runs req->run, in order
  *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
+ *   snapshot.c     snapshot sessions: the tables as a checkpoint stream
  *   durable.c      --data-dir: log records, acks, checkpoints, restore
  *   redo.c         one log record applied to the tables
  *   ckpt.c dio.c wal.c   checkpoint directories; the log's segments
+ *   marker.c       the state a checkpoint or a snapshot starts from
  *   sync.c request.c metrics.c seen.c cluster.c   helpers of the above
  *   registry.c table_io.c table.c policy.c hstore.c ...   the tables */
 #ifndef EMBPS_SERVER_H
@@ -112,6 +114,7 @@ struct embps_server {
   uint64_t start_ns;
   struct embps_apply *apply;
   struct embps_durable *dur; /* NULL without --data-dir */
+  struct embps_snapshots *snap; /* snapshot sessions (snapshot.h) */
 };
 
 /* Per-thread scratch, reused by every request of that thread. */

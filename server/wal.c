@@ -857,6 +857,96 @@ void embps_wal_delete_upto(const char *log_dir, uint64_t lsn) {
     embps_fsync_dir(log_dir);
 }
 
+/* The length of segment path's prefix (header included) whose records
+ * run from its first to upto, or to its end before; *last its last LSN.
+ * Reads record headers only. 0, or -1 with err. */
+static int segment_prefix(const char *path, uint64_t first, uint64_t upto,
+                          uint64_t *bytes, uint64_t *last, char *err,
+                          size_t err_len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, err_len, "log %s: %s", path, strerror(errno));
+    return -1;
+  }
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  uint64_t off = EMBPS_WAL_HEADER_BYTES, lsn = first;
+  int rc = -1;
+  if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h ||
+      memcmp(h, SEG_MAGIC, 8) || embps_get32(h + 28) != embps_crc32c(0, h, 28) ||
+      embps_get64(h + 16) != first) {
+    snprintf(err, err_len, "log %s: segment header at offset 0: short or "
+             "does not check", path);
+    goto out;
+  }
+  *last = first - 1;
+  while (lsn <= upto) {
+    ssize_t k = pread(fd, h, sizeof h, (off_t)off);
+    if (k == 0)
+      break; /* the segment ends: the next one goes on */
+    if (k != (ssize_t)sizeof h || embps_get32(h) != REC_MAGIC ||
+        embps_get32(h + 28) != embps_crc32c(0, h, 28) ||
+        embps_get64(h + 8) != lsn) {
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": not the "
+               "record of LSN %" PRIu64, path, off, lsn);
+      goto out;
+    }
+    off += EMBPS_WAL_HEADER_BYTES + embps_get32(h + 16);
+    *last = lsn++;
+  }
+  *bytes = off;
+  rc = 0;
+out:
+  close(fd);
+  return rc;
+}
+
+int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
+                       embps_wal_segment_fn visit, void *ctx, char *err,
+                       size_t err_len) {
+  if (upto <= after)
+    return 0;
+  seg_t *segs;
+  size_t n;
+  int rc = list_segments(log_dir, &segs, &n);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  size_t i = 0;
+  while (i + 1 < n && segs[i + 1].first <= after + 1)
+    i++;
+  uint64_t want = after + 1; /* the next LSN the copy needs */
+  if (!n || segs[i].first > want) {
+    snprintf(err, err_len, "log %s: the records after LSN %" PRIu64 " are "
+             "gone", log_dir, after);
+    rc = -1;
+  }
+  for (; !rc && i < n && want <= upto; i++) {
+    char path[1100];
+    uint64_t bytes, last;
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    if (segs[i].first > want) {
+      snprintf(err, err_len, "log %s: LSNs %" PRIu64 " to %" PRIu64 " are "
+               "missing", log_dir, want, segs[i].first - 1);
+      rc = -1;
+    } else {
+      rc = segment_prefix(path, segs[i].first, upto, &bytes, &last, err,
+                          err_len);
+    }
+    if (!rc && last >= want) { /* holds some of the records wanted */
+      rc = visit(ctx, segs[i].first, path, bytes, err, err_len);
+      want = last + 1;
+    }
+  }
+  if (!rc && want <= upto) {
+    snprintf(err, err_len, "log %s: the records from LSN %" PRIu64 " to %"
+             PRIu64 " are not there", log_dir, want, upto);
+    rc = -1;
+  }
+  free(segs);
+  return rc;
+}
+
 uint64_t embps_wal_bytes(const char *log_dir) {
   seg_t *segs;
   size_t n;

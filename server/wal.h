@@ -130,6 +130,20 @@ void embps_wal_delete_upto(const char *log_dir, uint64_t lsn);
 /* fsync of a directory (after a create, rename or unlink in it). 0 or
  * -errno. */
 int embps_fsync_dir(const char *dir);
+/* A copy of the records after..upto of a log being written (a snapshot
+ * of a backup): calls visit for each segment holding some of them, in
+ * order, with its first LSN, its path and the length of its prefix that
+ * ends with its last record <= upto (whole records, the segment header
+ * included). Reads record headers only and changes nothing; the caller
+ * keeps the segments from being deleted and has the records up to upto
+ * written. 0, or -1 with err (records missing, or a header that does not
+ * check), or visit's -1. */
+typedef int (*embps_wal_segment_fn)(void *ctx, uint64_t first,
+                                    const char *path, uint64_t bytes,
+                                    char *err, size_t err_len);
+int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
+                       embps_wal_segment_fn visit, void *ctx, char *err,
+                       size_t err_len);
 /* Bytes of all segments in log_dir. */
 uint64_t embps_wal_bytes(const char *log_dir);
 #endif
