@@ -295,6 +295,12 @@ static const embps_flag_group_t export_groups[] = {{export_flags, 0},
                                                    {NULL, 0}};
 static const embps_flag_group_t import_groups[] = {{import_flags, 0},
                                                    {NULL, 0}};
+static const embps_flag_t backup_flags[] = {
+    EMBPS_FLAG_STRING("out", "DIR", OPTS, out,
+                      "the directory to write: new or empty (required)"),
+    EMBPS_FLAG_END};
+static const embps_flag_group_t backup_groups[] = {{backup_flags, 0},
+                                                   {NULL, 0}};
 static const embps_flag_group_t no_groups[] = {{NULL, 0}};
 
 /* ------------------------------------------------------------ parsing */
@@ -388,6 +394,7 @@ typedef struct {
   const char *name; /* the table NAME, for the commands that take one */
   opts_t *o;
   const embps_flags_t *flags; /* which ones were given */
+  uint32_t member;            /* --member, or UINT32_MAX */
 } cmd_t;
 
 static int server_error(embps_client_t *c, int rc) {
@@ -853,6 +860,12 @@ static int check_export_import(cmd_t *cmd, int import) {
   return 0;
 }
 static int check_export(cmd_t *cmd) { return check_export_import(cmd, 0); }
+static int check_backup(cmd_t *cmd) {
+  return cmd->o->out ? 0 : die(2, "backup needs --out DIR (see embps --help)");
+}
+static int cmd_backup(cmd_t *cmd) { /* cli_backup.c */
+  return embps_cli_backup(cmd->client, cmd->member, cmd->o->out);
+}
 static int check_import(cmd_t *cmd) { return check_export_import(cmd, 1); }
 
 static int export_import(cmd_t *cmd, int import) {
@@ -1009,6 +1022,10 @@ static const command_t commands[] = {
      "the follower addressed (its only server, or --member I) stops "
      "following and becomes a primary of a new epoch",
      no_groups, NULL, cmd_promote},
+    {"backup", NULL,
+     "copy every member (or --member I) while it serves: DIR/member-I is a "
+     "data dir (--data-dir) holding its state at one LSN",
+     backup_groups, check_backup, cmd_backup},
     {"bench", NULL,
      "drive the servers with W workers pulling, then pushing, "
      "Zipf batches; report rows/s and latency",
@@ -1091,7 +1108,7 @@ static int run_command(const command_t *cmd, global_t *g,
   embps_table_spec_init(&o.spec, NULL, 0, EMBPS_OPT_SGD);
   embps_table_alter_init(&o.alter);
   embps_flags_t given;
-  cmd_t c = {NULL, NULL, &o, &given};
+  cmd_t c = {NULL, NULL, &o, &given, g->member};
   rc = parse_command(cmd, argc, argv, &c.name, &o, &given);
   if (!rc && cmd->check)
     rc = cmd->check(&c);

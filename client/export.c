@@ -198,6 +198,9 @@ static int parse_spec(embps_client_t *c, const char *path, const char *text,
       embps_optimizer_parse(opt, &o))
     return fail(c, EMBPS_EBADFILE, "%s: no valid \"dim\" and \"optimizer\"",
                 path);
+  if (!(dim >= 1 && dim <= EMBPS_DIM_MAX && dim == (double)(uint32_t)dim))
+    return fail(c, EMBPS_EBADFILE, "%s: \"dim\" %g is not a whole number in "
+                "[1, %u]", path, dim, EMBPS_DIM_MAX);
   embps_table_spec_init(s, name, (uint32_t)dim, o);
   int ok = 1, b;
   double d;
@@ -213,7 +216,7 @@ static int parse_spec(embps_client_t *c, const char *path, const char *text,
   if (json_value(text, "seed"))
     ok &= json_u64(text, "seed", &s->seed) == 0;
   if (json_value(text, "sync_workers") && (ok &= json_u64(
-      text, "sync_workers", &u) == 0))
+      text, "sync_workers", &u) == 0 && u <= UINT32_MAX))
     s->sync_workers = (uint32_t)u;
   if (json_value(text, "dynamic") && (ok &= json_bool(text, "dynamic",
                                                       &b) == 0))
@@ -680,6 +683,10 @@ int embps_import_table(embps_client_t *c, const char *table, const char *dir,
   const int set_step = (flags & EMBPS_IMPORT_STATE) && text &&
                        json_u64(text, "step", &step) == 0;
   rc = target_spec(c, table, spec_path, text, flags, &rs.spec);
+  if (!rc && set_step && step > EMBPS_STEP_MAX)
+    rc = fail(c, EMBPS_EBADFILE, "%s: \"step\" %" PRIu64 " is past the "
+              "largest a table reaches, 2^53 (EMBPS_STEP_MAX)", spec_path,
+              step);
   if (!rc && (flags & EMBPS_IMPORT_STATE) && !set_step &&
       embps_optimizer_state_slots(rs.spec.optimizer, NULL))
     rc = fail(c, EMBPS_EBADFILE, "%s: no \"step\" (the table's step counter "

@@ -75,6 +75,8 @@ struct part {
   int has_reply;
   uint8_t *rbulk; /* OP_SIMPLE: the reply's bulk (malloc'd), or NULL */
   size_t rbulk_len;
+  uint8_t *rdst;  /* OP_SIMPLE: where a reply's bulk up to rdst_cap goes */
+  size_t rdst_cap;
   part_t *next;
 };
 
@@ -207,4 +209,21 @@ int embps_client_wait_(embps_client_t *c, embps_ticket_t *t,
 /* Frees t without waiting (a reply still owed drops its connection);
  * NULL-safe. c may be NULL once destroyed. */
 void embps_client_cancel_(embps_client_t *c, embps_ticket_t *t);
+/* ---- a request of any kind (snapshot.c) ---- */
+
+/* Sends m (no bulk) to server s now, as a ticket of its own; the bulk of
+ * its reply, when it fits dst_cap bytes, is read straight into dst, which
+ * must stay valid until embps_client_reply_ (dst NULL: no bulk expected).
+ * Not sent again after a broken connection. 0 with *out, or an error
+ * (c's last error set). */
+int embps_client_request_(embps_client_t *c, uint32_t server,
+                          const embps_msg_t *m, uint8_t *dst, size_t dst_cap,
+                          embps_ticket_t **out);
+/* Waits for t (embps_client_request_'s) and frees it: 0 with *reply (the
+ * decoded reply: embps_msg_free it) and *bulk_len (its bulk bytes, in
+ * dst), or the server's error or a transport error (c's last error set).
+ * A reply whose bulk did not fit dst is EMBPS_EPROTO. Every ticket must be
+ * waited for before its dst is reused. */
+int embps_client_reply_(embps_client_t *c, embps_ticket_t *t,
+                        embps_msg_t *reply, size_t *bulk_len);
 #endif

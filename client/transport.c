@@ -383,6 +383,11 @@ static int on_reply_header(void *owner, const embps_frame_header_t *h,
         (uint8_t *)(p->t->urows + p->base * p->t->dim), h->body_len - off};
     k->in_place = 1;
     buffered = off;
+  } else if (p && p->rdst && h->kind == (p->kind | EMBPS_KIND_REPLY) &&
+             h->body_len > off && h->body_len - off <= p->rdst_cap) {
+    seg[1] = (embps_framer_seg_t){p->rdst, h->body_len - off};
+    k->in_place = 1; /* embps_client_request_'s destination */
+    buffered = off;
   }
   if (buffered > k->body_cap) {
     free(k->body);
@@ -441,8 +446,10 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
     }
     unlink_part(k, p);
     size_t off = embps_bulk_offset(h->meta_len);
-    if (p->t->op == OP_SIMPLE && h->body_len > off && !p->rbulk &&
-        (p->rbulk = malloc(h->body_len - off)) != NULL) {
+    if (p->t->op == OP_SIMPLE && in_place) {
+      p->rbulk_len = h->body_len - off; /* in p->rdst */
+    } else if (p->t->op == OP_SIMPLE && h->body_len > off && !p->rbulk &&
+               (p->rbulk = malloc(h->body_len - off)) != NULL) {
       memcpy(p->rbulk, k->body + off, h->body_len - off);
       p->rbulk_len = h->body_len - off;
     }
@@ -787,4 +794,50 @@ int embps_part_send_msg_(embps_client_t *c, uint32_t s, part_t *p,
     return rc;
   embps_part_submit_(c, s, p);
   return 0;
+}
+
+/* ------------------------------------------------- a request of any kind */
+
+int embps_client_request_(embps_client_t *c, uint32_t server,
+                          const embps_msg_t *m, uint8_t *dst, size_t dst_cap,
+                          embps_ticket_t **out) {
+  *out = NULL;
+  if (server >= c->n)
+    return embps_client_error_(c, EMBPS_EINVAL, "server %u of a cluster of "
+                               "%u", server, c->n);
+  embps_ticket_t *t = embps_ticket_new_(OP_SIMPLE, 1);
+  if (!t)
+    return embps_client_error_(c, -ENOMEM, "out of memory");
+  t->parts[0].rdst = dst;
+  t->parts[0].rdst_cap = dst ? dst_cap : 0;
+  int rc = embps_part_send_msg_(c, server, &t->parts[0], m);
+  if (rc) {
+    embps_ticket_free_(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+int embps_client_reply_(embps_client_t *c, embps_ticket_t *t,
+                        embps_msg_t *reply, size_t *bulk_len) {
+  memset(reply, 0, sizeof *reply);
+  *bulk_len = 0;
+  int rc = embps_ticket_run_(c, t);
+  part_t *p = &t->parts[0];
+  if (!rc && (!p->has_reply || p->rbulk))
+    rc = embps_client_error_(c, EMBPS_EPROTO, "server %u (%s): a reply of "
+                             "%zu bulk bytes where at most %zu were asked "
+                             "for", p->server, c->conns[p->server].addr,
+                             p->rbulk_len, p->rdst_cap);
+  else if (rc)
+    embps_client_error_(c, rc, "%s",
+                        t->error[0] ? t->error : embps_strerror(rc));
+  if (!rc) {
+    *reply = p->reply;
+    p->has_reply = 0;
+    *bulk_len = p->rbulk_len;
+  }
+  embps_ticket_free_(t);
+  return rc;
 }

@@ -161,7 +161,7 @@ static const embps_flag_t server_flags[] = {
     SIZE_("max-tables", "N", max_tables, 1, 1000000,
           "tables per server (default 1024)"),
     SIZE_("idle-timeout", "SECONDS", idle_timeout_s, 0, 86400 * 365,
-          "close idle connections (default 0: never)"),
+          "close idle connections (default 600; 0: never)"),
     SIZE_("hello-timeout", "SECONDS", hello_timeout_s, 1, 3600,
           "close connections with no hello by then (default 5)"),
     SIZE_("max-conn-buffer-bytes", "N", max_conn_buffer_bytes, 1ULL << 16,
@@ -279,6 +279,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->sync_timeout_ms = 5000;
   d->repl_backlog_bytes = 256ULL << 20;
   d->max_lag_ms = 5000;
+  d->idle_timeout_s = 600; /* idle workers reconnect on their next call */
 
   embps_flags_t p;
   int rc = embps_flags_parse(&p, groups, &a, argc, argv, NULL, err, err_len);

@@ -47,6 +47,7 @@
 #include "follow.h"
 #include "notify.h"
 #include "server.h"
+#include "snapshot.h"
 
 #define ACCEPT_RETRY_MS 100
 #define LOG_EVERY_MS 1000
@@ -222,6 +223,7 @@ static void begin_stop(net_t *net) {
   }
   embps_apply_drain(net->srv.apply);
   embps_feed_drain(net->srv.feed);
+  embps_snapshots_drain(net->srv.snap);
   io_drain_all(net);
 }
 
@@ -379,6 +381,7 @@ static net_t *net_of(embps_server_t *srv) {
 /* What /metrics reads from the durable layer and the cluster. */
 static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stats = embps_durable_stats,
+    .durable_stall_ms = embps_durable_stall_ms,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
     .repl_stats = embps_follow_stats,
@@ -433,6 +436,8 @@ static int net_start(net_t *net) {
                                           : EMBPS_ROLE_PRIMARY);
   if (cfg->follow[0] && embps_follow_create(srv))
     return EMBPS_EINVAL;
+  if ((rc = embps_snapshots_create(srv, &srv->snap)))
+    return rc;
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;
@@ -511,6 +516,8 @@ static int net_stop_threads(net_t *net) {
   }
   for (uint32_t i = 0; i < net->n_io; i++)
     embps_io_join(net->io[i]);
+  embps_snapshots_destroy(srv->snap); /* no READ can come any more */
+  srv->snap = NULL;
   int status = 0;
   if (srv->apply) {
     status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */

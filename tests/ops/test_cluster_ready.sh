@@ -37,8 +37,10 @@ member() {
     --metrics-listen 127.0.0.1:0 --metrics-port-file "$TMP/$name.mport" "$@"
   printf -v "${name}_M" 'http://127.0.0.1:%s' "$(cat "$TMP/$name.mport")"
 }
-# readyz URL: the status code; the body in $TMP/body
-readyz() { curl -s -o "$TMP/body" -w '%{http_code}' "$1/readyz"; }
+# readyz URL: the status code; the body (which names tables for a
+# request with the token only) in $TMP/body
+readyz() { curl -s -H "Authorization: Bearer cluster-secret" -o "$TMP/body" \
+             -w '%{http_code}' "$1/readyz"; }
 # wait_readyz URL CODE [PATTERN]: up to 15 s for that code (and a body
 # matching PATTERN); 0 when it came
 wait_readyz() {
@@ -67,6 +69,9 @@ member a1 1 "$TMP/d1-empty"
 want="missing table \"user\" held by server 0 (127.0.0.1:$P0)"
 wait_readyz "$a1_M" 503 "$want" && ok "restarted empty: /readyz 503 naming user" ||
   bad "restarted empty: /readyz 503 naming user" "$(cat "$TMP/body")"
+[ "$(curl -s -o "$TMP/body" -w '%{http_code}' "$a1_M/readyz")" = 503 ] &&
+  ! grep -q user "$TMP/body" && ok "without the token: 503 naming no table" ||
+  bad "without the token: 503 naming no table" "$(cat "$TMP/body")"
 [ "$(gauge "$a1_M" embps_cluster_missing_tables)" = 1 ] &&
   ok "embps_cluster_missing_tables 1" || bad "embps_cluster_missing_tables 1"
 curl -s "$a1_M/metrics" >"$TMP/metrics"

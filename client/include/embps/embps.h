@@ -154,6 +154,11 @@ typedef enum {
 
 #define EMBPS_TABLE_NAME_MAX 128
 #define EMBPS_DIM_MAX 65536
+/* The largest step counter a table reaches (2^53: exact in a double, as
+ * Adam's bias correction computes with it; ~285 years at a million pushes
+ * a second). Setting a larger one is refused; a push at it fails with
+ * EMBPS_ELIMIT. */
+#define EMBPS_STEP_MAX (1ULL << 53)
 
 /*
  * The fields of a table spec after its name and dim, written once as
