@@ -299,13 +299,43 @@ static int spec_diff(const embps_table_spec_t *have,
   return 0;
 }
 
-/* Which servers lack table spec->name: describes it on every server and
- * sets lack[s] for those answering EMBPS_ENOTABLE. A server holding it with
- * another spec, or any other failure, is an error naming the server. */
-static int find_lacking(embps_client_t *c, const embps_table_spec_t *spec,
-                        uint8_t *lack, uint32_t *n_lack) {
+/* Writes "server 1 (H:P), server 3 (H:P)" for the servers s < n with
+ * mask[s] == want into buf: at most 4 by name, then "and K more". */
+static void name_servers(const embps_client_t *c, const uint8_t *mask,
+                         uint8_t want, uint32_t n, char *buf, size_t len) {
+  size_t used = 0;
+  uint32_t named = 0, more = 0;
+  buf[0] = 0;
+  for (uint32_t s = 0; s < n; s++) {
+    if (mask[s] != want)
+      continue;
+    if (named == 4) {
+      more++;
+      continue;
+    }
+    int w = snprintf(buf + used, len - used, "%sserver %u (%s)",
+                     named ? ", " : "", s, c->conns[s].addr);
+    if (w > 0 && (size_t)w < len - used)
+      used += (size_t)w;
+    named++;
+  }
+  if (more && used < len)
+    snprintf(buf + used, len - used, " and %u more", more);
+}
+
+/* Which servers lack table `name`: describes it on every server (on a
+ * member client, its member) and sets lack[s] for those answering
+ * EMBPS_ENOTABLE; *n_asked gets the servers asked. With want, a server
+ * holding it with another spec is EMBPS_EEXIST naming the server; without,
+ * *have gets the spec of the first server holding it, and one holding
+ * another is EMBPS_EEXIST too. Any other failure is an error naming the
+ * server. */
+static int find_lacking(embps_client_t *c, const char *name,
+                        const embps_table_spec_t *want,
+                        embps_table_spec_t *have, uint8_t *lack,
+                        uint32_t *n_lack, uint32_t *n_asked) {
   embps_msg_t m;
-  int rc = name_msg(c, &m, EMBPS_KIND_DESCRIBE, spec->name);
+  int rc = name_msg(c, &m, EMBPS_KIND_DESCRIBE, name);
   if (rc)
     return rc;
   embps_ticket_t *t;
@@ -314,26 +344,59 @@ static int find_lacking(embps_client_t *c, const embps_table_spec_t *spec,
     return rc;
   rc = 0;
   *n_lack = 0;
+  *n_asked = t->n_parts;
+  int known = want != NULL;
+  uint32_t from = 0; /* the server whose spec is compared with */
   for (uint32_t i = 0; i < t->n_parts && !rc; i++) {
     const part_t *p = &t->parts[i];
     uint32_t s = p->server;
     const conn_t *k = &c->conns[s];
     char why[160];
-    if (!p->has_reply)
+    if (!p->has_reply) {
       rc = embps_client_error_(c, t->result ? t->result : EMBPS_ECONN, "%s",
                                t->error);
-    else if (p->reply.kind == EMBPS_KIND_ERROR &&
-             p->reply.u.error.code == EMBPS_ENOTABLE)
+    } else if (p->reply.kind == EMBPS_KIND_ERROR &&
+               p->reply.u.error.code == EMBPS_ENOTABLE) {
       *n_lack += lack[s] = 1;
-    else if (p->reply.kind == EMBPS_KIND_ERROR)
+    } else if (p->reply.kind == EMBPS_KIND_ERROR) {
       rc = embps_client_error_(c, p->reply.u.error.code, "server %u (%s): %s",
                                s, k->addr, p->reply.u.error.message);
-    else if (spec_diff(&p->reply.u.info.spec, spec, why, sizeof why))
-      rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" already exists "
-                               "on server %u (%s) with %s", spec->name, s,
-                               k->addr, why);
+    } else if (!known) {
+      *have = p->reply.u.info.spec;
+      want = have;
+      from = s;
+      known = 1;
+    } else if (spec_diff(&p->reply.u.info.spec, want, why, sizeof why)) {
+      if (want == have)
+        rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" differs "
+                                 "between servers: server %u (%s) holds it "
+                                 "with %s of server %u (%s); nothing "
+                                 "created", name, s, k->addr, why, from,
+                                 c->conns[from].addr);
+      else
+        rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" already "
+                                 "exists on server %u (%s) with %s", name, s,
+                                 k->addr, why);
+    }
   }
   embps_ticket_free_(t);
+  return rc;
+}
+
+/* Creates spec on every server s with lack[s]. */
+static int create_on(embps_client_t *c, const embps_table_spec_t *spec,
+                     const uint8_t *lack) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_CREATE;
+  m.u.spec = *spec;
+  int rc = 0;
+  for (uint32_t s = 0; s < c->n && !rc; s++) {
+    embps_ticket_t *t;
+    if (lack[s] && (rc = broadcast(c, &m, s, &t)) == 0)
+      embps_ticket_free_(t);
+  }
+  forget_table(c, spec->name);
   return rc;
 }
 
@@ -346,32 +409,56 @@ int embps_create_table_ex(embps_client_t *c, const embps_table_spec_t *spec,
   uint8_t *lack = calloc(c->n, 1);
   if (!lack)
     return embps_client_error_(c, -ENOMEM, "out of memory");
-  uint32_t n_lack = 0;
-  rc = find_lacking(c, spec, lack, &n_lack);
+  uint32_t n_lack = 0, n_asked = 0;
+  rc = find_lacking(c, spec->name, spec, NULL, lack, &n_lack, &n_asked);
   if (!rc && !n_lack && !(flags & EMBPS_CREATE_EXIST_OK)) {
     if (c->n == 1)
       rc = embps_client_error_(c, EMBPS_EEXIST, "server 0 (%s): table \"%s\" "
                                "already exists", c->conns[0].addr, spec->name);
     else
       rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" already exists "
-                               "on all %u servers", spec->name, c->n);
+                               "on all %u servers", spec->name, n_asked);
+  } else if (!rc && n_lack && n_lack < n_asked) {
+    char lacking[400], holding[400];
+    name_servers(c, lack, 1, c->n, lacking, sizeof lacking);
+    name_servers(c, lack, 0, c->n, holding, sizeof holding);
+    rc = embps_client_error_(c, EMBPS_EPARTIAL, "table \"%s\" is missing on "
+                             "%s but held by %s: a member that lost its "
+                             "data; nothing created. Complete it explicitly "
+                             "(its rows there start again from the "
+                             "initializer): embps complete-table %s, or "
+                             "restore its data dir", spec->name, lacking,
+                             holding, spec->name);
   }
-  embps_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.kind = EMBPS_KIND_CREATE;
-  m.u.spec = *spec;
-  for (uint32_t s = 0; s < c->n && !rc; s++) {
-    embps_ticket_t *t;
-    if (lack[s] && (rc = broadcast(c, &m, s, &t)) == 0)
-      embps_ticket_free_(t);
-  }
+  if (!rc)
+    rc = create_on(c, spec, lack);
   free(lack);
-  forget_table(c, spec->name);
   return rc;
 }
 
 int embps_create_table(embps_client_t *c, const embps_table_spec_t *spec) {
   return embps_create_table_ex(c, spec, 0);
+}
+
+int embps_complete_table(embps_client_t *c, const char *name,
+                         uint32_t *created) {
+  if (created)
+    *created = 0;
+  uint8_t *lack = calloc(c->n, 1);
+  if (!lack)
+    return embps_client_error_(c, -ENOMEM, "out of memory");
+  embps_table_spec_t spec;
+  uint32_t n_lack = 0, n_asked = 0;
+  int rc = find_lacking(c, name, NULL, &spec, lack, &n_lack, &n_asked);
+  if (!rc && n_lack == n_asked)
+    rc = embps_client_error_(c, EMBPS_ENOTABLE, "table \"%s\": no server "
+                             "holds it (nothing to complete it from)", name);
+  if (!rc && n_lack)
+    rc = create_on(c, &spec, lack);
+  if (!rc && created)
+    *created = n_lack;
+  free(lack);
+  return rc;
 }
 
 int embps_drop_table(embps_client_t *c, const char *name) {

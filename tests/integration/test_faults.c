@@ -4,8 +4,9 @@
  * through a proxy that drops the connection after the
  * server applied a push (the retry must be acknowledged as a duplicate and
  * the row change once); replies of the wrong kind from a forked fake server;
- * a cluster member restarted empty (errors name it, tables and stats say
- * what it lacks, create-table completes it).
+ * a cluster member restarted with an empty data dir (errors name it,
+ * tables and stats say what it lacks, a create refuses to refill it, and
+ * complete-table does).
  *
  * Tables use SGD with lr 1 and zero init, so a row is exactly minus the sum
  * of the gradients applied to it: a push applied twice, or lost, shows. */
@@ -554,45 +555,62 @@ static int held_on(embps_client_t *c, uint32_t s) {
   return h;
 }
 
-/* A member killed -9 and restarted empty: errors about it name it, tables
- * and stats say it lacks the table, a create with another spec is refused
- * naming the first field that differs, and one with the same spec
- * completes the member (then EEXIST, or 0 with exist-ok). */
+/* A member of a cluster of three, with data dirs, killed -9 and
+ * restarted with an empty data dir: errors about it name it, tables and
+ * stats say it lacks the table. A create of the table — the same spec,
+ * with exist-ok or without, from the library or the CLI, as workers do at
+ * every start — is EMBPS_EPARTIAL naming the member that lacks it, those
+ * that hold it and complete-table, and creates nothing; another spec is
+ * refused naming the first field that differs. complete-table is the
+ * explicit act: it creates the table on that member alone (its row starts
+ * from the initializer, the others keep theirs); then a create is
+ * EEXIST, or 0 with exist-ok. */
 static void test_cluster_member_lost(void **state) {
   (void)state;
-  it_server_t srv[3];
+  it_server_t srv[4];
   memset(srv, 0, sizeof srv);
-  static const char *const a0[] = {"--cluster-size", "2", "--cluster-index",
-                                   "0", NULL};
-  static const char *const a1[] = {"--cluster-size", "2", "--cluster-index",
-                                   "1", NULL};
-  serve(&srv[0], 0, a0);
-  serve(&srv[1], 0, a1);
-  char servers[80], name1[64];
-  snprintf(servers, sizeof servers, "%s,%s", srv[0].addr, srv[1].addr);
+  char data[] = "/tmp/embps-lost-XXXXXX", dirs[4][64];
+  assert_non_null(mkdtemp(data));
+  const char *args[4][7];
+  static const char *const index[] = {"0", "1", "2", "1"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(dirs[i], sizeof dirs[i], "%s/d%d", data, i);
+    const char *a[] = {"--cluster-size", "3",  "--cluster-index", index[i],
+                       "--data-dir",     dirs[i], NULL};
+    memcpy(args[i], a, sizeof a);
+  }
+  for (int i = 0; i < 3; i++)
+    serve(&srv[i], 0, args[i]);
+  char servers[120], name1[64];
+  snprintf(servers, sizeof servers, "%s,%s,%s", srv[0].addr, srv[1].addr,
+           srv[2].addr);
   snprintf(name1, sizeof name1, "server 1 (%s)", srv[1].addr);
   embps_client_t *c = client_for(servers, 5000, 3000);
   embps_table_spec_t s = sgd_table("user");
   CHECK(embps_create_table(c, &s), c);
-  int64_t id1 = 0; /* an id server 1 owns */
-  while (embps_route(id1, 2) != 1)
-    id1++;
-  float g[DIM] = {1, 1, 1, 1}, row[DIM];
-  CHECK(embps_push(c, "user", &id1, 1, g, DIM, 0), c);
+  int64_t id[3] = {0, 0, 0}; /* id[k]: an id server k owns */
+  for (int k = 0; k < 3; k++)
+    while (embps_route(id[k], 3) != (uint32_t)k)
+      id[k]++;
+  float g[3 * DIM], row[DIM];
+  for (int i = 0; i < 3 * DIM; i++)
+    g[i] = 1;
+  CHECK(embps_push(c, "user", id, 3, g, DIM, 0), c);
   assert_true(held_on(c, 1));
 
   int port1 = srv[1].port;
   it_server_kill(&srv[1]);
-  serve(&srv[2], port1, a1);
-  int rc = embps_pull(c, "user", &id1, 1, row, DIM);
+  serve(&srv[3], port1, args[3]); /* member 1 again, its data dir empty */
+  int rc = embps_pull(c, "user", &id[1], 1, row, DIM);
   assert_int_equal(rc, EMBPS_ENOTABLE);
-  char want[128];
+  char want[256];
   snprintf(want, sizeof want, "%s: unknown table \"user\"", name1);
   if (!strstr(embps_client_last_error(c), want))
     fail_msg("error about the restarted member: \"%s\", want \"%s\"",
              embps_client_last_error(c), want);
   assert_true(held_on(c, 0));
   assert_false(held_on(c, 1));
+  assert_true(held_on(c, 2));
   char missing[128];
   snprintf(missing, sizeof missing, "missing on %s", name1);
   static const char *const tables[] = {"tables", NULL};
@@ -605,6 +623,23 @@ static void test_cluster_member_lost(void **state) {
   cli_expect(servers, 0, missing, stats);
   cli_expect(servers, 0, "\"missing_tables\": [\"user\"]", stats_json);
 
+  /* the same spec: refused, naming who lacks it and who holds it */
+  snprintf(want, sizeof want, "table \"user\" is missing on %s but held by "
+           "server 0 (%s), server 2 (%s)", name1, srv[0].addr, srv[2].addr);
+  for (unsigned flags = 0; flags < 2; flags++) {
+    rc = embps_create_table_ex(c, &s, flags ? EMBPS_CREATE_EXIST_OK : 0);
+    assert_int_equal(rc, EMBPS_EPARTIAL);
+    if (!strstr(embps_client_last_error(c), want) ||
+        !strstr(embps_client_last_error(c), "embps complete-table user"))
+      fail_msg("create of a table member 1 lost: \"%s\", want \"%s\" and "
+               "the way to complete it", embps_client_last_error(c), want);
+  }
+  static const char *const create_ok[] = {"create-table", "user", "--dim",
+                                          "4", "--rows", "64", "--lr", "1",
+                                          "--exist-ok", NULL};
+  cli_expect(servers, 1, want, create_ok);
+  assert_false(held_on(c, 1)); /* nothing was created */
+
   embps_table_spec_t other = s;
   other.lr = 0.5;
   rc = embps_create_table(c, &other);
@@ -614,24 +649,33 @@ static void test_cluster_member_lost(void **state) {
   if (!strstr(embps_client_last_error(c), want))
     fail_msg("create with another spec: \"%s\", want \"%s\"",
              embps_client_last_error(c), want);
-  assert_false(held_on(c, 1)); /* nothing was created */
+  assert_false(held_on(c, 1));
 
+  /* the explicit act */
+  static const char *const complete[] = {"complete-table", "user", NULL};
+  cli_expect(servers, 0, "created on 1 server(s)", complete);
+  assert_true(held_on(c, 1));
+  expect_row(c, "user", id[0], -1, "row kept on member 0");
+  expect_row(c, "user", id[1], 0, "row of the completed member");
+  expect_row(c, "user", id[2], -1, "row kept on member 2");
+  uint32_t created = 9;
+  CHECK(embps_complete_table(c, "user", &created), c);
+  assert_int_equal(created, 0);
+  assert_int_equal(embps_complete_table(c, "nope", NULL), EMBPS_ENOTABLE);
   static const char *const create[] = {"create-table", "user", "--dim", "4",
                                        "--rows", "64", "--lr", "1", NULL};
-  static const char *const create_ok[] = {"create-table", "user", "--dim",
-                                          "4", "--rows", "64", "--lr", "1",
-                                          "--exist-ok", NULL};
-  cli_expect(servers, 0, "", create);
-  assert_true(held_on(c, 1));
-  cli_expect(servers, 1, "table \"user\" already exists on all 2 servers",
+  cli_expect(servers, 1, "table \"user\" already exists on all 3 servers",
              create);
   cli_expect(servers, 0, "", create_ok);
   assert_int_equal(embps_create_table(c, &s), EMBPS_EEXIST);
   CHECK(embps_create_table_ex(c, &s, EMBPS_CREATE_EXIST_OK), c);
-  CHECK(embps_push(c, "user", &id1, 1, g, DIM, 0), c);
-  expect_row(c, "user", id1, -1, "row on the completed member");
+  CHECK(embps_push(c, "user", &id[1], 1, g, DIM, 0), c);
+  expect_row(c, "user", id[1], -1, "row on the completed member");
   embps_client_destroy(c);
-  stop_all(srv, 3);
+  stop_all(srv, 4);
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", data);
+  assert_int_equal(system(cmd), 0);
 }
 
 /* ================================================================ main */

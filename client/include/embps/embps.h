@@ -104,7 +104,8 @@ EMBPS_EXTERN size_t embps_abi_size(const char *type_name);
   X(EINTERNAL, -30021, "internal error")                                      \
   X(EIO, -30022, "data dir I/O error")                                         \
   X(ENODATADIR, -30023, "server has no --data-dir")                           \
-  X(EBADFILE, -30024, "bad export/import file")
+  X(EBADFILE, -30024, "bad export/import file")                               \
+  X(EPARTIAL, -30025, "on some servers only")
 
 enum embps_errno {
 #define EMBPS_ERRNO_ENUM_(name, code, msg) EMBPS_##name = (code),
@@ -415,18 +416,32 @@ EMBPS_EXTERN const char *embps_client_server_address(const embps_client_t *c,
 /* Create flags. */
 #define EMBPS_CREATE_EXIST_OK 1u /* a table that exists with this spec: 0 */
 
-/* Creates the table on every server of the cluster that lacks it (a
- * member restarted empty is completed). A server that holds it with
- * another spec makes it EMBPS_EEXIST, naming the server and the first
- * field that differs, and nothing is created; one that holds it on every
- * server with this spec is EMBPS_EEXIST too, or 0 with
- * EMBPS_CREATE_EXIST_OK. */
+/* Creates the table on every server of the cluster. It first describes
+ * the table on every server: a server that holds it with another spec
+ * makes it EMBPS_EEXIST, naming the server and the first field that
+ * differs; a table every server holds with this spec is EMBPS_EEXIST too,
+ * or 0 with EMBPS_CREATE_EXIST_OK. A table some servers hold and others
+ * lack (a member that came back without its data) is EMBPS_EPARTIAL,
+ * flag or not, naming the servers that lack it and those that hold it:
+ * completing a member starts its rows again from the initializer, so it
+ * is an explicit act (embps_complete_table). In each failure nothing is
+ * created. A member client (embps_client_create_member) asks and creates
+ * on its member alone. */
 EMBPS_EXTERN int embps_create_table_ex(embps_client_t *c,
                                        const embps_table_spec_t *spec,
                                        unsigned flags);
 /* embps_create_table_ex(c, spec, 0). */
 EMBPS_EXTERN int embps_create_table(embps_client_t *c,
                                     const embps_table_spec_t *spec);
+/* Completes table `name` on the servers that lack it while others hold it
+ * (a member that came back without its data): creates it there with the
+ * spec the holders agree on. The rows (and step counter) there start
+ * again from the table's initializer: what that member held is not
+ * recovered. *created (may be NULL) gets the servers it was created on (0
+ * when every server holds it). EMBPS_ENOTABLE when no server holds it;
+ * EMBPS_EEXIST when the holders' specs differ (nothing is created). */
+EMBPS_EXTERN int embps_complete_table(embps_client_t *c, const char *name,
+                                      uint32_t *created);
 EMBPS_EXTERN int embps_drop_table(embps_client_t *c, const char *name);
 /* The spec and counters of one table, summed over the servers. */
 EMBPS_EXTERN int embps_describe_table(embps_client_t *c, const char *name,

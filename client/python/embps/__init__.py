@@ -312,6 +312,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                          ctypes.c_int]),
         "embps_create_table": (ctypes.c_int, [P, ctypes.POINTER(_Spec)]),
         "embps_drop_table": (ctypes.c_int, [P, ctypes.c_char_p]),
+        "embps_complete_table": (ctypes.c_int, [P, ctypes.c_char_p,
+                                                ctypes.POINTER(ctypes.c_uint32)]),
         "embps_describe_table": (ctypes.c_int, [P, ctypes.c_char_p,
                                                 ctypes.POINTER(_Info)]),
         "embps_list_tables": (ctypes.c_int, [P,
@@ -684,7 +686,11 @@ class Client:
         how the server stores the weights (pulls and pushes stay float32;
         optimizer state is float32). exist_ok: an existing table with the
         same spec is fine; one with a different spec raises TableExists
-        (EMBPS_EEXIST) naming every difference. Dynamic tables also take
+        (EMBPS_EEXIST) naming every difference. A table some servers hold
+        and others lack (a member that lost its data) raises PartialError
+        naming them, exist_ok or not, and is created nowhere: completing
+        those servers resets their rows, an explicit act (complete_table).
+        Dynamic tables also take
         admit_after, admit_probability, admit_sketch_bytes, ttl_steps,
         max_rows, evict ("lru"|"lfu") and evict_l2_below (README,
         "Admission and eviction")."""
@@ -730,6 +736,19 @@ class Client:
                 rc = 0
             self._check(rc)
         self._dims[name] = dim
+
+    def complete_table(self, name: str) -> int:
+        """Creates table `name` on the servers that lack it while others
+        hold it (a member that came back without its data), with the spec
+        the others hold, and returns how many servers it was created on.
+        The rows there start again from the table's initializer: what that
+        member held is lost. This is the explicit act create_table
+        (exist_ok or not) refuses to do silently (PartialError)."""
+        created = ctypes.c_uint32(0)
+        with self._lock:
+            self._check(_lib().embps_complete_table(
+                self._h(), name.encode(), ctypes.byref(created)))
+        return created.value
 
     def drop_table(self, name: str) -> None:
         """Drops table `name` on every server (TableNotFound if none holds
