@@ -215,9 +215,11 @@ static int name_msg(embps_client_t *c, embps_msg_t *m, uint16_t kind,
 /* Sends m to every server (or only server `only` if < n) and waits. *out
  * is the ticket (caller frees; NULL only when out of memory): part i holds
  * server i's reply, an ERROR reply included, or none after a connection
- * failure. Returns the first error. */
+ * failure. max_reply: the largest reply body m can produce (0: what its
+ * kind allows). Returns the first error. */
 static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
-                          uint32_t only, embps_ticket_t **out) {
+                          uint32_t only, size_t max_reply,
+                          embps_ticket_t **out) {
   if (only >= c->n && c->member < c->n) /* embps_client_create_member */
     only = c->member;
   uint32_t n = only < c->n ? 1 : c->n;
@@ -232,6 +234,7 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
     embps_ticket_allow_retry_(c, t);
   int rc = 0;
   for (uint32_t i = 0; i < n && !rc; i++) {
+    t->parts[i].max_reply = max_reply;
     rc = embps_part_send_msg_(c, only < c->n ? only : i, &t->parts[i], m);
     if (rc) /* parts never sent count as done */
       t->n_done += n - i;
@@ -248,7 +251,7 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
  * part (caller frees). */
 static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
                      embps_ticket_t **out) {
-  int rc = broadcast_each(c, m, only, out);
+  int rc = broadcast_each(c, m, only, 0, out);
   if (rc) {
     embps_ticket_free_(*out);
     *out = NULL;
@@ -339,7 +342,7 @@ static int find_lacking(embps_client_t *c, const char *name,
   if (rc)
     return rc;
   embps_ticket_t *t;
-  rc = broadcast_each(c, &m, UINT32_MAX, &t);
+  rc = broadcast_each(c, &m, UINT32_MAX, 0, &t);
   if (!t)
     return rc;
   rc = 0;
@@ -577,6 +580,15 @@ const char *embps_client_server_address(const embps_client_t *c,
   return c && index < c->n ? c->conns[index].addr : NULL;
 }
 
+/* A server's text field, escaped in place (control bytes and invalid
+ * UTF-8 as \xNN; cut to fit), as every server text the library hands
+ * over. */
+static void escape_field(char *field, size_t cap) {
+  char raw[256];
+  snprintf(raw, sizeof raw, "%s", field);
+  embps_escape(raw, field, cap);
+}
+
 int embps_stats(embps_client_t *c, embps_server_stats_t **out,
                 size_t *n_servers) {
   embps_msg_t m;
@@ -596,6 +608,10 @@ int embps_stats(embps_client_t *c, embps_server_stats_t **out,
     v[i] = t->parts[i].reply.u.stats;
     snprintf(v[i].address, sizeof v[i].address, "%.63s",
              c->conns[t->parts[i].server].addr);
+    escape_field(v[i].version, sizeof v[i].version);
+    escape_field(v[i].data_dir, sizeof v[i].data_dir);
+    escape_field(v[i].fsync, sizeof v[i].fsync);
+    escape_field(v[i].durability_failed, sizeof v[i].durability_failed);
     t->parts[i].reply.u.stats.tables = NULL; /* handed to the caller */
     t->parts[i].reply.u.stats.n_tables = 0;
   }
@@ -703,6 +719,12 @@ static int table_spec(embps_client_t *c, const char *name,
     return rc;
   info = t->parts[0].reply.u.info;
   embps_ticket_free_(t);
+  if (strcmp(info.spec.name, name) || info.spec.dim == 0 ||
+      info.spec.dim > EMBPS_DIM_MAX)
+    return embps_client_error_(c, EMBPS_EPROTO, "server 0 (%s): described "
+                               "table \"%s\" of dim %u when asked for \"%s\"",
+                               c->conns[0].addr, info.spec.name,
+                               info.spec.dim, name);
   cached_table_t *v = realloc(c->tables, (c->n_tables + 1) * sizeof *v);
   if (!v)
     return embps_client_error_(c, -ENOMEM, "out of memory");
@@ -1158,10 +1180,22 @@ int embps_scan(embps_client_t *c, uint32_t server, const char *table,
   m.u.scan.cursor = cursor;
   m.u.scan.max_rows = max_rows;
   m.u.scan.with_state = (flags & EMBPS_SCAN_STATE) != 0;
-  embps_ticket_t *t;
-  rc = broadcast(c, &m, server, &t);
-  if (rc)
+  /* the largest reply the scan can have: max_rows rows of the table's
+   * dim with every state slot, within the frames the server sends */
+  const embps_table_spec_t *spec;
+  if ((rc = table_spec(c, table, &spec)))
     return rc;
+  const uint64_t row_max = 8 + 4 * (uint64_t)spec->dim * 3;
+  uint64_t max = c->conns[server].max_frame ? c->conns[server].max_frame
+                                            : EMBPS_REPLY_MAX;
+  if (max_rows && max_rows * row_max < max)
+    max = max_rows * row_max;
+  embps_ticket_t *t;
+  rc = broadcast_each(c, &m, server, (size_t)max + EMBPS_REPLY_META_MAX, &t);
+  if (rc) {
+    embps_ticket_free_(t);
+    return rc;
+  }
   part_t *p = &t->parts[0];
   const embps_scan_reply_t *r = &p->reply.u.scan_reply;
   const uint64_t per_row =

@@ -361,12 +361,67 @@ static int append_chunk(writers_t *ws, const embps_scan_chunk_t *ch,
   return rc;
 }
 
+/* The most rows a scan of table s (info: its counters at some moment)
+ * may bring from all servers together: a dense table's rows; for a
+ * dynamic one, twice every row it ever made (rows held and rows evicted:
+ * rows made during the export count once they are described), plus a
+ * chunk. What a server sends beyond that is not the table's. */
+static uint64_t scan_row_limit(const embps_table_info_t *info, uint32_t max) {
+  const embps_table_spec_t *s = &info->spec;
+  if (!s->dynamic)
+    return s->rows;
+  return 2 * (info->rows_allocated + info->evicted_ttl +
+              info->evicted_capacity + info->evicted_l2) +
+         max;
+}
+
+/* Checks a chunk of server srv of table `table` (spec s) against what the
+ * table can hold: every chunk but the last moves the cursor on, its ids
+ * are the server's (and a dense table's in range), the rows so far (*got,
+ * counted) are within the limit (described again once before giving up:
+ * a dynamic table grows). 0, or EMBPS_EPROTO (or the describe's error)
+ * with c's error set. */
+static int check_chunk_sane(embps_client_t *c, const char *table,
+                            const embps_table_spec_t *s, uint32_t srv,
+                            uint64_t cursor, const embps_scan_chunk_t *ch,
+                            uint32_t max, uint64_t *limit, uint64_t *got) {
+  const char *addr = embps_client_server_address(c, srv);
+  const uint32_t n_srv = (uint32_t)embps_client_n_servers(c);
+  if (!ch->done && ch->next_cursor <= cursor)
+    return fail(c, EMBPS_EPROTO, "server %u (%s): a scan of table \"%s\" "
+                "that is not done did not move its cursor on (%" PRIu64
+                " after %" PRIu64 "): the export stops", srv, addr, table,
+                ch->next_cursor, cursor);
+  for (size_t i = 0; i < ch->n; i++)
+    if (embps_route(ch->ids[i], n_srv) != srv ||
+        (!s->dynamic && (uint64_t)ch->ids[i] >= s->rows))
+      return fail(c, EMBPS_EPROTO, "server %u (%s): scan of table \"%s\" "
+                  "sent id %" PRId64 ", which is not one of its rows", srv,
+                  addr, table, ch->ids[i]);
+  *got += ch->n;
+  if (*got <= *limit)
+    return 0;
+  embps_table_info_t info;
+  int rc = embps_describe_table(c, table, &info);
+  if (rc)
+    return rc;
+  *limit = scan_row_limit(&info, max);
+  if (*got <= *limit)
+    return 0;
+  return fail(c, EMBPS_EPROTO, "server %u (%s): the scan of table \"%s\" "
+              "sent %" PRIu64 " rows, more than the table holds (%" PRIu64
+              "): the export stops", srv, addr, table, *got, *limit);
+}
+
 /* Streams every server's rows into the writers; *step = the table's step
- * (the largest a server reports: pushes go to every server). */
-static int scan_all(embps_client_t *c, const char *table, unsigned flags,
+ * (the largest a server reports: pushes go to every server). info: the
+ * table, described before. */
+static int scan_all(embps_client_t *c, const char *table,
+                    const embps_table_info_t *info, unsigned flags,
                     writers_t *ws, uint64_t *step) {
   char err[EMBPS_NPY_PATH_MAX + 256];
   const uint32_t max = chunk_rows(c, ws->dim, ws->slots);
+  uint64_t limit = scan_row_limit(info, max), got = 0;
   for (uint32_t s = 0; s < embps_client_n_servers(c); s++) {
     uint64_t cursor = 0;
     for (int done = 0; !done;) {
@@ -381,14 +436,17 @@ static int scan_all(embps_client_t *c, const char *table, unsigned flags,
         return fail(c, EMBPS_EPROTO, "server %u: table \"%s\" changed shape "
                     "during the export", s, table);
       }
-      rc = append_chunk(ws, &ch, err, sizeof err);
+      rc = check_chunk_sane(c, table, &info->spec, s, cursor, &ch, max,
+                            &limit, &got);
+      if (!rc && (rc = append_chunk(ws, &ch, err, sizeof err)))
+        rc = fail(c, rc, "%s", err);
       if (ch.step > *step)
         *step = ch.step;
       cursor = ch.next_cursor;
       done = ch.done;
       embps_scan_chunk_free(&ch);
       if (rc)
-        return fail(c, rc, "%s", err);
+        return rc;
     }
   }
   return 0;
@@ -398,8 +456,9 @@ static int scan_all(embps_client_t *c, const char *table, unsigned flags,
  * scanned from every server, then spec.json, all as temporary files of fs
  * (the caller commits them, or removes them after a failure). */
 static int export_rows(embps_client_t *c, const char *table,
-                       const embps_table_spec_t *s, unsigned flags,
+                       const embps_table_info_t *info, unsigned flags,
                        files_t *fs, uint64_t *rows_out) {
+  const embps_table_spec_t *s = &info->spec;
   const char *const *slot_names;
   uint32_t slots = embps_optimizer_state_slots(s->optimizer, &slot_names);
   if (!(flags & EMBPS_EXPORT_STATE))
@@ -428,7 +487,7 @@ static int export_rows(embps_client_t *c, const char *table,
     rc = fail(c, rc, "%s", err);
   uint64_t step = 0;
   if (!rc)
-    rc = scan_all(c, table, flags, &ws, &step);
+    rc = scan_all(c, table, info, flags, &ws, &step);
   const uint64_t rows = ws.ids.rows;
   if (!rc) {
     rc = embps_npy_finish(&ws.ids, err, sizeof err);
@@ -473,7 +532,7 @@ int embps_export_table(embps_client_t *c, const char *table, const char *dir,
   if ((flags & EMBPS_EXPORT_DENSE) && !s->dynamic)
     rc = embps_export_dense_(c, &info, &fs, &rows);
   else
-    rc = export_rows(c, table, s, flags, &fs, &rows);
+    rc = export_rows(c, table, &info, flags, &fs, &rows);
   if (!rc)
     rc = embps_export_commit_(c, &fs);
   if (rc)

@@ -20,6 +20,12 @@
 #include "merge.h"
 #include "wire.h"
 
+/* The largest reply body read at all, and the largest meta of a reply:
+ * a reply without bulk (an error, a hello, a push's counts, a table's
+ * info) is its meta alone, a few hundred bytes. */
+#define EMBPS_REPLY_MAX (1u << 30)
+#define EMBPS_REPLY_META_MAX (64u << 10)
+
 typedef struct part part_t;
 
 /* A queued request frame: its part's frame and, for a bulk sent from the
@@ -71,6 +77,10 @@ struct part {
   uint32_t *pos; /* push: positions in the caller's arrays (K > 1) */
   size_t base;   /* pull: first position in the ticket's unique list */
   size_t n;
+  /* The largest reply body this request can produce; 0: what its kind
+   * allows (transport.c, reply_max). A reply announcing more is refused
+   * at its header, before its body is read. */
+  size_t max_reply;
   embps_msg_t reply; /* OP_SIMPLE/OP_HELLO: the decoded reply */
   int has_reply;
   uint8_t *rbulk; /* OP_SIMPLE: the reply's bulk (malloc'd), or NULL */

@@ -22,7 +22,14 @@
  * very same bytes in the same order, once a reconnection with backoff
  * succeeds; each attempt gets the client's timeout, after which the
  * connections that owe the ticket a reply are dropped, so no late reply
- * lands in a buffer the caller took back. */
+ * lands in a buffer the caller took back.
+ *
+ * A server's reply is trusted only as far as the request allows: its
+ * header is checked against the largest body the request can produce
+ * before the body is read (a 3-row pull cannot make a 1 GiB reply
+ * allocate anything), its kind and counts against the request once
+ * decoded, and a server's error text is escaped (control bytes as \xNN)
+ * before it reaches a message, a terminal or an exception. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -41,7 +48,11 @@
 #include "util.h"
 #include "wire.h"
 
-#define MAX_REPLY_BYTES (1u << 30)
+#define MAX_REPLY_BYTES EMBPS_REPLY_MAX
+#define SMALL_REPLY_MAX EMBPS_REPLY_META_MAX
+/* LIST and STATS replies hold one table info (~500 bytes) per table: room
+ * for 100,000 tables. */
+#define TABLES_REPLY_MAX (64u << 20)
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
 
@@ -294,17 +305,46 @@ static void conn_write(conn_t *k) {
   }
 }
 
+/* Whether a table name a server sent can be shown: printable ASCII, no
+ * space (the server's names are [A-Za-z0-9_.-]). */
+static int name_printable(const char *name) {
+  for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+    if (*c <= 0x20 || *c >= 0x7f)
+      return 0;
+  return 1;
+}
+
+/* Whether every table info of a reply has a printable name. */
+static int infos_printable(const embps_table_info_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!name_printable(v[i].spec.name))
+      return 0;
+  return 1;
+}
+
 /* Checks a decoded reply m against the request of part p: its kind must be
- * the request's kind | EMBPS_KIND_REPLY (or ERROR) and its counts those
- * asked for. in_place: its bulk went straight to the part's destination
- * (pull rows). Returns NULL, or what is wrong. */
+ * the request's kind | EMBPS_KIND_REPLY (or ERROR), its counts those
+ * asked for, the table names it holds printable. in_place: its bulk went
+ * straight to the part's destination (pull rows). Returns NULL, or what
+ * is wrong. */
 static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
                                   int in_place) {
+  static const char *const bad_name =
+      "reply names a table with a control, space or non-ASCII byte";
   if (m->kind == EMBPS_KIND_ERROR)
     return NULL;
   if (m->kind != (p->kind | EMBPS_KIND_REPLY))
     return "reply of the wrong kind";
   switch (p->kind) {
+  case EMBPS_KIND_DESCRIBE:
+  case EMBPS_KIND_ALTER:
+    if (!infos_printable(&m->u.info, 1))
+      return bad_name;
+    break;
+  case EMBPS_KIND_LIST:
+    if (!infos_printable(m->u.list.v, m->u.list.n))
+      return bad_name;
+    break;
   case EMBPS_KIND_PULL:
     if (!in_place || m->u.pull_reply.n_rows != p->n ||
         m->u.pull_reply.dim != p->t->dim)
@@ -317,6 +357,8 @@ static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
   case EMBPS_KIND_STATS:
     if (m->u.stats.cluster_index != p->server)
       return "stats reply from another cluster index";
+    if (!infos_printable(m->u.stats.tables, m->u.stats.n_tables))
+      return bad_name;
     break;
   default:
     break;
@@ -324,12 +366,23 @@ static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
   return NULL;
 }
 
+/* A server's text, escaped in place: control bytes and invalid UTF-8
+ * become \xNN, so what a server says cannot drive a terminal or forge
+ * lines of a message (cut to fit). */
+static void escape_server_text(char *text, size_t cap) {
+  char raw[EMBPS_MESSAGE_MAX];
+  snprintf(raw, sizeof raw, "%s", text);
+  embps_escape(raw, text, cap);
+}
+
 /* Hands a checked reply m (taken) to part p. */
 static void deliver(conn_t *k, part_t *p, embps_msg_t *m) {
   embps_ticket_t *t = p->t;
-  if (m->kind == EMBPS_KIND_ERROR)
+  if (m->kind == EMBPS_KIND_ERROR) {
+    escape_server_text(m->u.error.message, sizeof m->u.error.message);
     embps_ticket_fail_(t, m->u.error.code, "server %u (%s): %s", k->index,
                        k->addr, m->u.error.message);
+  }
   if (t->op == OP_SIMPLE || t->op == OP_HELLO) {
     p->reply = *m;
     p->has_reply = 1;
@@ -360,10 +413,41 @@ static void unlink_part(conn_t *k, part_t *p) {
   p->next = NULL;
 }
 
+/* The largest reply body the request of part p can produce: its rows for
+ * a pull (and the meta), its max_reply when its builder set one (a scan),
+ * one table info per table for a list or stats, the meta alone for the
+ * other kinds this file knows; a kind it does not know sets max_reply. */
+static size_t reply_max(const part_t *p) {
+  if (p->max_reply)
+    return p->max_reply;
+  switch (p->kind) {
+  case EMBPS_KIND_PULL:
+    return SMALL_REPLY_MAX + p->n * p->t->dim * sizeof(float);
+  case EMBPS_KIND_LIST:
+  case EMBPS_KIND_STATS:
+    return TABLES_REPLY_MAX;
+  case EMBPS_KIND_HELLO:
+  case EMBPS_KIND_CREATE:
+  case EMBPS_KIND_DROP:
+  case EMBPS_KIND_DESCRIBE:
+  case EMBPS_KIND_PUSH:
+  case EMBPS_KIND_CHECKPOINT:
+  case EMBPS_KIND_WRITE_ROWS:
+  case EMBPS_KIND_ALTER:
+  case EMBPS_KIND_EVICT:
+    return SMALL_REPLY_MAX;
+  default:
+    return MAX_REPLY_BYTES;
+  }
+}
+
 /* Where the body of a reply goes (the framer's header callback): finds
- * its part; a pull reply of the expected size has its rows read straight
+ * its part and checks the body's size against what the request can
+ * produce (an error's against an error's) before anything is read or
+ * allocated; a pull reply of the expected size has its rows read straight
  * into the ticket's row buffer, everything else is read into the
- * connection's buffer. A header that is not one fails the connection. */
+ * connection's buffer. A header that is not one, answers no request, or
+ * announces more than its request can produce fails the connection. */
 static int on_reply_header(void *owner, const embps_frame_header_t *h,
                            int rc, embps_framer_seg_t seg[2]) {
   conn_t *k = owner;
@@ -374,6 +458,22 @@ static int on_reply_header(void *owner, const embps_frame_header_t *h,
   part_t *p = find_part(k, h->req_id);
   size_t off = embps_bulk_offset(h->meta_len);
   size_t buffered = h->body_len;
+  const int error = h->kind == EMBPS_KIND_ERROR;
+  const size_t max = error ? SMALL_REPLY_MAX : p ? reply_max(p) : 0;
+  if (!p && !(error && h->req_id == 0)) {
+    char why[96];
+    snprintf(why, sizeof why, "reply to request %u, which was not sent "
+             "on this connection", h->req_id);
+    conn_fail(k, EMBPS_EPROTO, why);
+    return EMBPS_FRAMER_STOP;
+  }
+  if (h->body_len > max) {
+    char why[160];
+    snprintf(why, sizeof why, "reply of kind %u announces %u bytes, more "
+             "than its request can produce (%zu)", h->kind, h->body_len, max);
+    conn_fail(k, EMBPS_EPROTO, why);
+    return EMBPS_FRAMER_STOP;
+  }
   k->cur = p;
   k->in_place = 0;
   if (p && p->t->op == OP_PULL &&
@@ -435,6 +535,8 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
                 m.u.error.code == EMBPS_ESHUTDOWN)) {
       /* a lying server is dropped; one going away is retried elsewhere */
       char why[EMBPS_MESSAGE_MAX + 64];
+      if (!bad)
+        escape_server_text(m.u.error.message, sizeof m.u.error.message);
       snprintf(why, sizeof why, "%s", bad ? bad : m.u.error.message);
       embps_msg_free(&m);
       conn_fail(k, bad ? EMBPS_EPROTO : EMBPS_ESHUTDOWN, why);
@@ -457,6 +559,7 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
     char why[EMBPS_MESSAGE_MAX] = "connection refused by server";
     int code = EMBPS_ECONN;
     if (embps_msg_unpack(h->kind, k->body, h->meta_len, &m) == 0) {
+      escape_server_text(m.u.error.message, sizeof m.u.error.message);
       snprintf(why, sizeof why, "%s", m.u.error.message);
       code = m.u.error.code;
     }

@@ -3,7 +3,10 @@
  * after a timeout, across a graceful (SIGTERM) restart behind a proxy, and
  * through a proxy that drops the connection after the
  * server applied a push (the retry must be acknowledged as a duplicate and
- * the row change once); replies of the wrong kind from a forked fake server;
+ * the row change once); lying servers (harness_liar.h): replies of the
+ * wrong kind, replies larger than their request can produce (refused
+ * before they are read), scans that never end (stopped by progress),
+ * text with control bytes (escaped);
  * a cluster member restarted with an empty data dir (errors name it,
  * tables and stats say what it lacks, a create refuses to refill it, and
  * complete-table does).
@@ -20,6 +23,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +38,7 @@
 #include "embps/embps.h"
 #include "frame.h"
 #include "harness.h"
+#include "harness_liar.h"
 #include "proxy.h"
 #include "wire.h"
 
@@ -408,71 +413,25 @@ static void test_retry_across_graceful_restart(void **state) {
 
 /* ================================================================ replies */
 
-static int fake_read(int fd, void *buf, size_t n) {
-  uint8_t *b = buf;
-  while (n) {
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (poll(&pfd, 1, 10000) != 1)
-      return -1;
-    ssize_t r = read(fd, b, n);
-    if (r <= 0)
-      return -1;
-    b += r;
-    n -= (size_t)r;
+/* The first lie: every LIST, STATS and PULL answered with a DESCRIBE
+ * reply, every PUSH with a reply counting more rows than were sent. */
+static int lie_kinds(int fd, const embps_frame_header_t *h,
+                     const embps_msg_t *req, const uint8_t *bulk, void *arg) {
+  (void)req;
+  (void)bulk;
+  (void)arg;
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  if (h->kind == EMBPS_KIND_PUSH) {
+    m.kind = EMBPS_KIND_PUSH | EMBPS_KIND_REPLY;
+    m.u.push_reply.applied = 1;
+    m.u.push_reply.n_unique = 1000;
+  } else {
+    m.kind = EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY;
+    m.u.info.spec = sgd_table("liar");
+    m.u.info.rows_allocated = 0x4141414141414141ULL;
   }
-  return 0;
-}
-
-static int fake_reply(int fd, embps_msg_t *m, uint32_t req_id) {
-  uint8_t *frame;
-  size_t len;
-  if (embps_frame_build(m, req_id, 0, &frame, &len, NULL))
-    return -1;
-  ssize_t w = send(fd, frame, len, MSG_NOSIGNAL);
-  free(frame);
-  return w == (ssize_t)len ? 0 : -1;
-}
-
-/* A lying server, forked: answers the hello, then every LIST, STATS and
- * PULL with a DESCRIBE reply and every PUSH with a reply counting more
- * rows than were sent; DESCRIBE is answered truthfully. Serves each
- * connection in turn until killed. */
-static void fake_liar(int lfd) {
-  for (;;) {
-    int fd = accept(lfd, NULL, NULL);
-    if (fd < 0)
-      _exit(2);
-    uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
-    embps_frame_header_t h;
-    uint8_t *body = NULL;
-    while (!fake_read(fd, hdr, sizeof hdr) &&
-           !embps_frame_header_decode(hdr, 1u << 26, &h)) {
-      free(body);
-      body = malloc(h.body_len ? h.body_len : 1);
-      if (!body || fake_read(fd, body, h.body_len))
-        break;
-      embps_msg_t m;
-      memset(&m, 0, sizeof m);
-      if (h.kind == EMBPS_KIND_HELLO) {
-        m.kind = EMBPS_KIND_HELLO | EMBPS_KIND_REPLY;
-        m.u.hello_reply.version = EMBPS_PROTOCOL_VERSION;
-        m.u.hello_reply.cluster_size = 1;
-        m.u.hello_reply.max_frame_bytes = 1u << 26;
-      } else if (h.kind == EMBPS_KIND_PUSH) {
-        m.kind = EMBPS_KIND_PUSH | EMBPS_KIND_REPLY;
-        m.u.push_reply.applied = 1;
-        m.u.push_reply.n_unique = 1000;
-      } else {
-        m.kind = EMBPS_KIND_DESCRIBE | EMBPS_KIND_REPLY;
-        m.u.info.spec = sgd_table("liar");
-        m.u.info.rows_allocated = 0x4141414141414141ULL;
-      }
-      if (fake_reply(fd, &m, h.req_id))
-        break;
-    }
-    free(body);
-    close(fd);
-  }
+  return it_liar_reply(fd, &m, h->req_id, NULL, 0);
 }
 
 /* Every reply is checked against its request's kind and counts: the
@@ -480,26 +439,10 @@ static void fake_liar(int lfd) {
  * tables and stats read pointers made of the reply's bytes and crashed). */
 static void test_reply_kind_checked(void **state) {
   (void)state;
-  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  assert_true(lfd >= 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t al = sizeof a;
-  assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(listen(lfd, 8), 0);
-  assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    fake_liar(lfd);
-  }
-  close(lfd);
-  char addr[32];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
-  embps_client_t *c = client_for(addr, 5000, 0);
+  embps_table_spec_t spec = sgd_table("liar");
+  it_liar_t liar;
+  it_liar_start(&liar, &spec, lie_kinds, NULL);
+  embps_client_t *c = client_for(liar.addr, 5000, 0);
   embps_table_info_t *v = NULL;
   size_t n = 0;
   assert_int_equal(embps_list_tables(c, &v, &n), EMBPS_EPROTO);
@@ -515,10 +458,237 @@ static void test_reply_kind_checked(void **state) {
   CHECK(embps_describe_table(c, "liar", &info), c);
   assert_string_equal(info.spec.name, "liar");
   embps_client_destroy(c);
-  kill(pid, SIGKILL);
-  int status;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  it_liar_stop(&liar);
+}
+
+/* A reply header announcing `bytes` of body to any PULL or STATS, then
+ * zeros for as long as the client reads them. */
+static int lie_huge(int fd, const embps_frame_header_t *h,
+                    const embps_msg_t *req, const uint8_t *bulk, void *arg) {
+  (void)req;
+  (void)bulk;
+  const uint32_t bytes = *(const uint32_t *)arg;
+  embps_frame_header_t r = {.body_len = bytes, .meta_len = 8,
+                            .req_id = h->req_id,
+                            .kind = (uint16_t)(h->kind | EMBPS_KIND_REPLY)};
+  uint8_t hdr[EMBPS_FRAME_HEADER_LEN];
+  embps_frame_header_encode(&r, hdr);
+  if (it_send_full(fd, hdr, sizeof hdr))
+    return -1;
+  static uint8_t zeros[1 << 16];
+  for (uint32_t sent = 0; sent < bytes; sent += sizeof zeros)
+    if (it_send_full(fd, zeros, sizeof zeros))
+      return -1;
+  return 0;
+}
+
+/* The peak resident set of this process, in KiB. */
+static long peak_rss_kb(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+/* A reply is checked against the largest its request can produce before
+ * its body is read: a 3-id pull answered with a 512 MiB reply (and a
+ * stats with 200 MiB) fails at once with EMBPS_EPROTO, and this process
+ * does not grow (before the fix it read the whole body: ~1 GB RSS). */
+static void test_reply_size_checked(void **state) {
+  (void)state;
+  embps_table_spec_t spec = sgd_table("liar");
+  uint32_t bytes = 512u << 20;
+  it_liar_t liar;
+  it_liar_start(&liar, &spec, lie_huge, &bytes);
+  embps_client_t *c = client_for(liar.addr, 20000, 0);
+  const long rss0 = peak_rss_kb();
+  const double t0 = it_now_ms();
+  int64_t ids[3] = {1, 2, 3};
+  float rows[3 * DIM];
+  assert_int_equal(embps_pull(c, "liar", ids, 3, rows, DIM), EMBPS_EPROTO);
+  if (!strstr(embps_client_last_error(c), "more than its request can "
+                                          "produce"))
+    fail_msg("pull: %s", embps_client_last_error(c));
+  embps_server_stats_t *st = NULL;
+  size_t n;
+  assert_int_equal(embps_stats(c, &st, &n), EMBPS_EPROTO);
+  assert_true(it_now_ms() - t0 < 5000);
+  long grown = peak_rss_kb() - rss0;
+  if (grown > 32 * 1024)
+    fail_msg("the lying replies grew this process by %ld KiB", grown);
+  embps_client_destroy(c);
+  /* the CLI as well: one line, exit 1, quickly */
+  it_cli_result_t r;
+  const char *args[] = {"--servers", liar.addr, "--retry-ms", "0", "pull",
+                        "liar", "--ids", "1,2,3", NULL};
+  assert_int_equal(it_cli_run(&r, args), 1);
+  assert_non_null(strstr(r.err, "more than its request can produce"));
+  it_cli_result_free(&r);
+  it_liar_stop(&liar);
+}
+
+/* How the scans lie (lie_scan's arg). */
+enum { SCAN_STUCK, SCAN_ENDLESS, SCAN_FOREIGN };
+
+/* SCAN, never done: the same cursor and no rows (SCAN_STUCK); 8 rows a
+ * chunk, cursor moving on (SCAN_ENDLESS); an id out of the table's range
+ * (SCAN_FOREIGN). */
+static int lie_scan(int fd, const embps_frame_header_t *h,
+                    const embps_msg_t *req, const uint8_t *bulk, void *arg) {
+  (void)bulk;
+  const int how = *(const int *)arg;
+  if (h->kind != EMBPS_KIND_SCAN)
+    return it_liar_error(fd, h->req_id, EMBPS_EINVAL, "no");
+  enum { N = 8 };
+  struct {
+    int64_t ids[N];
+    float w[N * DIM];
+  } rows;
+  memset(&rows, 0, sizeof rows);
+  for (int i = 0; i < N; i++)
+    rows.ids[i] = how == SCAN_FOREIGN ? ROWS + i : i;
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_SCAN | EMBPS_KIND_REPLY;
+  m.u.scan_reply.dim = DIM;
+  m.u.scan_reply.n_rows = how == SCAN_STUCK ? 0 : N;
+  m.u.scan_reply.next_cursor = req->u.scan.cursor + (how != SCAN_STUCK);
+  m.u.scan_reply.done = 0;
+  return it_liar_reply(fd, &m, h->req_id, &rows,
+                       how == SCAN_STUCK ? 0 : sizeof rows);
+}
+
+/* An export from a server whose scans never say done stops, by progress
+ * (a cursor that stays, more rows than the table holds, rows that are not
+ * the table's) with EMBPS_EPROTO, and leaves no file behind (before the
+ * fix it wrote for ever: 4.3 GB in 15 s). */
+static void test_export_bounded_by_progress(void **state) {
+  (void)state;
+  embps_table_spec_t spec = sgd_table("liar");
+  static const struct {
+    int how;
+    const char *what;
+  } cases[] = {{SCAN_STUCK, "did not move its cursor on"},
+               {SCAN_ENDLESS, "more than the table holds (64)"},
+               {SCAN_FOREIGN, "is not one of its rows"}};
+  char dir[] = "/tmp/embps-liar-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    int how = cases[k].how;
+    it_liar_t liar;
+    it_liar_start(&liar, &spec, lie_scan, &how);
+    embps_client_t *c = client_for(liar.addr, 5000, 0);
+    char out[64];
+    snprintf(out, sizeof out, "%s/%zu", dir, k);
+    alarm(30); /* an endless export fails here, not at ctest's timeout */
+    int rc = embps_export_table(c, "liar", out, 0, NULL);
+    alarm(0);
+    if (rc != EMBPS_EPROTO || !strstr(embps_client_last_error(c),
+                                      cases[k].what))
+      fail_msg("case %zu: %s: %s", k, embps_err_name(rc),
+               embps_client_last_error(c));
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A %s)\"", out);
+    assert_int_equal(system(cmd), 0); /* nothing written, no .tmp left */
+    embps_client_destroy(c);
+    it_liar_stop(&liar);
+  }
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+#define NASTY "\x1b[2J\x1b]0;owned\x07\r\nembps: all good\x7f"
+
+/* A PULL answered with an error whose text drives a terminal; a STATS
+ * with such a version; a LIST naming such a table; a reply to a request
+ * never sent. */
+static int lie_text(int fd, const embps_frame_header_t *h,
+                    const embps_msg_t *req, const uint8_t *bulk, void *arg) {
+  (void)req;
+  (void)bulk;
+  (void)arg;
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  if (h->kind == EMBPS_KIND_PULL)
+    return it_liar_error(fd, h->req_id, EMBPS_ERANGE, NASTY);
+  if (h->kind == EMBPS_KIND_STATS) {
+    m.kind = EMBPS_KIND_STATS | EMBPS_KIND_REPLY;
+    snprintf(m.u.stats.version, sizeof m.u.stats.version, "%s", "\x1b[31m1");
+    snprintf(m.u.stats.durability_failed,
+             sizeof m.u.stats.durability_failed, "%s", NASTY);
+    m.u.stats.cluster_size = 1;
+  } else if (h->kind == EMBPS_KIND_LIST) {
+    embps_table_info_t t;
+    memset(&t, 0, sizeof t);
+    t.spec = sgd_table("a\x1b[31mb");
+    m.kind = EMBPS_KIND_LIST | EMBPS_KIND_REPLY;
+    m.u.list.v = &t;
+    m.u.list.n = 1;
+    return it_liar_reply(fd, &m, h->req_id, NULL, 0);
+  } else {
+    m.kind = EMBPS_KIND_PUSH | EMBPS_KIND_REPLY;
+    return it_liar_reply(fd, &m, h->req_id + 1000, NULL, 0);
+  }
+  return it_liar_reply(fd, &m, h->req_id, NULL, 0);
+}
+
+/* No byte under 0x20 or 0x7f in s. */
+static int clean_text(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      return 0;
+  return 1;
+}
+
+/* A server's text reaches messages, the terminal and the stats escaped:
+ * control bytes as \xNN (before the fix ESC, CR and LF went raw to the
+ * terminal and into Python's exceptions); a table name with them, or a
+ * reply to no request, is EMBPS_EPROTO. */
+static void test_server_text_escaped(void **state) {
+  (void)state;
+  embps_table_spec_t spec = sgd_table("liar");
+  it_liar_t liar;
+  it_liar_start(&liar, &spec, lie_text, NULL);
+  embps_client_t *c = client_for(liar.addr, 5000, 0);
+  int64_t id = 1;
+  float row[DIM];
+  assert_int_equal(embps_pull(c, "liar", &id, 1, row, DIM), EMBPS_ERANGE);
+  const char *msg = embps_client_last_error(c);
+  if (!clean_text(msg) ||
+      !strstr(msg, "\\x1b[2J\\x1b]0;owned\\x07\\x0d\\x0aembps: all good\\x7f"))
+    fail_msg("error text not escaped: %s", msg);
+  embps_server_stats_t *st = NULL;
+  size_t n;
+  CHECK(embps_stats(c, &st, &n), c);
+  assert_string_equal(st[0].version, "\\x1b[31m1");
+  assert_true(clean_text(st[0].durability_failed));
+  embps_stats_free(st, n);
+  embps_table_info_t *v = NULL;
+  assert_int_equal(embps_list_tables(c, &v, &n), EMBPS_EPROTO);
+  assert_non_null(strstr(embps_client_last_error(c), "control"));
+  assert_int_equal(embps_push(c, "liar", &id, 1, row, DIM, 0), EMBPS_EPROTO);
+  assert_non_null(strstr(embps_client_last_error(c), "was not sent"));
+  embps_client_destroy(c);
+  /* the CLI prints one line, escaped */
+  it_cli_result_t r;
+  const char *args[] = {"--servers", liar.addr, "pull", "liar", "--ids", "1",
+                        NULL};
+  assert_int_equal(it_cli_run(&r, args), 1);
+  assert_non_null(strstr(r.err, "\\x1b[2J"));
+  assert_true(r.err_len > 0 && r.err[r.err_len - 1] == '\n');
+  r.err[r.err_len - 1] = 0;
+  if (!clean_text(r.err))
+    fail_msg("the CLI printed control bytes: %s", r.err);
+  it_cli_result_free(&r);
+  const char *stats[] = {"--servers", liar.addr, "stats", NULL};
+  assert_int_equal(it_cli_run(&r, stats), 0);
+  for (size_t i = 0; i < r.out_len; i++)
+    if (r.out[i] != '\n' && ((unsigned char)r.out[i] < 0x20 ||
+                             r.out[i] == 0x7f))
+      fail_msg("stats printed byte 0x%02x: %s", (unsigned char)r.out[i],
+               r.out);
+  it_cli_result_free(&r);
+  it_liar_stop(&liar);
 }
 
 /* ================================================================ cluster */
@@ -691,6 +861,9 @@ int main(void) {
       cmocka_unit_test(test_retry_duplicate_via_proxy),
       cmocka_unit_test(test_retry_across_graceful_restart),
       cmocka_unit_test(test_reply_kind_checked),
+      cmocka_unit_test(test_reply_size_checked),
+      cmocka_unit_test(test_export_bounded_by_progress),
+      cmocka_unit_test(test_server_text_escaped),
       cmocka_unit_test(test_cluster_member_lost),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
