@@ -724,6 +724,24 @@ static int check_push(cmd_t *cmd) {
                     "a number", (void **)&o->value_list, &o->n_values);
 }
 
+/* A push that gave up on some servers is owed to them: this process is
+ * about to exit, so it tries once more (the library sends it to those
+ * servers alone, under its sequence). 0 when every server has it now;
+ * otherwise both errors, and exit status 1: the push stays applied on the
+ * servers the first names only. */
+static int push_complete(embps_client_t *c) {
+  char first[1024];
+  snprintf(first, sizeof first, "%s", embps_client_last_error(c));
+  if (embps_push_resume(c) == 0) {
+    fprintf(stderr, "embps: %s\nembps: completed since: every server has "
+            "the push now\n", first);
+    return 0;
+  }
+  fprintf(stderr, "embps: %s\n", first);
+  return die(1, "%s; this command exits, so the push stays applied only on "
+             "the servers named above", embps_client_last_error(c));
+}
+
 static int cmd_push(cmd_t *cmd) {
   opts_t *o = cmd->o;
   const char *name = cmd->name;
@@ -750,7 +768,9 @@ static int cmd_push(cmd_t *cmd) {
     int prc = step ? embps_push_step(cmd->client, name, idx, n, vals, dim, 0,
                                      step)
                    : embps_push(cmd->client, name, idx, n, vals, dim, 0);
-    if (prc)
+    if (prc && embps_push_owed(cmd->client))
+      rc = push_complete(cmd->client);
+    else if (prc)
       rc = server_error(cmd->client, prc);
   }
   return rc;

@@ -34,6 +34,10 @@
 #define DEFAULT_TIMEOUT_MS 30000
 #define MAX_SERVERS 1024
 #define DEFAULT_RETRY_MS 30000
+/* Pushes kept owed (transport.c) at most: past these, pushes are refused
+ * until a server comes back or embps_push_resume completes them. */
+#define OWED_MAX 1024
+#define OWED_BYTES_MAX ((size_t)256 << 20)
 
 
 /* ------------------------------------------------------------ create */
@@ -69,6 +73,7 @@ static int parse_servers(embps_client_t *c, const char *list, char *err,
     }
     snprintf(k->addr, sizeof k->addr, "%s", item);
     k->index = i;
+    k->client = c;
     c->n++;
     p = end ? end + 1 : p + len;
   }
@@ -185,6 +190,7 @@ void embps_client_destroy(embps_client_t *c) {
     return;
   for (uint32_t i = 0; i < c->n; i++)
     embps_conn_drop_(&c->conns[i], EMBPS_ECONN, "client destroyed", 0);
+  embps_owed_free_all_(c);
   free(c->conns);
   free(c->tables);
   embps_dedup_close(&c->dedup);
@@ -1077,6 +1083,12 @@ static int push_async(embps_client_t *c, const char *table,
   int rc = check_bulk(c, table, n, dim);
   if (rc)
     return rc;
+  if (c->n_owed >= OWED_MAX || c->owed_bytes >= OWED_BYTES_MAX)
+    return embps_client_error_(c, EMBPS_ELIMIT, "%u pushes (%zu bytes) are "
+                               "owed to servers that stopped answering: no "
+                               "push is sent until they are completed "
+                               "(embps_push_resume)", c->n_owed,
+                               c->owed_bytes);
   if (c->n > 1) { /* cross-server atomicity needs the checks up front */
     const embps_table_spec_t *spec = NULL;
     rc = table_spec(c, table, &spec);
@@ -1108,7 +1120,7 @@ static int push_async(embps_client_t *c, const char *table,
   embps_msg_t m;
   bulk_msg(&m, EMBPS_KIND_PUSH, table, dim);
   m.u.push.client_id = c->client_id;
-  m.u.push.seq = ++c->seq;
+  m.u.push.seq = t->seq = ++c->seq;
   m.u.push.step = step;
   static const bulk_ops_t push_ops = {push_bulk_len, push_borrow, push_fill};
   send_parts(c, t, &m, &push_ops, &src, 1);
@@ -1152,7 +1164,9 @@ int embps_wait(embps_client_t *c, embps_ticket_t *t) {
   int rc = embps_ticket_run_(c, t);
   if (!rc && t->op == OP_PULL && t->urows != t->out)
     embps_lookup(t->urows, t->dim, t->inverse, t->n, t->out);
-  if (rc)
+  if (t->seq) /* a push: where it was applied, what it owes */
+    rc = embps_push_outcome_(c, t, rc);
+  else if (rc)
     embps_client_error_(c, rc, "%s",
                         t->error[0] ? t->error : embps_strerror(rc));
   if (t->op == OP_PULL && !rc)

@@ -15,6 +15,7 @@
  * of the gradients applied to it: a push applied twice, or lost, shows. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -848,6 +849,215 @@ static void test_cluster_member_lost(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* ================================================================ pushes
+ * that give up on a member */
+
+/* The message of c's last error must hold every string of want[]. */
+static void expect_msg(embps_client_t *c, const char *what,
+                       const char *const *want) {
+  const char *msg = embps_client_last_error(c);
+  for (int i = 0; want[i]; i++)
+    if (!strstr(msg, want[i]))
+      fail_msg("%s: \"%s\" lacks \"%s\"", what, msg, want[i]);
+}
+
+/* Rows id[0..3) of table "g", id[k] read from member k alone through a
+ * fresh member client (which owes nothing, so sends nothing first):
+ * every element must equal want[k]; NAN skips a member that is down. */
+static void expect_rows3(const char *servers, const int64_t *id,
+                         const float *want, const char *what) {
+  for (uint32_t k = 0; k < 3; k++) {
+    if (isnan(want[k]))
+      continue;
+    embps_client_options_t o = {.size = sizeof o, .servers = servers,
+                                .timeout_ms = 5000, .retry_ms = -1};
+    embps_client_t *v;
+    char err[512];
+    if (embps_client_create_member(&o, k, &v, err, sizeof err))
+      fail_msg("member %u: %s", k, err);
+    expect_row(v, "g", id[k], want[k], what);
+    embps_client_destroy(v);
+  }
+}
+
+/* Push k of test_cluster_push_gives_up: k + 1 on every element of rows
+ * id[0..3), added to *sum (what SGD with lr 1 takes off each). */
+static int push_k(embps_client_t *c, const int64_t *id, int k, float *sum) {
+  float g[3 * DIM];
+  for (int i = 0; i < 3 * DIM; i++)
+    g[i] = (float)k + 1;
+  *sum += (float)k + 1;
+  return embps_push(c, "g", id, 3, g, DIM, 0);
+}
+
+/* A cluster of three (data dirs, --fsync always); member 1 killed -9 for
+ * longer than the client's retry_ms (2 s), twice, while pushes go on. A
+ * push that gives up on it fails with EMBPS_EPARTIAL naming the members
+ * that applied it (0 and 2) and the one it is owed to; no member applies
+ * anything twice; once member 1 is back, the owed pushes reach it before
+ * the next push does (that push sends them first, in order) or at
+ * embps_push_resume(), and each lands there exactly once: every row ends
+ * at minus the sum of the gradients pushed (before the fix, 24 of 28 such
+ * pushes stayed applied on the live members only, and pushing them again
+ * applied them twice). */
+static void test_cluster_push_gives_up(void **state) {
+  (void)state;
+  it_server_t srv[3];
+  memset(srv, 0, sizeof srv);
+  char data[] = "/tmp/embps-giveup-XXXXXX", dirs[3][64];
+  assert_non_null(mkdtemp(data));
+  const char *args[3][9];
+  static const char *const index[] = {"0", "1", "2"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(dirs[i], sizeof dirs[i], "%s/d%d", data, i);
+    const char *a[] = {"--cluster-size", "3", "--cluster-index", index[i],
+                       "--data-dir", dirs[i], "--fsync", "always", NULL};
+    memcpy(args[i], a, sizeof a);
+    serve(&srv[i], 0, args[i]);
+  }
+  char servers[120], want0[64], want1[64], want2[64];
+  snprintf(servers, sizeof servers, "%s,%s,%s", srv[0].addr, srv[1].addr,
+           srv[2].addr);
+  for (int i = 0; i < 3; i++)
+    snprintf(i == 0 ? want0 : i == 1 ? want1 : want2, 64, "server %d (%s)",
+             i, srv[i].addr);
+  embps_client_t *c = client_for(servers, 5000, 2000);
+  embps_table_spec_t s = sgd_table("g");
+  CHECK(embps_create_table(c, &s), c);
+  int64_t id[3] = {0, 0, 0}; /* id[k]: an id member k owns */
+  for (int k = 0; k < 3; k++)
+    while (embps_route(id[k], 3) != (uint32_t)k)
+      id[k]++;
+  float sum = 0;
+#define PUSH_K(k) push_k(c, id, k, &sum)
+  CHECK(PUSH_K(0), c);
+  int port1 = srv[1].port;
+  it_server_kill(&srv[1]);
+  const double down = it_now_ms();
+
+  /* two pushes give up on member 1: applied on 0 and 2, owed to 1 */
+  for (int k = 1; k <= 2; k++) {
+    assert_int_equal(PUSH_K(k), EMBPS_EPARTIAL);
+    const char *const partial[] = {"applied on", want0, want2, "owed to",
+                                   want1, "do not push it again", NULL};
+    expect_msg(c, "a push that gave up on member 1", partial);
+    assert_int_equal(embps_push_owed(c), (size_t)k);
+  }
+  float live[3] = {-sum, NAN, -sum};
+  expect_rows3(servers, id, live, "members 0 and 2 applied each push once");
+  while (it_now_ms() - down < 5000) /* the 5 s outage */
+    it_sleep_ms(50);
+  serve(&srv[1], port1, args[1]);
+
+  /* the next push sends the owed ones to member 1 first, in order */
+  CHECK(PUSH_K(3), c);
+  assert_int_equal(embps_push_owed(c), 0);
+  float all[3] = {-sum, -sum, -sum};
+  expect_rows3(servers, id, all, "every push once on every member");
+
+  /* again, completed by embps_push_resume() */
+  it_server_kill(&srv[1]);
+  assert_int_equal(PUSH_K(4), EMBPS_EPARTIAL);
+  assert_int_equal(embps_push_owed(c), 1);
+  assert_int_not_equal(embps_push_resume(c), 0); /* member 1 still down */
+  const char *const still[] = {"1 push(es) still owed", want1, NULL};
+  expect_msg(c, "resume with member 1 down", still);
+  serve(&srv[1], port1, args[1]);
+  CHECK(embps_push_resume(c), c);
+  assert_int_equal(embps_push_owed(c), 0);
+  CHECK(embps_push_resume(c), c); /* nothing owed: nothing to do */
+  float all2[3] = {-sum, -sum, -sum};
+  expect_rows3(servers, id, all2, "the resumed push once on member 1");
+  /* and member 1 restarted from its data dir holds them too */
+  it_server_kill(&srv[1]);
+  serve(&srv[1], port1, args[1]);
+  expect_rows3(servers, id, all2, "member 1 after a restart");
+
+  /* the CLI exits: it tries once more, then says the push stays partial
+   * (member 1 behind a proxy that cuts the push and is down from then on:
+   * the CLI connects to every member first) */
+  it_proxy_t *px;
+  assert_int_equal(it_proxy_start(&px, srv[1].addr), 0);
+  char via[120];
+  snprintf(via, sizeof via, "%s,%s,%s", srv[0].addr, it_proxy_addr(px),
+           srv[2].addr);
+  it_proxy_arm(px, IT_PROXY_DROP_REQUEST_THEN_DOWN, EMBPS_KIND_PUSH, 1);
+  char idl[64];
+  snprintf(idl, sizeof idl, "%lld,%lld,%lld", (long long)id[0],
+           (long long)id[1], (long long)id[2]);
+  const char *const push[] = {"push", "g", "--indices", idl, "--values",
+                              "1,1,1,1,1,1,1,1,1,1,1,1", NULL};
+  cli_expect(via, 1, "this command exits, so the push stays applied only "
+             "on the servers named above", push);
+  float partial[3] = {-sum - 1, -sum, -sum - 1};
+  expect_rows3(servers, id, partial, "the CLI's push, on members 0 and 2");
+  it_proxy_stop(px);
+#undef PUSH_K
+  embps_client_destroy(c);
+  stop_all(srv, 3);
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", data);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* One server behind the proxy. A push the server applied but whose reply
+ * was lost, and whose retries cannot reconnect, may have been applied:
+ * it fails with the connection's error saying so and stays owed, and
+ * embps_push_resume() completes it as a duplicate (the row changes once).
+ * A push that never reached the server owes nothing: it fails saying no
+ * server applied it, and pushing it again applies it once. */
+static void test_push_owed_only_when_maybe_applied(void **state) {
+  (void)state;
+  it_server_t srv;
+  serve(&srv, 0, NULL);
+  it_proxy_t *px;
+  assert_int_equal(it_proxy_start(&px, srv.addr), 0);
+  embps_client_t *c = client_for(it_proxy_addr(px), 5000, 500);
+  embps_table_spec_t s = sgd_table("m");
+  CHECK(embps_create_table(c, &s), c);
+  int64_t id = 5;
+  float g[DIM] = {1, 2, 3, 4};
+
+  it_proxy_arm(px, IT_PROXY_DROP_REPLY, EMBPS_KIND_PUSH, 1);
+  it_proxy_set_upstream(px, "127.0.0.1:1"); /* reconnections fail */
+  int rc = embps_push(c, "m", &id, 1, g, DIM, 0);
+  assert_true(rc == EMBPS_ECONN || rc == EMBPS_ETIMEDOUT);
+  const char *const maybe[] = {"may have been applied", "owed to server 0",
+                               "do not push it again", NULL};
+  expect_msg(c, "a push whose reply was lost", maybe);
+  assert_int_equal(embps_push_owed(c), 1);
+  it_proxy_set_upstream(px, srv.addr);
+  CHECK(embps_push_resume(c), c);
+  assert_int_equal(embps_push_owed(c), 0);
+  it_proxy_counts_t n;
+  it_proxy_counts(px, &n);
+  assert_int_equal(n.push_duplicates, 1); /* the owed copy, acknowledged */
+  float row[DIM];
+  CHECK(embps_pull(c, "m", &id, 1, row, DIM), c);
+  for (int j = 0; j < DIM; j++)
+    assert_true(row[j] == -g[j]); /* once */
+
+  it_proxy_set_upstream(px, "127.0.0.1:1");
+  it_proxy_cut(px);
+  /* a read learns that the connection is gone (a push written into a
+   * socket the client still took for open may have been applied) */
+  assert_int_not_equal(embps_pull(c, "m", &id, 1, row, DIM), 0);
+  rc = embps_push(c, "m", &id, 1, g, DIM, 0);
+  assert_int_equal(rc, EMBPS_ECONN);
+  const char *const none[] = {"no server applied push seq",
+                              "pushing it again applies it once", NULL};
+  expect_msg(c, "a push no server saw", none);
+  assert_int_equal(embps_push_owed(c), 0);
+  it_proxy_set_upstream(px, srv.addr);
+  CHECK(embps_push(c, "m", &id, 1, g, DIM, 0), c);
+  CHECK(embps_pull(c, "m", &id, 1, row, DIM), c);
+  for (int j = 0; j < DIM; j++)
+    assert_true(row[j] == -2 * g[j]);
+  embps_client_destroy(c);
+  it_proxy_stop(px);
+  stop_all(&srv, 1);
+}
+
 /* ================================================================ main */
 
 int main(void) {
@@ -865,6 +1075,8 @@ int main(void) {
       cmocka_unit_test(test_export_bounded_by_progress),
       cmocka_unit_test(test_server_text_escaped),
       cmocka_unit_test(test_cluster_member_lost),
+      cmocka_unit_test(test_cluster_push_gives_up),
+      cmocka_unit_test(test_push_owed_only_when_maybe_applied),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

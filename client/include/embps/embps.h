@@ -501,7 +501,18 @@ EMBPS_EXTERN int embps_pull(embps_client_t *c, const char *table,
  * server), then each server applies one optimizer step to its rows. The
  * whole push is validated first (finite values, dims, ranges), so a refused
  * push changes nothing. Exactly once: a push carries (client id, sequence),
- * and a retried push is never applied twice. */
+ * and a retried push is never applied twice.
+ *
+ * A push goes to every server. One that stops answering for longer than
+ * retry_ms makes the push fail after the others applied it: the error is
+ * EMBPS_EPARTIAL, naming the servers that applied it and those it is owed
+ * to. Do not push it again (the others would apply it twice): the library
+ * keeps it and sends it again to those servers alone, under the same
+ * (client id, sequence), before anything else it sends there, or at
+ * embps_push_resume(); each applies it exactly once (one that had applied
+ * it acknowledges a duplicate). A push no server can have applied (none
+ * acknowledged it, none was sent it whole) fails with the connection's
+ * error, owes nothing, and may be pushed again. */
 EMBPS_EXTERN int embps_push(embps_client_t *c, const char *table,
                             const int64_t *indices, size_t n,
                             const float *values, uint32_t dim, unsigned flags);
@@ -530,6 +541,19 @@ EMBPS_EXTERN int embps_push_step_async(embps_client_t *c, const char *table,
 /* Waits for the ticket's replies from every server and frees the ticket.
  * Returns the call's result. */
 EMBPS_EXTERN int embps_wait(embps_client_t *c, embps_ticket_t *ticket);
+
+/* Completes now the pushes owed to servers that stopped answering (see
+ * embps_push): connects to them and sends each owed push again, oldest
+ * first, retrying for retry_ms (once with a negative retry_ms). 0 once
+ * every server has every push; EMBPS_EPARTIAL if a server refused an owed
+ * push meanwhile (it stays applied on the others only: the message says
+ * which); otherwise the error of a server still unreachable, naming it and
+ * the oldest push it lacks: they stay owed. A client destroyed with pushes
+ * owed leaves them applied on some servers only. */
+EMBPS_EXTERN int embps_push_resume(embps_client_t *c);
+/* The pushes owed now (0: every push sent is on every server that
+ * answered it, or failed everywhere). */
+EMBPS_EXTERN size_t embps_push_owed(const embps_client_t *c);
 
 /* ------------------------------------------------------- export/import */
 
