@@ -210,15 +210,14 @@ static part_t *owed_new(conn_t *k, part_t *p) {
   embps_ticket_t *o = embps_ticket_new_(OP_OWED, 1);
   uint8_t *frame = o ? malloc(len) : NULL;
   if (!frame) {
-    free(o ? o->parts : NULL);
-    free(o);
+    embps_ticket_free_(o);
     return NULL;
   }
+  size_t off = p->frame_len;
   memcpy(frame, p->frame, p->frame_len);
-  for (int i = 0, off = 0; i < p->n_bulk; i++) {
-    memcpy(frame + p->frame_len + off, p->bulk[i].iov_base,
-           p->bulk[i].iov_len);
-    off += (int)p->bulk[i].iov_len;
+  for (int i = 0; i < p->n_bulk; i++) {
+    memcpy(frame + off, p->bulk[i].iov_base, p->bulk[i].iov_len);
+    off += p->bulk[i].iov_len;
   }
   o->retry_until_ns = UINT64_MAX;
   o->seq = p->t->seq;
