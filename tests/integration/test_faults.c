@@ -80,7 +80,7 @@ static embps_table_spec_t sgd_table(const char *name) {
 static void serve(it_server_t *s, int port, const char *const *cluster) {
   char listen[32];
   snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-  const char *args[12] = {"--shards", "2"};
+  const char *args[16] = {"--shards", "2"};
   int n = 2;
   for (int i = 0; cluster && cluster[i]; i++)
     args[n++] = cluster[i];
