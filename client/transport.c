@@ -1242,6 +1242,8 @@ int embps_client_request_(embps_client_t *c, uint32_t server,
     return embps_client_error_(c, -ENOMEM, "out of memory");
   t->parts[0].rdst = dst;
   t->parts[0].rdst_cap = dst ? dst_cap : 0;
+  /* no reply larger than its meta and the room the caller gave */
+  t->parts[0].max_reply = SMALL_REPLY_MAX + t->parts[0].rdst_cap;
   int rc = embps_part_send_msg_(c, server, &t->parts[0], m);
   if (rc) {
     embps_ticket_free_(t);
