@@ -1064,6 +1064,19 @@ static int segment_prefix(const char *path, uint64_t first, uint64_t upto,
     ssize_t k = pread(fd, h, sizeof h, (off_t)off);
     if (k == 0)
       break; /* the segment ends: the next one goes on */
+    const uint64_t page_end = (off / EMBPS_WAL_PAGE + 1) * EMBPS_WAL_PAGE;
+    const size_t to_page = (size_t)(page_end - off);
+    if (k > 0 && off % EMBPS_WAL_PAGE &&
+        all_zero(h, (size_t)k < to_page ? (size_t)k : to_page)) {
+      /* the gap after a sync (format 2): a record follows at the page
+       * boundary, or the file ends inside the gap */
+      if ((size_t)k < to_page && k < (ssize_t)sizeof h) {
+        off += (uint64_t)k;
+        break;
+      }
+      off = page_end;
+      continue;
+    }
     if (k != (ssize_t)sizeof h || embps_get32(h) != REC_MAGIC ||
         embps_get32(h + 28) != embps_crc32c(0, h, 28) ||
         embps_get64(h + 8) != lsn) {

@@ -2,7 +2,8 @@
 # test_cluster_ready.sh SERVER CLI - /readyz with --cluster-servers: two
 # real servers with an auth token and data dirs; member 1 restarted without
 # its data dir is not ready (the body names the table and who holds it,
-# embps_cluster_missing_tables says 1) until `create-table --exist-ok`
+# embps_cluster_missing_tables says 1); `create-table --exist-ok` refuses
+# to refill it (naming it, creating nothing) until `complete-table`
 # completes it; a peer down does not make the other unready (said in the
 # body, logged once); --complete-tables creates the missing table itself;
 # inconsistent flags are refused.
@@ -78,8 +79,15 @@ curl -s "$a1_M/metrics" >"$TMP/metrics"
 check "promtool check metrics (--cluster-servers)" promtool check metrics <"$TMP/metrics"
 [ "$(readyz "$a0_M")" = 200 ] && ok "member 0 stays ready" ||
   bad "member 0 stays ready" "$(cat "$TMP/body")"
-check "create-table --exist-ok completes member 1" \
-  c create-table user --dim 4 --dynamic --optimizer adagrad --exist-ok
+c create-table user --dim 4 --dynamic --optimizer adagrad --exist-ok \
+  >"$TMP/out" 2>&1 && bad "create-table --exist-ok refuses" "exit 0" ||
+  { grep -q "missing on server 1 (127.0.0.1:$P1) but held by server 0" "$TMP/out" &&
+    grep -q "embps complete-table user" "$TMP/out" &&
+    ok "create-table --exist-ok refuses, naming member 1 and complete-table" ||
+    bad "create-table --exist-ok refuses" "$(cat "$TMP/out")"; }
+[ "$(readyz "$a1_M")" = 503 ] && ok "refused: member 1 still not ready" ||
+  bad "refused: member 1 still not ready" "$(cat "$TMP/body")"
+check "complete-table completes member 1" c complete-table user
 [ "$(readyz "$a1_M")" = 200 ] && ok "completed: /readyz 200 at once" ||
   bad "completed: /readyz 200 at once" "$(cat "$TMP/body")"
 [ "$(gauge "$a1_M" embps_cluster_missing_tables)" = 0 ] &&
