@@ -1,8 +1,10 @@
 /* wal.c - see wal.h. Layout of a segment header: char magic[8]
  * "EMBPSLOG", u32 version, u32 reserved, u64 first_lsn, u32 reserved,
- * u32 crc of the first 28 bytes. All integers little-endian. Format 2
- * (format 1 is still read): a record appended after a sync began starts
- * a new page, the gap before it zeros.
+ * u32 crc of the first 28 bytes. All integers little-endian. Format 3
+ * (formats 1 and 2 are still read): a record appended after a sync began
+ * starts a new page, the gap before it zeros (from format 2 on), and its
+ * header's u32 at offset 24 is its epoch (format 3; 0 before, read as
+ * epoch 1).
  *
  * The log thread sleeps on a condition variable timed on CLOCK_MONOTONIC
  * (pthread_condattr_setclock), so a step of the wall clock neither delays

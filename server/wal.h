@@ -50,10 +50,12 @@ enum { EMBPS_WAL_EVICT = 6 };
  * (/readyz says so). */
 #define EMBPS_WAL_STALL_MS 5000
 
-/* The format of the log segments written (--version prints it); replay
- * reads every one from 1 on: 1, records one after the other; 2, a record
- * after a sync starts a new page; 3, the same with epochs. */
+/* The format of the log segments written, and the oldest one still read
+ * (--version prints them); replay reads each by its segment's version: 1,
+ * records one after the other; 2, a record after a sync starts a new
+ * page; 3, the same with epochs. */
 #define EMBPS_WAL_FORMAT 3u
+#define EMBPS_WAL_FORMAT_OLDEST 1u
 
 #define EMBPS_WAL_HEADER_BYTES 32
 

@@ -321,50 +321,6 @@ static void pwrite_at(const char *path, long off, const uint8_t *buf,
   fclose(f);
 }
 
-/* A segment of format 1 (no epochs: the word was 0) still replays, its
- * records as epoch 1's; a version past this build's is refused. */
-static void test_format_1_reads_as_epoch_1(void **state) {
-  char dir[64], path[128], err[512];
-  make_dir(dir, sizeof dir);
-  write_log(dir, 1, 3, EMBPS_FSYNC_NEVER);
-  seg(path, sizeof path, dir, 1);
-  uint8_t h[32];
-  pread_at(path, 0, h, 32);
-  uint32_t v = 1;
-  memcpy(h + 8, &v, 4);
-  uint32_t crc = embps_crc32c(0, h, 28);
-  memcpy(h + 28, &crc, 4);
-  pwrite_at(path, 0, h, 32);
-  long off = 32;
-  for (int i = 0; i < 3; i++) { /* zero each record's epoch word */
-    uint8_t r[32];
-    pread_at(path, off, r, 32);
-    memset(r + 24, 0, 4);
-    crc = embps_crc32c(0, r, 28);
-    memcpy(r + 28, &crc, 4);
-    pwrite_at(path, off, r, 32);
-    uint32_t len;
-    memcpy(&len, r + 16, 4);
-    off += 32 + len;
-  }
-  seen_t s = {0};
-  uint64_t last;
-  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
-                                    sizeof err), 0);
-  assert_int_equal(s.n, 3);
-  for (int i = 0; i < 3; i++)
-    assert_int_equal(s.epochs[i], 1);
-  v = EMBPS_WAL_FORMAT + 1;
-  memcpy(h + 8, &v, 4);
-  crc = embps_crc32c(0, h, 28);
-  memcpy(h + 28, &crc, 4);
-  pwrite_at(path, 0, h, 32);
-  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
-                                    sizeof err), -1);
-  assert_non_null(strstr(err, "version"));
-  remove_dir(dir);
-}
-
 /* embps_wal_parse takes what embps_wal_head made and refuses any flipped
  * byte or a cut. */
 static void test_parse(void **state) {
@@ -532,6 +488,75 @@ static void paged_log(const char *dir, int big, char *path, size_t len,
   embps_wal_close(w);
   seg(path, len, dir, 1);
   assert_int_equal(record_offsets(path, offs, 32), 5);
+}
+
+/* Makes the segment at path one of format `version` (1 or 2: no epochs,
+ * the word 0): its header's version, each record's epoch word zeroed. */
+static void downgrade(const char *path, uint32_t version) {
+  long offs[32];
+  int n = record_offsets(path, offs, 32);
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  pread_at(path, 0, h, sizeof h);
+  embps_put32(h + 8, version);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
+  pwrite_at(path, 0, h, sizeof h);
+  for (int i = 0; i < n; i++) {
+    pread_at(path, offs[i], h, sizeof h);
+    embps_put32(h + 24, 0);
+    embps_put32(h + 28, embps_crc32c(0, h, 28));
+    pwrite_at(path, offs[i], h, sizeof h);
+  }
+}
+
+/* Segments of formats 1 (records back to back) and 2 (a record after a
+ * sync on a new page) wrote no epochs: they still replay, their records
+ * as epoch 1's, beside a format-3 segment written after them (a server
+ * upgraded over its data dir); a version past this build's is refused. */
+static void test_old_formats_read_as_epoch_1(void **state) {
+  char dir[64], path[128], err[512];
+  long offs[32];
+  seen_t s = {0};
+  uint64_t last;
+  make_dir(dir, sizeof dir);
+  write_log(dir, 1, 3, EMBPS_FSYNC_NEVER);
+  seg(path, sizeof path, dir, 1);
+  downgrade(path, 1);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 3);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(s.epochs[i], 1);
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  pread_at(path, 0, h, sizeof h);
+  embps_put32(h + 8, EMBPS_WAL_FORMAT + 1);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
+  pwrite_at(path, 0, h, sizeof h);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), -1);
+  assert_non_null(strstr(err, "version"));
+  remove_dir(dir);
+
+  /* format 2, its records on pages of their own, then a format-3 segment
+   * from LSN 6 */
+  make_dir(dir, sizeof dir);
+  paged_log(dir, 3, path, sizeof path, offs);
+  assert_true(offs[1] % EMBPS_WAL_PAGE == 0 && offs[4] % EMBPS_WAL_PAGE == 0);
+  downgrade(path, 2);
+  write_log(dir, 6, 3, EMBPS_FSYNC_NEVER);
+  s.n = 0;
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 8);
+  assert_int_equal(last, 8);
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(s.lsns[i], (uint64_t)i + 1);
+    assert_int_equal(s.epochs[i], i < 5 ? 1 : epoch_of((uint64_t)i + 1));
+  }
+  uint32_t epoch;
+  assert_int_equal(embps_wal_last(dir, &last, &epoch, err, sizeof err), 0);
+  assert_int_equal(last, 8);
+  assert_int_equal(epoch, epoch_of(8));
+  remove_dir(dir);
 }
 
 /* Issue 18.4: what a failed write-back leaves of the log's last record,
@@ -789,8 +814,7 @@ static void test_lsn_order_within_segment(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_format_1_reads_as_epoch_1),
-      cmocka_unit_test(test_parse),
+            cmocka_unit_test(test_parse),
       cmocka_unit_test(test_last_and_cut),
       cmocka_unit_test(test_roundtrip_and_ack),
       cmocka_unit_test(test_torn_tail_truncated),
@@ -803,6 +827,7 @@ int main(void) {
       cmocka_unit_test(test_lsn_order_within_segment),
       cmocka_unit_test(test_page_after_sync),
       cmocka_unit_test(test_damaged_tail_after_failure),
+      cmocka_unit_test(test_old_formats_read_as_epoch_1),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
