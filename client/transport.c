@@ -1089,8 +1089,9 @@ int embps_push_outcome_(embps_client_t *c, embps_ticket_t *t, int rc) {
     n[NOT_APPLIED] += n[OWED];
     n[OWED] = 0;
   }
+  /* EMBPS_ENOREPLICAS: the server's message says whether it applied it */
   if (!n[APPLIED] && !n[OWED])
-    return code_retryable(rc)
+    return code_retryable(rc) && rc != EMBPS_ENOREPLICAS
                ? embps_client_error_(c, rc, "%s; no server applied push seq "
                                      "%llu (pushing it again applies it "
                                      "once)", t->error,

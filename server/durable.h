@@ -102,11 +102,26 @@ uint64_t embps_durable_stall_ms(embps_durable_t *d);
  * nothing to do. 0, or -1 with err. Any thread. */
 int embps_durable_save_history(embps_durable_t *d, const embps_history_t *h,
                                char *err, size_t err_len);
+/* A follower installing a copy of its primary (follow.c), state c at LSN
+ * c->lsn (its tables changed by nothing else meanwhile), of history h.
+ * Follower thread, before the install: h becomes DIR/HISTORY and c a
+ * checkpoint, so a restart from here on restores the copy. 0, or -1 with
+ * err. */
+int embps_durable_adopt(embps_durable_t *d, const embps_ckpt_t *c,
+                        const embps_history_t *h, char *err, size_t err_len);
+/* Apply thread, as the copy at lsn replaces the tables: the log goes on at
+ * lsn + 1 (embps_wal_restart_at); the checkpoints and log segments older
+ * than the copy's go (a snapshot session's pin kept). 0, or -1 with err
+ * (the log failed). */
+int embps_durable_adopted(embps_apply_ctx_t *ctx, uint64_t lsn, char *err,
+                          size_t err_len);
 /* Whether the log syncs every record before its ack (--fsync always). */
 int embps_durable_syncs(const embps_durable_t *d);
 /* The last LSN durable in the log (--fsync always: synced; otherwise
  * written), for a follower's acknowledgements. */
 uint64_t embps_durable_lsn(embps_durable_t *d);
+/* The last LSN written to the log (readable there, maybe not synced). */
+uint64_t embps_durable_written(embps_durable_t *d);
 /* Blocks until the log is synced up to lsn (not the apply thread). 0, or
  * -1 with err when the log failed. */
 int embps_durable_wait(embps_durable_t *d, uint64_t lsn, char *err,

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "durable.h"
 #include "le.h"
 #include "server.h"
 
@@ -36,6 +37,7 @@ typedef struct {
   uint64_t applied, durable;
   uint64_t seen_ns, caught_ns; /* last FETCH; last time it had all ours */
   uint64_t bytes;
+  embps_wal_cursor_t log_hint; /* where its last read of the log ended */
   embps_request_t *held_head, *held_tail;
 } sess_t;
 
@@ -548,18 +550,17 @@ static void info_take_locked(embps_feed_t *f, const sess_t *s, info_t *i,
     i->hist.n = 0; /* out of memory: a reply without it is refused below */
 }
 
-/* Sets req's reply: the records of b (released), from b->first. */
-static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
-                        info_t *i) {
+/* Sets req's reply for n records of `bytes` bytes from LSN first: the
+ * bulk, to fill, or NULL (req failed). Releases i. */
+static uint8_t *reply_start(embps_feed_t *f, embps_request_t *req,
+                            uint64_t first, uint32_t n, size_t bytes,
+                            info_t *i) {
   embps_server_t *srv = f->srv;
-  size_t bytes = 0;
-  for (size_t k = 0; k < b->n; k++)
-    bytes += b->v[k]->len;
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   embps_fetch_reply_t *r = &m.u.fetch_reply;
-  r->first_lsn = b->first;
-  r->n_records = (uint32_t)b->n;
+  r->first_lsn = first;
+  r->n_records = n;
   r->last_lsn = i->last_lsn;
   r->epoch = i->epoch;
   r->lag_ms = i->lag_ms;
@@ -575,6 +576,19 @@ static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
   if (!out && !req->reply)
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory for a fetch "
                        "reply");
+  if (out)
+    atomic_fetch_add(&f->shipped, bytes);
+  embps_history_close(&i->hist);
+  return out;
+}
+
+/* Sets req's reply: the records of b (released), from b->first. */
+static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
+                        info_t *i) {
+  size_t bytes = 0;
+  for (size_t k = 0; k < b->n; k++)
+    bytes += b->v[k]->len;
+  uint8_t *out = reply_start(f, req, b->first, (uint32_t)b->n, bytes, i);
   for (size_t k = 0; k < b->n; k++) {
     if (out) {
       memcpy(out, b->v[k]->bytes, b->v[k]->len);
@@ -582,10 +596,7 @@ static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
     }
     rec_put(b->v[k]);
   }
-  if (out)
-    atomic_fetch_add(&f->shipped, bytes);
   b->n = 0;
-  embps_history_close(&i->hist);
 }
 
 /* ------------------------------------------------------------ fetch */
@@ -611,12 +622,69 @@ static int check_start_locked(embps_feed_t *f, embps_request_t *req) {
                        common + 1, last);
     return EMBPS_EDIVERGED;
   }
-  if (q->from_lsn <= last &&
+  if (!f->srv->dur && q->from_lsn <= last &&
       !(f->n && q->from_lsn >= f->first && q->from_lsn < f->first + f->n)) {
     fail_gone(f, req, q->from_lsn, f->first, f->n);
-    return EMBPS_ESNAPSHOT;
+    return EMBPS_ESNAPSHOT; /* with a data dir, its log may hold them */
   }
   return 0;
+}
+
+/* Answers req, whose stream s wants records the backlog no longer holds,
+ * from this server's log (--data-dir): the records from its cursor up to
+ * the backlog's first (or our last), up to the FETCH's max_bytes; or
+ * EMBPS_ESNAPSHOT when the log no longer holds them either (a checkpoint
+ * deleted their segment). mu held on entry, released. */
+static void from_log_unlock(embps_feed_t *f, sess_t *s, embps_request_t *req,
+                            uint64_t now) {
+  embps_durable_t *d = f->srv->dur;
+  const uint64_t from = s->cursor, stream = s->stream;
+  const uint64_t bfirst = f->first, bn = f->n;
+  uint64_t upto = bn && bfirst > from ? bfirst - 1 : last_lsn_locked(f);
+  const uint64_t max = req->msg.u.fetch.max_bytes < MAX_BYTES_MIN
+                           ? MAX_BYTES_MIN
+                           : req->msg.u.fetch.max_bytes;
+  embps_wal_cursor_t hint = s->log_hint;
+  pthread_mutex_unlock(&f->mu);
+  if (upto > embps_durable_written(d))
+    upto = embps_durable_written(d);
+  uint8_t *buf;
+  size_t len;
+  uint32_t n;
+  char err[1200];
+  int rc = embps_wal_read(embps_durable_log_dir(d), from, upto, max, &hint,
+                          &buf, &len, &n, err, sizeof err);
+  pthread_mutex_lock(&f->mu);
+  const int current = s->used && s->stream == stream && s->cursor == from;
+  if (!rc && current) {
+    s->cursor += n;
+    s->bytes += len;
+    s->log_hint = hint;
+    if (s->cursor >= last_lsn_locked(f) + 1)
+      s->caught_ns = now;
+  }
+  info_t i;
+  info_take_locked(f, s, &i, now);
+  pthread_mutex_unlock(&f->mu);
+  if (rc == 1) {
+    fail_gone(f, req, from, bfirst, bn);
+  } else if (rc) {
+    LOG_WARN("replication: records for %s from LSN %" PRIu64 " not read "
+             "from the log: %s", req->msg.u.fetch.name, from, err);
+    embps_request_fail(f->srv, req, EMBPS_EIO, "records from LSN %" PRIu64
+                       " could not be read from the log: %s", from, err);
+  } else if (!current) {
+    embps_request_fail(f->srv, req, EMBPS_EINVAL, "fetch of stream %016"
+                       PRIx64 ", which is not this follower's current one",
+                       stream);
+  } else {
+    uint8_t *out = reply_start(f, req, from, n, len, &i);
+    if (out)
+      memcpy(out, buf, len);
+  }
+  if (rc || !current)
+    embps_history_close(&i.hist);
+  free(buf);
 }
 
 /* Answers every FETCH held for s with an empty reply (a stream replaced,
@@ -697,6 +765,10 @@ int embps_feed_fetch(embps_feed_t *f, embps_request_t *req) {
     return 0;
   }
   if (!s->held_head && gone_locked(f, s)) {
+    if (f->srv->dur) {
+      from_log_unlock(f, s, req, now);
+      return 0;
+    }
     fail_gone(f, req, s->cursor, f->first, f->n);
     pthread_mutex_unlock(&f->mu);
     return 0;
@@ -913,6 +985,22 @@ void embps_feed_destroy(embps_feed_t *f) {
   pthread_mutex_destroy(&f->mu);
   pthread_cond_destroy(&f->cv);
   free(f);
+}
+
+uint64_t embps_feed_retain(embps_feed_t *f) {
+  uint64_t keep = UINT64_MAX;
+  if (!f)
+    return keep;
+  const uint64_t now = embps_now_ns();
+  pthread_mutex_lock(&f->mu);
+  for (int k = 0; k < EMBPS_FEED_FOLLOWERS_MAX; k++) {
+    const sess_t *s = &f->sess[k];
+    if (s->used && now - s->seen_ns < EMBPS_FEED_RETAIN_S * 1000000000ull &&
+        s->applied < keep)
+      keep = s->applied;
+  }
+  pthread_mutex_unlock(&f->mu);
+  return keep;
 }
 
 /* ------------------------------------------------------------ figures */

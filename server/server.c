@@ -27,6 +27,7 @@
  * replies, close), take the final checkpoint, stop the apply thread. */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -401,6 +402,24 @@ static void durable_restored(void *ctx, uint64_t lsn, uint32_t epoch,
   embps_apply_restore(srv->apply, lsn, epoch, seen);
 }
 
+/* A snapshot session keeps the feed's records after its LSN (a
+ * follower's copy fetches them next: copy.h); the pin's number + 1 is its
+ * handle. */
+static void *snapshot_pin(void *ctx, uint64_t lsn) {
+  uint32_t pin;
+  if (embps_feed_pin(ctx, lsn + 1, &pin)) {
+    LOG_WARN("snapshot session: the replication backlog cannot keep the "
+             "records after LSN %" PRIu64 ": a follower copying it may have "
+             "to copy again", lsn);
+    return NULL;
+  }
+  return (void *)(uintptr_t)(pin + 1);
+}
+
+static void snapshot_unpin(void *ctx, void *pin) {
+  embps_feed_unpin(ctx, (uint32_t)((uintptr_t)pin - 1));
+}
+
 /* Without --data-dir: a primary begins epoch 1 at LSN 1; a follower
  * starts empty, its history its primary's. 0 or -ENOMEM. */
 static int start_memory_only(embps_server_t *srv) {
@@ -438,6 +457,9 @@ static int net_start(net_t *net) {
     return EMBPS_EINVAL;
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
+  const embps_snapshot_feed_t snap_feed = {
+      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv->feed};
+  embps_snapshot_set_feed(srv->snap, &snap_feed);
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;

@@ -32,6 +32,7 @@
  *   apply.c        the apply thread: runs req->run, in order
  *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
  *   follow.c       --follow: the follower thread, promotion
+ *   copy.c         a follower's copy of its primary (a snapshot session)
  *   snapshot.c     snapshot sessions: the tables as a checkpoint stream
  *   durable.c      --data-dir: log records, acks, checkpoints, restore
  *   feed.c         records shipped to followers, their acknowledgements

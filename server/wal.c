@@ -890,6 +890,38 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
   return rc;
 }
 
+int embps_wal_restart_at(embps_wal_t *w, uint64_t next_lsn, char *err,
+                         size_t err_len) {
+  assert(next_lsn > w->appended);
+  if (embps_wal_sync(w, w->appended, err, err_len))
+    return -1;
+  pthread_mutex_lock(&w->wmu);
+  pthread_mutex_lock(&w->mu);
+  const int waiting = w->wait_head != NULL || w->def_head != NULL;
+  if (!waiting)
+    w->written = w->synced = next_lsn - 1;
+  pthread_mutex_unlock(&w->mu);
+  pthread_mutex_unlock(&w->wmu);
+  if (waiting) {
+    snprintf(err, err_len, "log %s: records still wait for their sync",
+             w->dir);
+    return -1;
+  }
+  w->appended = next_lsn - 1;
+  if (!embps_wal_rotate(w, next_lsn, err, err_len))
+    return 0;
+  pthread_mutex_lock(&w->mu); /* the counters moved: nothing is written */
+  if (!w->failed[0]) {
+    snprintf(w->failed, sizeof w->failed, "data dir: the log cannot start "
+             "again at LSN %" PRIu64 " (%s); records refused until restart",
+             next_lsn, err);
+    LOG_ERROR("%s", w->failed);
+    pthread_cond_broadcast(&w->synced_cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return -1;
+}
+
 static int note_last(void *ctx, const embps_wal_rec_t *r, char *err,
                      size_t err_len) {
   *(uint32_t *)ctx = r->epoch;
@@ -1140,6 +1172,166 @@ int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
     rc = -1;
   }
   free(segs);
+  return rc;
+}
+
+/* ------------------------------------------------------------ reading */
+
+/* A segment open for embps_wal_read: its fd and whether its records carry
+ * their epoch. */
+typedef struct {
+  int fd;
+  int old; /* format 1 or 2: the epoch word is 0 */
+} rseg_t;
+
+static int rseg_open(rseg_t *g, const char *path, uint64_t first, char *err,
+                     size_t err_len) {
+  g->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (g->fd < 0)
+    return errno == ENOENT ? 1 : (snprintf(err, err_len, "log %s: %s", path,
+                                           strerror(errno)),
+                                  -1);
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  const uint32_t v = pread(g->fd, h, sizeof h, 0) == (ssize_t)sizeof h
+                         ? embps_get32(h + 8)
+                         : 0;
+  if (memcmp(h, SEG_MAGIC, 8) || embps_get32(h + 28) != embps_crc32c(0, h, 28) ||
+      embps_get64(h + 16) != first || v < 1 || v > VERSION) {
+    snprintf(err, err_len, "log %s: segment header at offset 0: short or "
+             "does not check", path);
+    close(g->fd);
+    return -1;
+  }
+  g->old = v < VERSION_EPOCHS;
+  return 0;
+}
+
+/* Appends the record at off of g (header h read, LSN lsn) to *out: its
+ * payload read and checked, an old segment's epoch word made 1. 0, or -1
+ * with err. */
+static int read_record(const rseg_t *g, const char *path, uint64_t off,
+                       const uint8_t *h, uint8_t **out, size_t *len,
+                       size_t *cap, char *err, size_t err_len) {
+  const size_t rec = EMBPS_WAL_HEADER_BYTES + embps_get32(h + 16);
+  if (*len + rec > *cap) {
+    size_t ncap = *cap ? *cap : 1 << 16;
+    while (ncap < *len + rec)
+      ncap *= 2;
+    uint8_t *p = realloc(*out, ncap);
+    if (!p) {
+      snprintf(err, err_len, "out of memory reading the log");
+      return -1;
+    }
+    *out = p;
+    *cap = ncap;
+  }
+  uint8_t *r = *out + *len;
+  memcpy(r, h, EMBPS_WAL_HEADER_BYTES);
+  const size_t plen = rec - EMBPS_WAL_HEADER_BYTES;
+  if ((size_t)pread(g->fd, r + EMBPS_WAL_HEADER_BYTES, plen,
+                    (off_t)(off + EMBPS_WAL_HEADER_BYTES)) != plen ||
+      embps_crc32c(0, r + EMBPS_WAL_HEADER_BYTES, plen) != embps_get32(h + 20)) {
+    snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": short or "
+             "checksum mismatch", path, off);
+    return -1;
+  }
+  if (g->old) { /* formats 1 and 2: epoch 1's */
+    embps_put32(r + 24, 1);
+    embps_put32(r + 28, embps_crc32c(0, r, 28));
+  }
+  *len += rec;
+  return 0;
+}
+
+int embps_wal_read(const char *log_dir, uint64_t from, uint64_t upto,
+                   size_t max_bytes, embps_wal_cursor_t *hint, uint8_t **out,
+                   size_t *len, uint32_t *n, char *err, size_t err_len) {
+  *out = NULL;
+  *len = 0;
+  *n = 0;
+  seg_t *segs;
+  size_t nsegs, cap = 0;
+  int rc = list_segments(log_dir, &segs, &nsegs);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  size_t i = 0;
+  while (i + 1 < nsegs && segs[i + 1].first <= from)
+    i++;
+  uint64_t lsn = from; /* the next record wanted */
+  int full = 0;
+  rc = !nsegs || segs[i].first > from || from > upto;
+  for (const size_t i0 = i; !rc && !full && i < nsegs && lsn <= upto; i++) {
+    if (i > i0 && segs[i].first != lsn) { /* `from` never came, or a hole */
+      if (*n) {
+        snprintf(err, err_len, "log %s: LSN %" PRIu64 " is missing", log_dir,
+                 lsn);
+        rc = -1;
+      }
+      break;
+    }
+    char path[1100];
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    rseg_t g;
+    if ((rc = rseg_open(&g, path, segs[i].first, err, err_len)))
+      break;
+    uint64_t off = EMBPS_WAL_HEADER_BYTES, at = segs[i].first;
+    if (hint->seg_first == segs[i].first && hint->lsn <= lsn &&
+        hint->lsn > at) {
+      off = hint->off; /* where the previous read ended */
+      at = hint->lsn;
+    }
+    while (at <= upto) {
+      uint8_t h[EMBPS_WAL_HEADER_BYTES];
+      ssize_t k = pread(g.fd, h, sizeof h, (off_t)off);
+      if (k == 0)
+        break; /* the next segment goes on */
+      const uint64_t page_end = (off / EMBPS_WAL_PAGE + 1) * EMBPS_WAL_PAGE;
+      const size_t to_page = (size_t)(page_end - off);
+      if (k > 0 && off % EMBPS_WAL_PAGE &&
+          all_zero(h, (size_t)k < to_page ? (size_t)k : to_page)) {
+        if ((size_t)k < to_page && k < (ssize_t)sizeof h)
+          break; /* the file ends in the gap after a sync */
+        off = page_end;
+        continue;
+      }
+      if (k != (ssize_t)sizeof h || embps_get32(h) != REC_MAGIC ||
+          embps_get32(h + 28) != embps_crc32c(0, h, 28) ||
+          embps_get64(h + 8) != at) {
+        snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": not "
+                 "the record of LSN %" PRIu64, path, off, at);
+        rc = -1;
+        break;
+      }
+      const uint64_t rec = EMBPS_WAL_HEADER_BYTES + embps_get32(h + 16);
+      if (at >= lsn) {
+        if (*n && *len + rec > max_bytes) {
+          full = 1;
+          break;
+        }
+        if (read_record(&g, path, off, h, out, len, &cap, err, err_len)) {
+          rc = -1;
+          break;
+        }
+        (*n)++;
+        lsn = at + 1;
+      }
+      off += rec;
+      at++;
+      *hint = (embps_wal_cursor_t){segs[i].first, at, off};
+    }
+    close(g.fd);
+  }
+  free(segs);
+  if (!rc && !*n)
+    rc = 1; /* no record from `from` on */
+  if (rc) {
+    free(*out);
+    *out = NULL;
+    *len = 0;
+    *n = 0;
+  }
   return rc;
 }
 

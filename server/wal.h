@@ -144,6 +144,13 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
                      size_t err_len);
 /* The failure message if the log can no longer be made durable, or NULL. */
 const char *embps_wal_failed(embps_wal_t *w);
+/* Apply thread: the log goes on at next_lsn, past the records it holds (a
+ * follower that installed a copy of its primary at next_lsn - 1, written
+ * as a checkpoint first): every record appended is synced, then a new
+ * segment begins at next_lsn. Fails when records wait for their sync. 0,
+ * or -1 with err (the log failed, if it had begun). */
+int embps_wal_restart_at(embps_wal_t *w, uint64_t next_lsn, char *err,
+                         size_t err_len);
 /* The last LSN known durable (synced), and the last written. Any thread. */
 uint64_t embps_wal_synced(embps_wal_t *w);
 uint64_t embps_wal_written(embps_wal_t *w);
@@ -183,4 +190,22 @@ int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
                        size_t err_len);
 /* Bytes of all segments in log_dir. */
 uint64_t embps_wal_bytes(const char *log_dir);
+
+/* Where a read of the log ended (embps_wal_read): the next record's LSN
+ * and offset in the segment starting at seg_first. Zeroed: none. */
+typedef struct {
+  uint64_t seg_first, lsn, off;
+} embps_wal_cursor_t;
+/* Reads the records of log_dir from LSN `from` to `upto` (written: a
+ * primary's feed catching up a follower its backlog no longer serves),
+ * whole records as they are in the log, their payloads checked, at most
+ * max_bytes of them but at least one; the epoch word of a record of a
+ * format-1 or -2 segment is made 1 (its header checksum again), as replay
+ * reads it. hint (in and out) skips the records a previous read walked
+ * over. 0 with *out (malloc'd), *len bytes and *n records; 1 when the log
+ * no longer (or does not yet) hold `from` (its segment deleted by a
+ * checkpoint); -1 with err. Any thread; the log may grow meanwhile. */
+int embps_wal_read(const char *log_dir, uint64_t from, uint64_t upto,
+                   size_t max_bytes, embps_wal_cursor_t *hint, uint8_t **out,
+                   size_t *len, uint32_t *n, char *err, size_t err_len);
 #endif

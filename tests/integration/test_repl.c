@@ -295,29 +295,65 @@ static void storm(const char *addr, const tables_t *t, int n, int ms,
 
 /* ------------------------------------------------------------ exact */
 
+/* Pushes every row of the dense table name (dim DIM) n times: records of
+ * 20 KiB that fill a backlog. */
+static void push_whole(embps_client_t *c, const char *name, int n) {
+  int64_t ids[DENSE_ROWS];
+  static float g[DENSE_ROWS * DIM];
+  for (int i = 0; i < DENSE_ROWS; i++)
+    ids[i] = i;
+  for (int i = 0; i < DENSE_ROWS * DIM; i++)
+    g[i] = (float)((i % 7) - 3) / 100;
+  for (int k = 0; k < n; k++)
+    assert_int_equal(embps_push(c, name, ids, DENSE_ROWS, g, DIM, 0), 0);
+}
+
+typedef struct {
+  dur_server_t *f;
+  const char *const *args;
+  int round, at;
+} late_t;
+
+/* Starts the late follower at round `at` of a storm. */
+static void start_late(void *arg) {
+  late_t *l = arg;
+  if (l->round++ == l->at)
+    start(l->f, NULL, l->args);
+}
+
 static void test_exact(void **state) {
-  dur_server_t p = {0}, f1 = {0}, f2 = {0};
+  dur_server_t p = {0}, f1 = {0}, f2 = {0}, f3 = {0};
   char d2[512];
   new_dir(d2, sizeof d2, "f2");
-  start(&p, NULL, (const char *const[]){"--shards", "8", NULL});
+  /* a backlog of 1 MiB: the late follower must copy a snapshot */
+  start(&p, NULL,
+        (const char *const[]){"--shards", "8", "--repl-backlog-bytes",
+                              "1048576", NULL});
   char follow[64];
   snprintf(follow, sizeof follow, "%s", p.addr);
-  start(&f1, NULL,
-        (const char *const[]){"--shards", "8", "--follow", follow, NULL});
+  const char *const fargs[] = {"--shards", "8", "--follow", follow, NULL};
+  start(&f1, NULL, fargs);
   f2.fsync = "always";
-  start(&f2, d2,
-        (const char *const[]){"--shards", "8", "--follow", follow, NULL});
-  /* no snapshot here: the followers fetch before the first record */
+  start(&f2, d2, fargs);
+  /* no snapshot for these two: they fetch before the first record */
   assert_int_equal(repl_wait_in_sync(p.addr, 2, 10000), 0);
   embps_client_t *c = connect_to(p.addr, 30000);
   tables_t t;
   create_tables(c, &t);
-  storm(p.addr, &t, 4, 3000, c, NULL, NULL, 0);
+  push_whole(c, "sgd_f32_dense", 64); /* 1.3 MB of records */
+  late_t late = {.f = &f3, .args = fargs, .at = 3};
+  storm(p.addr, &t, 4, 3000, c, start_late, &late, 6);
   assert_int_equal(repl_wait_caught_up(p.addr, f1.addr, CATCH_UP_MS), 0);
   assert_int_equal(repl_wait_caught_up(p.addr, f2.addr, CATCH_UP_MS), 0);
-  assert_int_equal(repl_compare(p.addr, f1.addr, "follower (memory)", 1),
+  assert_int_equal(repl_wait_caught_up(p.addr, f3.addr, CATCH_UP_MS), 0);
+  assert_int_equal(repl_compare(p.addr, f1.addr, "follower (memory)",
+                                !log_has(&f1, "copying a snapshot")),
                    0);
-  assert_int_equal(repl_compare(p.addr, f2.addr, "follower (data dir)", 1),
+  assert_int_equal(repl_compare(p.addr, f2.addr, "follower (data dir)",
+                                !log_has(&f2, "copying a snapshot")),
+                   0);
+  assert_true(log_has(&f3, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f3.addr, "late follower (copy)", 0),
                    0);
   embps_server_stats_t sp, sf;
   assert_int_equal(repl_stats(p.addr, &sp), 0);
@@ -325,10 +361,10 @@ static void test_exact(void **state) {
   assert_int_equal(sp.role, 0);
   assert_int_equal(sf.role, 1);
   assert_string_equal(sf.primary, p.addr);
-  assert_int_equal(sp.followers, 2);
   assert_int_equal(sf.lag_records, 0);
   assert_true(sp.bytes_shipped > 0 && sf.bytes_shipped > 0);
   assert_true(sp.applied_lsn > 500);
+  assert_int_equal(sp.followers, 3);
   /* writes to a follower are refused, naming its primary */
   embps_client_t *cf = connect_to(f1.addr, -1);
   int64_t id = 1;
@@ -348,10 +384,12 @@ static void test_exact(void **state) {
                    0);
   stop_server(&f1);
   stop_server(&f2);
+  stop_server(&f3);
   stop_server(&p);
   cleanup(&p);
   cleanup(&f1);
   cleanup(&f2);
+  cleanup(&f3);
 }
 
 /* ------------------------------------------------------------ reads */
@@ -582,6 +620,116 @@ static void test_restart(void **state) {
   cleanup(&f);
 }
 
+/* ------------------------------------------------------------ copy */
+
+/* Waits until s's log holds text; 0, or -1 after timeout_ms. */
+static int wait_log(const dur_server_t *s, const char *text, int timeout_ms) {
+  for (double until = dur_now_ms() + timeout_ms; dur_now_ms() < until;
+       dur_sleep_ms(5))
+    if (log_has(s, text))
+      return 0;
+  return -1;
+}
+
+/* Pushes n whole-table records through *c (past the primary's backlog of
+ * 1 MiB); with forget, the primary p then restarts (it forgets its
+ * followers, whose records its checkpoints keep in its log for
+ * EMBPS_FEED_RETAIN_S) and checkpoints: its log's segments before that
+ * are deleted. */
+static void move_on(dur_server_t *p, embps_client_t **c, int n, int forget) {
+  push_whole(*c, "adam_f32_dense", n);
+  if (!forget)
+    return;
+  embps_client_destroy(*c);
+  stop_server(p);
+  start(p, p->data_dir, p->args);
+  *c = connect_to(p->addr, 30000);
+  assert_int_equal(embps_checkpoint(*c, NULL), 0);
+}
+
+/* A follower with a data dir of a primary with one (a backlog of 1 MiB):
+ * it copies a snapshot when the primary's backlog and log no longer hold
+ * its next record (it joins after a checkpoint; it restarts after one it
+ * was not kept for; it is killed in the middle of a copy), and catches up
+ * from the primary's log, without a copy, when that still holds it (past
+ * the backlog; after a kill -9; after the primary's restart, which empties
+ * its backlog). Equal to the primary after each. */
+static void test_copy(void **state) {
+  dur_server_t p = {0}, f = {0};
+  char dp[512], df[512];
+  new_dir(dp, sizeof dp, "cp");
+  new_dir(df, sizeof df, "cf");
+  start(&p, dp, (const char *const[]){"--repl-backlog-bytes", "1048576",
+                                      NULL});
+  char follow[64];
+  snprintf(follow, sizeof follow, "%s", p.addr);
+  const char *const fargs[] = {"--follow", follow, NULL};
+  embps_client_t *c = connect_to(p.addr, 30000);
+  tables_t t;
+  create_tables(c, &t);
+  move_on(&p, &c, 64, 1);
+  start(&f, df, fargs);
+  storm(p.addr, &t, 3, 2000, NULL, NULL, NULL, 0);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&f, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "joined after a checkpoint",
+                                0), 0);
+
+  /* stopped while the primary's backlog moves on: its log serves */
+  stop_server(&f);
+  move_on(&p, &c, 64, 0);
+  assert_int_equal(embps_checkpoint(c, NULL), 0); /* kept for it */
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&f, "snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "caught up from the log", 0),
+                   0);
+
+  /* stopped while the primary forgets it and checkpoints: a copy again */
+  stop_server(&f);
+  move_on(&p, &c, 64, 1);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&f, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "restarted past a "
+                                "checkpoint", 0), 0);
+
+  /* killed while it copies (or just after): starts again and ends equal */
+  dur_server_kill(&f);
+  move_on(&p, &c, 64, 1);
+  start(&f, df, fargs);
+  assert_int_equal(wait_log(&f, "copying a snapshot", 20000), 0);
+  dur_server_kill(&f);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_int_equal(repl_compare(p.addr, f.addr, "killed in a copy", 0), 0);
+
+  /* killed, then a few records: no copy */
+  dur_server_kill(&f);
+  move_on(&p, &c, 4, 0);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&f, "snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "resumed", 0), 0);
+
+  /* the primary restarted under it: its backlog is empty, and its final
+   * checkpoint kept in its log what the follower lacked (an L2 eviction
+   * of that checkpoint's) */
+  embps_client_destroy(c);
+  stop_server(&p);
+  start(&p, dp, p.args);
+  c = connect_to(p.addr, 30000);
+  push_whole(c, "adam_f32_dense", 4);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&f, "snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "primary restarted", 0), 0);
+  embps_client_destroy(c);
+  stop_server(&f);
+  stop_server(&p);
+  cleanup(&p);
+  cleanup(&f);
+}
+
 /* ------------------------------------------------------------ sync */
 
 static float witness(const char *addr) {
@@ -744,7 +892,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_exact),   cmocka_unit_test(test_reads),
       cmocka_unit_test(test_proxy),   cmocka_unit_test(test_restart),
-      cmocka_unit_test(test_sync),    cmocka_unit_test(test_promote),
+      cmocka_unit_test(test_copy),    cmocka_unit_test(test_sync),
+      cmocka_unit_test(test_promote),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
