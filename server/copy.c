@@ -202,6 +202,17 @@ int embps_copy_prepare(embps_copy_t *cp, char *err, size_t err_len) {
 int embps_copy_install(embps_copy_t *cp, embps_apply_ctx_t *ctx, char *err,
                        size_t err_len) {
   embps_server_t *srv = ctx->srv;
+  embps_table_t **v;
+  size_t n;
+  if (embps_registry_refs(&cp->reg, &v, &n)) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) { /* a read of them says LSN lsn at least */
+    embps_table_set_lsn(v[i], cp->lsn);
+    embps_table_unref(v[i]);
+  }
+  free(v);
   embps_registry_swap(&srv->registry, &cp->reg);
   const uint64_t was = ctx->lsn;
   ctx->lsn = cp->lsn;

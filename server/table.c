@@ -1076,6 +1076,10 @@ uint64_t embps_table_incarnation(const embps_table_t *t) {
   return t->incarnation;
 }
 
+void embps_table_set_lsn(embps_table_t *t, uint64_t lsn) {
+  atomic_store(&t->lsn_at, lsn);
+}
+
 void embps_table_set_incarnation(embps_table_t *t, uint64_t incarnation) {
   t->incarnation = incarnation;
   atomic_store(&t->lsn_at, incarnation); /* it exists from there on */

@@ -173,6 +173,9 @@ void embps_table_set_step(embps_table_t *t, uint64_t step);
 /* A number naming this table's life across restarts (its CREATE's LSN). */
 uint64_t embps_table_incarnation(const embps_table_t *t);
 void embps_table_set_incarnation(embps_table_t *t, uint64_t incarnation);
+/* The table's rows are its state at lsn (a follower's copy of its primary
+ * going in, copy.h): the LSN the next gather returns, until a change. */
+void embps_table_set_lsn(embps_table_t *t, uint64_t lsn);
 uint32_t embps_table_n_shards(const embps_table_t *t);
 
 /* Checkpoints. A file record is the hashed record whatever the storage:

@@ -1,20 +1,25 @@
 /* test_repl.c - followers (issue 21) against real servers on loopback:
- *  (Followers start before the first record: a follower of a primary with
- *  older history needs a snapshot, which is another test's.)
- *  - exact: two followers (memory only; a data dir in --fsync always) of a
- *    primary under a push storm of 4 workers over every optimizer, dtype,
- *    dense and dynamic tables, admission, TTL, LRU and LFU capacity, L2
+ *  - exact: three followers (memory only; a data dir in --fsync always;
+ *    one started in the middle of the storm, when the primary's backlog no
+ *    longer holds its first records: it copies a snapshot) of a primary
+ *    under a push storm of 4 workers over every optimizer, dtype, dense
+ *    and dynamic tables, admission, TTL, LRU and LFU capacity, L2
  *    eviction, a synchronous table, imports, alters and a drop and create
  *    end equal to it, row for row (weights and optimizer state, bit for
  *    bit) and counter for counter; a follower refuses writes naming its
  *    primary;
  *  - reads: every row a follower's pull returns is the primary's at the
- *    LSN the reply says (rows all pushed together: one value per LSN);
+ *    LSN the reply says (rows all pushed together: one value per LSN), on
+ *    a follower fed record by record and on one copying a snapshot;
  *  - proxy: a proxy between primary and follower cutting the connection
  *    and dropping FETCH replies at random: the follower resumes with no
  *    gap and no record twice (it ends equal);
  *  - restart: a follower with a data dir killed (-9) and stopped during
  *    pushes resumes from its own log, without a snapshot, and ends equal;
+ *  - copy: a follower copies a snapshot when the primary's backlog and log
+ *    no longer hold its next record, also after a kill -9 in the middle of
+ *    a copy, and catches up from the primary's log without one when that
+ *    still holds it (past the backlog, after the primary's restart);
  *  - sync: --sync-followers 1 with the follower stopped: a push is
  *    refused after --sync-timeout-ms with nothing changed on either
  *    server; with the follower frozen just after the gate, the push is
@@ -22,7 +27,9 @@
  *  - promote: a follower killed, its primary acknowledging 7 more pushes
  *    and killed; the follower restarted (its primary silent: it starts
  *    from its own log) and promoted; the old primary restarted as its
- *    follower cuts exactly those 7 (says so) and ends equal. */
+ *    follower cuts exactly those 7 (says so) and ends equal;
+ *  - rejoin_copy: an old primary whose checkpoint holds records the new
+ *    primary never had sets its state aside and copies the new one's. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -401,7 +408,7 @@ typedef struct {
   const char *addr;
   atomic_int *stop;
   int reads, wrong, lsns;
-  uint64_t last_lsn;
+  _Atomic uint64_t last_lsn;
 } reader_t;
 
 static void *reader_main(void *arg) {
@@ -435,14 +442,69 @@ static void *reader_main(void *arg) {
   return NULL;
 }
 
+/* Two readers on the follower at addr, started into rd and th. */
+static void readers_start(const char *addr, atomic_int *stop, reader_t *rd,
+                          pthread_t *th) {
+  for (int i = 0; i < 2; i++) {
+    rd[i] = (reader_t){.addr = addr, .stop = stop};
+    assert_int_equal(pthread_create(&th[i], NULL, reader_main, &rd[i]), 0);
+  }
+}
+
+/* Waits until both readers read at LSN lsn or later (so reads are seen
+ * at several LSNs however fast the follower applies). */
+static void readers_reach(reader_t *rd, uint64_t lsn) {
+  for (double until = dur_now_ms() + CATCH_UP_MS;
+       (atomic_load(&rd[0].last_lsn) < lsn ||
+        atomic_load(&rd[1].last_lsn) < lsn) && dur_now_ms() < until;)
+    dur_sleep_ms(1);
+}
+
+/* Joins them and checks what they read: every row right, at min_lsns
+ * LSNs at least (reads went on while records were applied). */
+static void readers_check(const char *what, reader_t *rd, pthread_t *th,
+                          int min_lsns) {
+  int reads = 0, wrong = 0, lsns = 0;
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    reads += rd[i].reads;
+    wrong += rd[i].wrong;
+    lsns += rd[i].lsns;
+  }
+  printf("[repl] reads (%s): %d pulls of %d rows on the follower, %d "
+         "distinct LSNs seen, %d not the primary's\n", what, reads, R_ROWS,
+         lsns, wrong);
+  assert_int_equal(wrong, 0);
+  assert_true(lsns >= min_lsns);
+}
+
+static void push_r(embps_client_t *c, int n) {
+  int64_t *ids = malloc(R_ROWS * sizeof *ids);
+  float *g = malloc((size_t)R_ROWS * R_DIM * sizeof *g);
+  for (int i = 0; i < R_ROWS; i++)
+    ids[i] = i;
+  for (size_t i = 0; i < (size_t)R_ROWS * R_DIM; i++)
+    g[i] = -1;
+  for (int k = 0; k < n; k++)
+    assert_int_equal(embps_push(c, "r", ids, R_ROWS, g, R_DIM, 0), 0);
+  free(ids);
+  free(g);
+}
+
+/* Reads on a follower fed record by record, and on one that copies a
+ * snapshot meanwhile (the primary's backlog of 1 MiB holds 8 of these
+ * 128 KiB pushes): every row pulled is the primary's at the LSN the reply
+ * says, the copy going in included. */
 static void test_reads(void **state) {
-  dur_server_t p = {0}, f = {0};
-  start(&p, NULL, (const char *const[]){"--omp-threads", "2", NULL});
+  dur_server_t p = {0}, f = {0}, f2 = {0};
+  start(&p, NULL,
+        (const char *const[]){"--omp-threads", "2", "--repl-backlog-bytes",
+                              "1048576", NULL});
   char follow[64];
   snprintf(follow, sizeof follow, "%s", p.addr);
-  start(&f, NULL,
-        (const char *const[]){"--omp-threads", "2", "--follow", follow,
-                              NULL});
+  const char *const fargs[] = {"--omp-threads", "2", "--follow", follow,
+                               NULL};
+  start(&f, NULL, fargs);
   assert_int_equal(repl_wait_in_sync(p.addr, 1, 10000), 0);
   embps_client_t *c = connect_to(p.addr, 30000);
   embps_table_spec_t s;
@@ -454,47 +516,53 @@ static void test_reads(void **state) {
   atomic_int stop = 0;
   reader_t rd[2];
   pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    rd[i] = (reader_t){.addr = f.addr, .stop = &stop};
-    assert_int_equal(pthread_create(&th[i], NULL, reader_main, &rd[i]), 0);
+  readers_start(f.addr, &stop, rd, th);
+  for (int k = 0; k < 300; k += 20) {
+    push_r(c, 20);
+    assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+    readers_reach(rd, (uint64_t)k + 21);
   }
-  int64_t *ids = malloc(R_ROWS * sizeof *ids);
-  float *g = malloc((size_t)R_ROWS * R_DIM * sizeof *g);
-  for (int i = 0; i < R_ROWS; i++)
-    ids[i] = i;
-  for (size_t i = 0; i < (size_t)R_ROWS * R_DIM; i++)
-    g[i] = -1;
-  for (int k = 0; k < 300; k++)
-    assert_int_equal(embps_push(c, "r", ids, R_ROWS, g, R_DIM, 0), 0);
-  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
   dur_sleep_ms(100);
   atomic_store(&stop, 1);
-  int reads = 0, wrong = 0, lsns = 0;
-  for (int i = 0; i < 2; i++) {
-    pthread_join(th[i], NULL);
-    reads += rd[i].reads;
-    wrong += rd[i].wrong;
-    lsns += rd[i].lsns;
-  }
-  printf("[repl] reads: %d pulls of %d rows on the follower, %d distinct "
-         "LSNs seen, %d not the primary's\n", reads, R_ROWS, lsns, wrong);
-  assert_int_equal(wrong, 0);
-  assert_true(lsns >= 10); /* reads went on while records were applied */
+  readers_check("fed", rd, th, 10);
+
+  /* a follower that copies, read from before it has the table, pushes
+   * going on until 50 after its copy went in */
+  start(&f2, NULL, fargs);
+  atomic_store(&stop, 0);
+  readers_start(f2.addr, &stop, rd, th);
+  int pushed = 300;
+  for (double until = dur_now_ms() + CATCH_UP_MS;
+       !log_has(&f2, "replaces this server's state") && dur_now_ms() < until;
+       pushed++)
+    push_r(c, 1);
+  assert_true(log_has(&f2, "copying a snapshot"));
+  push_r(c, 50);
+  pushed += 50;
+  assert_int_equal(repl_wait_caught_up(p.addr, f2.addr, CATCH_UP_MS), 0);
+  dur_sleep_ms(100);
+  atomic_store(&stop, 1);
+  readers_check("copying", rd, th, 2); /* the copy, then records */
+
+  int64_t *ids = malloc(R_ROWS * sizeof *ids);
+  for (int i = 0; i < R_ROWS; i++)
+    ids[i] = i;
   float *out = malloc((size_t)R_ROWS * R_DIM * sizeof *out);
   uint64_t lsn;
-  assert_int_equal(repl_pull_lsn(f.addr, "r", ids, R_ROWS, R_DIM, out, &lsn),
-                   0);
-  assert_int_equal(lsn, 301);
+  assert_int_equal(repl_pull_lsn(f2.addr, "r", ids, R_ROWS, R_DIM, out,
+                                 &lsn), 0);
+  assert_int_equal(lsn, (uint64_t)pushed + 1);
   for (size_t i = 0; i < (size_t)R_ROWS * R_DIM; i++)
-    assert_true(out[i] == 300);
+    assert_true(out[i] == (float)pushed);
   free(out);
   free(ids);
-  free(g);
   embps_client_destroy(c);
   stop_server(&f);
+  stop_server(&f2);
   stop_server(&p);
   cleanup(&p);
   cleanup(&f);
+  cleanup(&f2);
 }
 
 /* ------------------------------------------------------------ proxy */
@@ -887,13 +955,68 @@ static void test_promote(void **state) {
   cleanup(&b);
 }
 
+/* An old primary whose checkpoint holds records the new primary never had
+ * (written after its follower was lost): on rejoining it cannot cut them
+ * from its log alone, so its state is set aside (DIR/diverged) and it
+ * copies the new primary's. */
+static void test_rejoin_copy(void **state) {
+  dur_server_t a = {0}, b = {0};
+  char da[512], db[512];
+  new_dir(da, sizeof da, "ra");
+  new_dir(db, sizeof db, "rb");
+  start(&a, da, NULL);
+  char follow_a[64], follow_b[64];
+  snprintf(follow_a, sizeof follow_a, "%s", a.addr);
+  start(&b, db, (const char *const[]){"--follow", follow_a, NULL});
+  assert_int_equal(repl_wait_in_sync(a.addr, 1, 10000), 0);
+  embps_client_t *c = connect_to(a.addr, -1);
+  embps_table_spec_t s;
+  embps_table_spec_init(&s, "w", 4, EMBPS_OPT_SGD);
+  s.rows = 8;
+  s.lr = 1;
+  create(c, &s);
+  embps_client_destroy(c);
+  push_n(a.addr, 5);
+  assert_int_equal(repl_wait_caught_up(a.addr, b.addr, CATCH_UP_MS), 0);
+  stop_server(&b);
+  push_n(a.addr, 7); /* LSN 7 to 13: b never gets them */
+  c = connect_to(a.addr, -1);
+  assert_int_equal(embps_checkpoint(c, NULL), 0); /* ckpt-13 */
+  embps_client_destroy(c);
+  dur_server_kill(&a);
+  /* b goes on as a primary (a new epoch from LSN 7) */
+  start(&b, db, NULL);
+  push_n(b.addr, 3);
+  snprintf(follow_b, sizeof follow_b, "%s", b.addr);
+  start(&a, da, (const char *const[]){"--follow", follow_b, NULL});
+  assert_int_equal(repl_wait_caught_up(b.addr, a.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&a, "set aside"));
+  assert_true(log_has(&a, "copying a snapshot"));
+  assert_true(witness(a.addr) == 8);
+  assert_int_equal(repl_compare(b.addr, a.addr, "rejoined past its "
+                                "checkpoint", 0), 0);
+  char aside[600];
+  snprintf(aside, sizeof aside, "%s/diverged/ckpt-000000000000000d", da);
+  assert_int_equal(access(aside, F_OK), 0);
+  /* and it restarts from the copy it keeps, without another */
+  stop_server(&a);
+  start(&a, da, (const char *const[]){"--follow", follow_b, NULL});
+  assert_int_equal(repl_wait_caught_up(b.addr, a.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&a, "snapshot"));
+  assert_true(witness(a.addr) == 8);
+  stop_server(&a);
+  stop_server(&b);
+  cleanup(&a);
+  cleanup(&b);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_exact),   cmocka_unit_test(test_reads),
       cmocka_unit_test(test_proxy),   cmocka_unit_test(test_restart),
       cmocka_unit_test(test_copy),    cmocka_unit_test(test_sync),
-      cmocka_unit_test(test_promote),
+      cmocka_unit_test(test_promote), cmocka_unit_test(test_rejoin_copy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
