@@ -80,10 +80,6 @@ uint64_t embps_durable_lsn(embps_durable_t *d) {
                                 : embps_wal_written(d->wal);
 }
 
-uint64_t embps_durable_written(embps_durable_t *d) {
-  return embps_wal_written(d->wal);
-}
-
 int embps_durable_wait(embps_durable_t *d, uint64_t lsn, char *err,
                        size_t err_len) {
   return embps_wal_sync(d->wal, lsn, err, err_len);
@@ -869,6 +865,7 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
   if (embps_wal_open(d->log_dir, last + 1, srv->cfg.fsync, d->unsafe_ack,
                      wal_done, d, &d->wal, err, err_len))
     goto fail;
+  embps_feed_set_log(srv->feed, d->log_dir, d->wal);
   if (srv->cfg.checkpoint_every_s)
     d->next_due_ns = embps_now_ns() +
                      (uint64_t)srv->cfg.checkpoint_every_s * 1000000000ULL;
@@ -883,6 +880,8 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
            d->dir, fsync_name(srv->cfg.fsync), last + 1, epoch);
   return 0;
 fail:
+  if (d->wal)
+    embps_feed_set_log(srv->feed, "", NULL);
   embps_wal_close(d->wal);
   if (d->lock_fd >= 0)
     close(d->lock_fd);

@@ -120,8 +120,6 @@ int embps_durable_syncs(const embps_durable_t *d);
 /* The last LSN durable in the log (--fsync always: synced; otherwise
  * written), for a follower's acknowledgements. */
 uint64_t embps_durable_lsn(embps_durable_t *d);
-/* The last LSN written to the log (readable there, maybe not synced). */
-uint64_t embps_durable_written(embps_durable_t *d);
 /* Blocks until the log is synced up to lsn (not the apply thread). 0, or
  * -1 with err when the log failed. */
 int embps_durable_wait(embps_durable_t *d, uint64_t lsn, char *err,

@@ -14,7 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "durable.h"
 #include "le.h"
 #include "server.h"
 
@@ -56,6 +55,9 @@ struct embps_feed {
   size_t bytes, max_bytes;
   uint64_t pins[EMBPS_FEED_PINS_MAX]; /* first LSN kept; 0: free */
   embps_history_t hist;
+  /* the log (--data-dir): records older than the backlog */
+  embps_wal_t *wal;
+  char log_dir[1100];
   sess_t sess[EMBPS_FEED_FOLLOWERS_MAX];
   size_t n_held;
   /* acknowledgements */
@@ -177,6 +179,14 @@ void embps_feed_append(embps_feed_t *f, const uint8_t head[EMBPS_WAL_HEADER_BYTE
   }
   if (f->n_held)
     pthread_cond_signal(&f->cv);
+  pthread_mutex_unlock(&f->mu);
+}
+
+void embps_feed_set_log(embps_feed_t *f, const char *log_dir,
+                        embps_wal_t *wal) {
+  pthread_mutex_lock(&f->mu);
+  snprintf(f->log_dir, sizeof f->log_dir, "%s", log_dir);
+  f->wal = wal;
   pthread_mutex_unlock(&f->mu);
 }
 
@@ -622,7 +632,7 @@ static int check_start_locked(embps_feed_t *f, embps_request_t *req) {
                        common + 1, last);
     return EMBPS_EDIVERGED;
   }
-  if (!f->srv->dur && q->from_lsn <= last &&
+  if (!f->wal && q->from_lsn <= last &&
       !(f->n && q->from_lsn >= f->first && q->from_lsn < f->first + f->n)) {
     fail_gone(f, req, q->from_lsn, f->first, f->n);
     return EMBPS_ESNAPSHOT; /* with a data dir, its log may hold them */
@@ -637,7 +647,6 @@ static int check_start_locked(embps_feed_t *f, embps_request_t *req) {
  * deleted their segment). mu held on entry, released. */
 static void from_log_unlock(embps_feed_t *f, sess_t *s, embps_request_t *req,
                             uint64_t now) {
-  embps_durable_t *d = f->srv->dur;
   const uint64_t from = s->cursor, stream = s->stream;
   const uint64_t bfirst = f->first, bn = f->n;
   uint64_t upto = bn && bfirst > from ? bfirst - 1 : last_lsn_locked(f);
@@ -646,13 +655,14 @@ static void from_log_unlock(embps_feed_t *f, sess_t *s, embps_request_t *req,
                            : req->msg.u.fetch.max_bytes;
   embps_wal_cursor_t hint = s->log_hint;
   pthread_mutex_unlock(&f->mu);
-  if (upto > embps_durable_written(d))
-    upto = embps_durable_written(d);
+  const uint64_t written = embps_wal_written(f->wal);
+  if (upto > written)
+    upto = written;
   uint8_t *buf;
   size_t len;
   uint32_t n;
   char err[1200];
-  int rc = embps_wal_read(embps_durable_log_dir(d), from, upto, max, &hint,
+  int rc = embps_wal_read(f->log_dir, from, upto, max, &hint,
                           &buf, &len, &n, err, sizeof err);
   pthread_mutex_lock(&f->mu);
   const int current = s->used && s->stream == stream && s->cursor == from;
@@ -765,7 +775,7 @@ int embps_feed_fetch(embps_feed_t *f, embps_request_t *req) {
     return 0;
   }
   if (!s->held_head && gone_locked(f, s)) {
-    if (f->srv->dur) {
+    if (f->wal) {
       from_log_unlock(f, s, req, now);
       return 0;
     }

@@ -87,6 +87,10 @@ int embps_feed_set_history(embps_feed_t *f, const embps_history_t *h);
 /* *out = a copy (caller closes). 0 or -ENOMEM. */
 int embps_feed_history(embps_feed_t *f, embps_history_t *out);
 uint32_t embps_feed_epoch(embps_feed_t *f);
+/* The log of a server with --data-dir (durable.c, once it is open, before
+ * the server serves): records older than the backlog are read from it. */
+void embps_feed_set_log(embps_feed_t *f, const char *log_dir,
+                        embps_wal_t *wal);
 /* Whether records must come here now (cheap). f may be NULL. */
 int embps_feed_active(const embps_feed_t *f);
 /* The server was promoted (apply thread, before its first record as a
