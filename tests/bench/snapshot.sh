@@ -91,7 +91,6 @@ follower() {
     sleep 0.02
   done
   t1=$(date +%s.%N)
-  [ -n "${SHOWLOG:-}" ] && cat "$TMP/follower.log" >&2
   kill "$FPID"
   wait "$FPID" || true
   FPID=
