@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,4 +120,14 @@ char *embps_escape(const char *src, char *dst, size_t cap) {
   }
   dst[o] = 0;
   return dst;
+}
+
+int embps_refuse(int code, char *why, size_t why_len, const char *fmt, ...) {
+  if (why && why_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+  }
+  return code;
 }

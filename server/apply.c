@@ -121,6 +121,7 @@ static void *apply_main(void *arg) {
       rerun_parked(&a->ctx);
     } else {
       embps_metrics_queue(-1);
+      a->ctx.runs++;
       req->run(&a->ctx, req);
     }
     atomic_store_explicit(&a->ctx.applied, a->ctx.lsn, memory_order_release);

@@ -3,7 +3,6 @@
  * several of them. No config file is ever needed: every setting has a
  * default that serves on 127.0.0.1:7070. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,14 +20,6 @@
 #include "token.h"
 #include "util.h"
 #include "wal.h"
-
-static int fail(char *err, size_t len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, len, fmt, ap);
-  va_end(ap);
-  return -1;
-}
 
 /* The flags fill a configuration, and --help and --version the rest. */
 typedef struct {
@@ -208,7 +199,7 @@ static const embps_flag_t server_flags[] = {
     SIZE_("max-tables", "N", max_tables, 1, 1000000,
           "tables per server (default 1024)"),
     SIZE_("idle-timeout", "SECONDS", idle_timeout_s, 0, 86400 * 365,
-          "close idle connections (default 0: never)"),
+          "close idle connections (default 600; 0: never)"),
     SIZE_("hello-timeout", "SECONDS", hello_timeout_s, 1, 3600,
           "close connections with no hello by then (default 5)"),
     SIZE_("max-conn-buffer-bytes", "N", max_conn_buffer_bytes, 1ULL << 16,
@@ -343,6 +334,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->repl_backlog_bytes = 256ULL << 20;
   d->max_lag_ms = 5000;
   d->lease_ms = 3000;
+  d->idle_timeout_s = 600; /* idle workers reconnect on their next call */
 
   embps_flags_t p;
   int rc = embps_flags_parse(&p, groups, &a, argc, argv, NULL, err, err_len);
@@ -363,16 +355,16 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     return 1;
   }
   if (p.next < argc)
-    return fail(err, err_len, "unexpected argument \"%s\"", argv[p.next]);
+    return embps_refuse(-1, err, err_len, "unexpected argument \"%s\"", argv[p.next]);
   if (embps_cluster_config_check(cfg, err, err_len))
     return -1;
   if (cfg->coordinator[0] && !cfg->cluster_name[0])
-    return fail(err, err_len, "--coordinator needs --cluster-name: the "
+    return embps_refuse(-1, err, err_len, "--coordinator needs --cluster-name: the "
                 "cluster's keys in etcd");
   if (!cfg->member_given) /* the member slot is the rows' slot */
     cfg->member = cfg->cluster_index;
   else if (cfg->member != cfg->cluster_index)
-    return fail(err, err_len, "--member %u and --cluster-index %u: a "
+    return embps_refuse(-1, err, err_len, "--member %u and --cluster-index %u: a "
                 "member's servers hold its rows (--cluster-index) and are "
                 "elected in its slot (--member), the same number",
                 cfg->member, cfg->cluster_index);
@@ -381,17 +373,17 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
                                        "advertise"};
     for (size_t i = 0; i < sizeof only / sizeof *only; i++)
       if (embps_flags_given(&p, only[i]))
-        return fail(err, err_len, "--%s is a setting of --coordinator, "
+        return embps_refuse(-1, err, err_len, "--%s is a setting of --coordinator, "
                     "which is not given", only[i]);
   }
   if (cfg->coordinator[0] && cfg->follow[0])
-    return fail(err, err_len, "--follow with --coordinator: the coordinator "
+    return embps_refuse(-1, err, err_len, "--follow with --coordinator: the coordinator "
                 "says which server to follow");
   if (cfg->cluster_index >= cfg->cluster_size)
-    return fail(err, err_len, "--cluster-index %u must be below "
+    return embps_refuse(-1, err, err_len, "--cluster-index %u must be below "
                 "--cluster-size %u", cfg->cluster_index, cfg->cluster_size);
   if (!cfg->has_token && !cfg->insecure && !host_is_loopback(cfg->listen_host))
-    return fail(err, err_len, "--listen %s is not a loopback address and "
+    return embps_refuse(-1, err, err_len, "--listen %s is not a loopback address and "
                 "there is no --auth-token-file: anyone who can reach it "
                 "could read, change and drop every table (give a token, or "
                 "--insecure to serve anyway; README, Security)",

@@ -7,7 +7,9 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <omp.h>
 #include <pthread.h>
@@ -21,6 +23,7 @@
 
 #include "failpoint.h"
 #include "feed.h"
+#include "marker.h"
 #include "optim.h"
 #include "redo.h"
 
@@ -48,6 +51,11 @@ struct embps_durable {
   char marker_err[1024];
   ckpt_info_t last;
   uint64_t next_due_ns;     /* periodic checkpoints; 0: none */
+  /* snapshot sessions keep the records after their marker (mu) */
+  struct {
+    uint64_t id, lsn; /* id 0: a free slot */
+  } pins[EMBPS_DURABLE_PINS];
+  uint64_t next_pin;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -339,47 +347,33 @@ static void marker_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
       (embps_durable_t *)((char *)req - offsetof(embps_durable_t, marker));
   if (d->hooks.at_marker)
     d->hooks.at_marker(ctx);
-  const uint64_t lsn = ctx->lsn;
-  size_t n_seen;
-  embps_ckpt_seen_t *seen = embps_seen_copy(&ctx->seen, &n_seen);
-  if (!seen)
-    LOG_WARN("no memory to copy the exactly-once table: the checkpoint "
-             "holds none");
-  embps_ckpt_t *c = &d->snap;
-  memset(c, 0, sizeof *c);
-  c->lsn = lsn;
-  c->cluster_size = d->srv->cfg.cluster_size;
-  c->cluster_index = d->srv->cfg.cluster_index;
-  c->shards = d->srv->cfg.shards;
-  c->seen = seen;
-  c->n_seen = n_seen;
-  c->log_sync = log_sync;
-  c->log_ctx = d;
   d->marker_err[0] = 0;
-  embps_table_t **tables = NULL;
-  size_t n = 0;
-  if (embps_registry_refs(&d->srv->registry, &tables, &n) ||
-      !(c->tables = calloc(n ? n : 1, sizeof *c->tables))) {
-    snprintf(d->marker_err, sizeof d->marker_err, "out of memory");
-    for (size_t i = 0; i < n; i++)
-      embps_table_unref(tables[i]);
-  } else {
-    for (size_t i = 0; i < n; i++) {
-      embps_table_info_t info;
-      embps_table_info(tables[i], &info);
-      c->tables[i].table = tables[i];
-      c->tables[i].incarnation = embps_table_incarnation(tables[i]);
-      c->tables[i].step = info.step;
-      c->tables[i].spec = info.spec;
-    }
-    c->n_tables = n;
-    embps_wal_rotate(d->wal, lsn + 1, d->marker_err, sizeof d->marker_err);
-  }
-  free(tables);
+  if (!embps_marker_take(ctx, &d->snap, d->marker_err, sizeof d->marker_err))
+    embps_wal_rotate(d->wal, ctx->lsn + 1, d->marker_err,
+                     sizeof d->marker_err);
+  d->snap.log_sync = log_sync;
+  d->snap.log_ctx = d;
   pthread_mutex_lock(&d->mu);
   d->marker_done = 1;
   pthread_cond_broadcast(&d->cv);
   pthread_mutex_unlock(&d->mu);
+}
+
+/* The checkpoints older than ckpt-lsn and the log segments it covers
+ * go, but for the records a snapshot session pins and those a follower
+ * fetching lately has not applied (feed.h). */
+static void delete_covered(embps_durable_t *d, uint64_t lsn) {
+  embps_ckpt_delete_older(d->dir, lsn);
+  pthread_mutex_lock(&d->mu);
+  uint64_t keep = lsn; /* the log's records after a pin stay */
+  for (int i = 0; i < EMBPS_DURABLE_PINS; i++)
+    if (d->pins[i].id && d->pins[i].lsn < keep)
+      keep = d->pins[i].lsn;
+  pthread_mutex_unlock(&d->mu);
+  const uint64_t followers = embps_feed_retain(d->srv->feed);
+  if (followers < keep) /* and those a follower fetching lately lacks */
+    keep = followers;
+  embps_wal_delete_upto(d->log_dir, keep);
 }
 
 /* Takes one checkpoint (checkpoint thread). 0, or -1 with err. */
@@ -416,8 +410,7 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   }
   embps_failpoint("ckpt-after-rename");
   embps_failpoint("ckpt-before-delete");
-  embps_ckpt_delete_older(d->dir, lsn);
-  embps_wal_delete_upto(d->log_dir, lsn);
+  delete_covered(d, lsn);
   uint64_t ms = (embps_now_ns() - t0) / 1000000;
   pthread_mutex_lock(&d->mu);
   d->last.unix_s = (uint64_t)time(NULL);
@@ -429,6 +422,33 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   LOG_INFO("checkpoint at LSN %" PRIu64 ": %" PRIu64 " bytes in %" PRIu64
            " ms, longest shard copy %.1f ms", lsn, bytes, ms,
            (double)res.longest_copy_ns / 1e6);
+  return 0;
+}
+
+int embps_durable_adopt(embps_durable_t *d, const embps_ckpt_t *c,
+                        const embps_history_t *h, char *err, size_t err_len) {
+  if (embps_history_save(d->dir, h, err, err_len))
+    return -1;
+  embps_ckpt_result_t res;
+  uint64_t t0 = embps_now_ns();
+  if (embps_ckpt_write(d->dir, c, &res, err, err_len))
+    return -1;
+  LOG_INFO("data dir %s: the primary's copy at LSN %" PRIu64 " written as "
+           "a checkpoint (%" PRIu64 " bytes in %" PRIu64 " ms)", d->dir,
+           c->lsn, res.bytes, (embps_now_ns() - t0) / 1000000);
+  return 0;
+}
+
+int embps_durable_adopted(embps_apply_ctx_t *ctx, uint64_t lsn, char *err,
+                          size_t err_len) {
+  embps_durable_t *d = ctx->srv->dur;
+  if (embps_wal_restart_at(d->wal, lsn + 1, err, err_len))
+    return -1;
+  delete_covered(d, lsn);
+  pthread_mutex_lock(&d->mu);
+  d->last.lsn = lsn;
+  d->last.unix_s = (uint64_t)time(NULL);
+  pthread_mutex_unlock(&d->mu);
   return 0;
 }
 
@@ -509,6 +529,48 @@ void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s) {
            f ? f : "");
 }
 
+uint64_t embps_durable_stall_ms(embps_durable_t *d) {
+  return embps_wal_stall_ms(d->wal);
+}
+
+/* ------------------------------------------------------------ snapshots */
+
+uint64_t embps_durable_pin(embps_durable_t *d, uint64_t lsn, int rotate,
+                           char *err, size_t err_len) {
+  if (rotate && embps_wal_rotate(d->wal, lsn + 1, err, err_len))
+    return 0;
+  uint64_t id = 0;
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < EMBPS_DURABLE_PINS && !id; i++) {
+    if (!d->pins[i].id) {
+      d->pins[i].id = id = ++d->next_pin;
+      d->pins[i].lsn = lsn;
+    }
+  }
+  pthread_mutex_unlock(&d->mu);
+  if (!id)
+    snprintf(err, err_len, "the log has %d pins already",
+             EMBPS_DURABLE_PINS);
+  return id;
+}
+
+void embps_durable_unpin(embps_durable_t *d, uint64_t pin) {
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < EMBPS_DURABLE_PINS; i++)
+    if (pin && d->pins[i].id == pin)
+      d->pins[i].id = 0;
+  pthread_mutex_unlock(&d->mu);
+}
+
+int embps_durable_sync(embps_durable_t *d, uint64_t lsn, char *err,
+                       size_t err_len) {
+  return embps_wal_sync(d->wal, lsn, err, err_len);
+}
+
+const char *embps_durable_log_dir(const embps_durable_t *d) {
+  return d->log_dir;
+}
+
 /* ------------------------------------------------------------ restore */
 
 /* Loads checkpoint lsn of d into c, checks it is this server's, notes its
@@ -568,7 +630,7 @@ static int restore(embps_durable_t *d, uint64_t *last, embps_seen_t *seen,
   embps_ckpt_t c;
   memset(&c, 0, sizeof c);
   embps_redo_t r;
-  embps_redo_init(&r, d->srv, seen);
+  embps_redo_init(&r, d->srv, &d->srv->registry, seen);
   int rc = embps_ckpt_latest(d->dir, &lsn, err, err_len);
   if (rc == 1) {
     rc = restore_checkpoint(d, lsn, &c, &r, seen, err, err_len);
@@ -585,6 +647,59 @@ static int restore(embps_durable_t *d, uint64_t *last, embps_seen_t *seen,
   embps_redo_close(&r);
   embps_ckpt_free(&c); /* shard_lsn arrays freed after the replay */
   return rc ? -1 : 0;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+                    struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path) && errno != ENOENT ? -1 : 0;
+}
+
+/* Moves the checkpoints, the log and the history of d into DIR/diverged
+ * (a previous one deleted) and starts an empty log. 0, or -1 with err. */
+static int set_aside(embps_durable_t *d, char *err, size_t err_len) {
+  char aside[1100], from[1300], to[1400];
+  snprintf(aside, sizeof aside, "%s/diverged", d->dir);
+  if (nftw(aside, rm_entry, 16, FTW_DEPTH | FTW_PHYS) && errno != ENOENT) {
+    snprintf(err, err_len, "data dir %s: cannot delete %s: %s", d->dir, aside,
+             strerror(errno));
+    return -1;
+  }
+  if (mkdir(aside, 0755)) {
+    snprintf(err, err_len, "data dir %s: %s: %s", d->dir, aside,
+             strerror(errno));
+    return -1;
+  }
+  DIR *dir = opendir(d->dir);
+  if (!dir) {
+    snprintf(err, err_len, "data dir %s: %s", d->dir, strerror(errno));
+    return -1;
+  }
+  int rc = 0;
+  for (struct dirent *e; !rc && (e = readdir(dir));) {
+    if (strncmp(e->d_name, "ckpt-", 5) && strcmp(e->d_name, "log") &&
+        strcmp(e->d_name, "HISTORY"))
+      continue;
+    snprintf(from, sizeof from, "%s/%s", d->dir, e->d_name);
+    snprintf(to, sizeof to, "%s/%s", aside, e->d_name);
+    if (rename(from, to)) {
+      snprintf(err, err_len, "data dir %s: cannot move %s to %s: %s", d->dir,
+               from, to, strerror(errno));
+      rc = -1;
+    }
+  }
+  closedir(dir);
+  if (!rc && mkdir(d->log_dir, 0755)) {
+    snprintf(err, err_len, "data dir %s: %s", d->log_dir, strerror(errno));
+    rc = -1;
+  }
+  if (!rc && embps_fsync_dir(d->dir)) {
+    snprintf(err, err_len, "data dir %s: cannot sync the directory", d->dir);
+    rc = -1;
+  }
+  return rc;
 }
 
 /* Before the restore: DIR/HISTORY into h (a log from before epochs is
@@ -615,12 +730,17 @@ static int prepare_history(embps_durable_t *d, embps_history_t *h, char *err,
     return -1;
   if (keep >= last)
     return 0;
-  if (keep < ck) {
-    snprintf(err, err_len, "data dir %s: its checkpoint at LSN %" PRIu64
-             " holds records after LSN %" PRIu64 ", where its log leaves its "
-             "primary's history: it needs a snapshot of the primary (start "
-             "it with an empty --data-dir)", d->dir, ck, keep);
-    return -1;
+  if (keep < ck) { /* the whole state goes: a copy of the primary comes */
+    if (set_aside(d, err, err_len))
+      return -1;
+    LOG_WARN("data dir %s: its checkpoint at LSN %" PRIu64 " holds records "
+             "after LSN %" PRIu64 ", where its log leaves the primary's "
+             "history (%" PRIu64 " records that were never acknowledged "
+             "with --sync-followers >= 1): its state is set aside in "
+             "%s/diverged, and the follower copies a snapshot of its "
+             "primary", d->dir, ck, keep, last - keep, d->dir);
+    h->n = 0;
+    return 0;
   }
   if (embps_wal_cut_after(d->log_dir, keep, &cut, err, err_len))
     return -1;
@@ -745,6 +865,7 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
   if (embps_wal_open(d->log_dir, last + 1, srv->cfg.fsync, d->unsafe_ack,
                      wal_done, d, &d->wal, err, err_len))
     goto fail;
+  embps_feed_set_log(srv->feed, d->log_dir, d->wal);
   if (srv->cfg.checkpoint_every_s)
     d->next_due_ns = embps_now_ns() +
                      (uint64_t)srv->cfg.checkpoint_every_s * 1000000000ULL;
@@ -759,6 +880,8 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
            d->dir, fsync_name(srv->cfg.fsync), last + 1, epoch);
   return 0;
 fail:
+  if (d->wal)
+    embps_feed_set_log(srv->feed, "", NULL);
   embps_wal_close(d->wal);
   if (d->lock_fd >= 0)
     close(d->lock_fd);

@@ -68,17 +68,53 @@ int embps_durable_shutdown(embps_server_t *srv);
 /* After the apply thread stopped: syncs and closes the log, unlocks. */
 void embps_durable_close(embps_server_t *srv);
 
+/* ---- snapshot sessions (snapshot.c) ---- */
+#define EMBPS_DURABLE_PINS 32
+/* Keeps the log's records after lsn: no checkpoint deletes a segment
+ * holding one until embps_durable_unpin. With rotate the log starts a new
+ * segment at lsn + 1 first (the LSN after the last one logged), so the
+ * records after lsn begin a segment. Apply thread, at a session's marker.
+ * Returns the pin (> 0), or 0 with err (the log cannot rotate, or
+ * EMBPS_DURABLE_PINS pins are held). */
+uint64_t embps_durable_pin(embps_durable_t *d, uint64_t lsn, int rotate,
+                           char *err, size_t err_len);
+/* Lets go of a pin (0: none); any thread. */
+void embps_durable_unpin(embps_durable_t *d, uint64_t pin);
+/* Blocks until the log is durable up to lsn. 0, or -1 with err. Any
+ * thread but the apply thread. */
+int embps_durable_sync(embps_durable_t *d, uint64_t lsn, char *err,
+                       size_t err_len);
+/* The log's directory, DIR/log. */
+const char *embps_durable_log_dir(const embps_durable_t *d);
+
 /* I/O thread: queues a CHECKPOINT request; replied once a checkpoint that
  * began after it arrived is durable. */
 void embps_durable_checkpoint_request(embps_durable_t *d,
                                       embps_request_t *req);
 /* Fills the durability fields of a stats reply (any thread). */
 void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s);
+/* How long the log's oldest write or sync in progress has taken, in ms
+ * (0: none); past EMBPS_WAL_STALL_MS the disk is not taking writes. Any
+ * thread. */
+uint64_t embps_durable_stall_ms(embps_durable_t *d);
 
 /* Replaces DIR/HISTORY (a follower's new epoch, a promotion); NULL d:
  * nothing to do. 0, or -1 with err. Any thread. */
 int embps_durable_save_history(embps_durable_t *d, const embps_history_t *h,
                                char *err, size_t err_len);
+/* A follower installing a copy of its primary (follow.c), state c at LSN
+ * c->lsn (its tables changed by nothing else meanwhile), of history h.
+ * Follower thread, before the install: h becomes DIR/HISTORY and c a
+ * checkpoint, so a restart from here on restores the copy. 0, or -1 with
+ * err. */
+int embps_durable_adopt(embps_durable_t *d, const embps_ckpt_t *c,
+                        const embps_history_t *h, char *err, size_t err_len);
+/* Apply thread, as the copy at lsn replaces the tables: the log goes on at
+ * lsn + 1 (embps_wal_restart_at); the checkpoints and log segments older
+ * than the copy's go (a snapshot session's pin kept). 0, or -1 with err
+ * (the log failed). */
+int embps_durable_adopted(embps_apply_ctx_t *ctx, uint64_t lsn, char *err,
+                          size_t err_len);
 /* Whether the log syncs every record before its ack (--fsync always). */
 int embps_durable_syncs(const embps_durable_t *d);
 /* The last LSN durable in the log (--fsync always: synced; otherwise

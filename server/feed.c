@@ -36,6 +36,7 @@ typedef struct {
   uint64_t applied, durable;
   uint64_t seen_ns, caught_ns; /* last FETCH; last time it had all ours */
   uint64_t bytes;
+  embps_wal_cursor_t log_hint; /* where its last read of the log ended */
   embps_request_t *held_head, *held_tail;
 } sess_t;
 
@@ -54,6 +55,9 @@ struct embps_feed {
   size_t bytes, max_bytes;
   uint64_t pins[EMBPS_FEED_PINS_MAX]; /* first LSN kept; 0: free */
   embps_history_t hist;
+  /* the log (--data-dir): records older than the backlog */
+  embps_wal_t *wal;
+  char log_dir[1100];
   sess_t sess[EMBPS_FEED_FOLLOWERS_MAX];
   size_t n_held;
   /* acknowledgements */
@@ -175,6 +179,14 @@ void embps_feed_append(embps_feed_t *f, const uint8_t head[EMBPS_WAL_HEADER_BYTE
   }
   if (f->n_held)
     pthread_cond_signal(&f->cv);
+  pthread_mutex_unlock(&f->mu);
+}
+
+void embps_feed_set_log(embps_feed_t *f, const char *log_dir,
+                        embps_wal_t *wal) {
+  pthread_mutex_lock(&f->mu);
+  snprintf(f->log_dir, sizeof f->log_dir, "%s", log_dir);
+  f->wal = wal;
   pthread_mutex_unlock(&f->mu);
 }
 
@@ -548,18 +560,17 @@ static void info_take_locked(embps_feed_t *f, const sess_t *s, info_t *i,
     i->hist.n = 0; /* out of memory: a reply without it is refused below */
 }
 
-/* Sets req's reply: the records of b (released), from b->first. */
-static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
-                        info_t *i) {
+/* Sets req's reply for n records of `bytes` bytes from LSN first: the
+ * bulk, to fill, or NULL (req failed). Releases i. */
+static uint8_t *reply_start(embps_feed_t *f, embps_request_t *req,
+                            uint64_t first, uint32_t n, size_t bytes,
+                            info_t *i) {
   embps_server_t *srv = f->srv;
-  size_t bytes = 0;
-  for (size_t k = 0; k < b->n; k++)
-    bytes += b->v[k]->len;
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   embps_fetch_reply_t *r = &m.u.fetch_reply;
-  r->first_lsn = b->first;
-  r->n_records = (uint32_t)b->n;
+  r->first_lsn = first;
+  r->n_records = n;
   r->last_lsn = i->last_lsn;
   r->epoch = i->epoch;
   r->lag_ms = i->lag_ms;
@@ -575,6 +586,19 @@ static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
   if (!out && !req->reply)
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory for a fetch "
                        "reply");
+  if (out)
+    atomic_fetch_add(&f->shipped, bytes);
+  embps_history_close(&i->hist);
+  return out;
+}
+
+/* Sets req's reply: the records of b (released), from b->first. */
+static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
+                        info_t *i) {
+  size_t bytes = 0;
+  for (size_t k = 0; k < b->n; k++)
+    bytes += b->v[k]->len;
+  uint8_t *out = reply_start(f, req, b->first, (uint32_t)b->n, bytes, i);
   for (size_t k = 0; k < b->n; k++) {
     if (out) {
       memcpy(out, b->v[k]->bytes, b->v[k]->len);
@@ -582,10 +606,7 @@ static void reply_batch(embps_feed_t *f, embps_request_t *req, batch_t *b,
     }
     rec_put(b->v[k]);
   }
-  if (out)
-    atomic_fetch_add(&f->shipped, bytes);
   b->n = 0;
-  embps_history_close(&i->hist);
 }
 
 /* ------------------------------------------------------------ fetch */
@@ -611,12 +632,69 @@ static int check_start_locked(embps_feed_t *f, embps_request_t *req) {
                        common + 1, last);
     return EMBPS_EDIVERGED;
   }
-  if (q->from_lsn <= last &&
+  if (!f->wal && q->from_lsn <= last &&
       !(f->n && q->from_lsn >= f->first && q->from_lsn < f->first + f->n)) {
     fail_gone(f, req, q->from_lsn, f->first, f->n);
-    return EMBPS_ESNAPSHOT;
+    return EMBPS_ESNAPSHOT; /* with a data dir, its log may hold them */
   }
   return 0;
+}
+
+/* Answers req, whose stream s wants records the backlog no longer holds,
+ * from this server's log (--data-dir): the records from its cursor up to
+ * the backlog's first (or our last), up to the FETCH's max_bytes; or
+ * EMBPS_ESNAPSHOT when the log no longer holds them either (a checkpoint
+ * deleted their segment). mu held on entry, released. */
+static void from_log_unlock(embps_feed_t *f, sess_t *s, embps_request_t *req,
+                            uint64_t now) {
+  const uint64_t from = s->cursor, stream = s->stream;
+  const uint64_t bfirst = f->first, bn = f->n;
+  uint64_t upto = bn && bfirst > from ? bfirst - 1 : last_lsn_locked(f);
+  const uint64_t max = req->msg.u.fetch.max_bytes < MAX_BYTES_MIN
+                           ? MAX_BYTES_MIN
+                           : req->msg.u.fetch.max_bytes;
+  embps_wal_cursor_t hint = s->log_hint;
+  pthread_mutex_unlock(&f->mu);
+  const uint64_t written = embps_wal_written(f->wal);
+  if (upto > written)
+    upto = written;
+  uint8_t *buf;
+  size_t len;
+  uint32_t n;
+  char err[1200];
+  int rc = embps_wal_read(f->log_dir, from, upto, max, &hint,
+                          &buf, &len, &n, err, sizeof err);
+  pthread_mutex_lock(&f->mu);
+  const int current = s->used && s->stream == stream && s->cursor == from;
+  if (!rc && current) {
+    s->cursor += n;
+    s->bytes += len;
+    s->log_hint = hint;
+    if (s->cursor >= last_lsn_locked(f) + 1)
+      s->caught_ns = now;
+  }
+  info_t i;
+  info_take_locked(f, s, &i, now);
+  pthread_mutex_unlock(&f->mu);
+  if (rc == 1) {
+    fail_gone(f, req, from, bfirst, bn);
+  } else if (rc) {
+    LOG_WARN("replication: records for %s from LSN %" PRIu64 " not read "
+             "from the log: %s", req->msg.u.fetch.name, from, err);
+    embps_request_fail(f->srv, req, EMBPS_EIO, "records from LSN %" PRIu64
+                       " could not be read from the log: %s", from, err);
+  } else if (!current) {
+    embps_request_fail(f->srv, req, EMBPS_EINVAL, "fetch of stream %016"
+                       PRIx64 ", which is not this follower's current one",
+                       stream);
+  } else {
+    uint8_t *out = reply_start(f, req, from, n, len, &i);
+    if (out)
+      memcpy(out, buf, len);
+  }
+  if (rc || !current)
+    embps_history_close(&i.hist);
+  free(buf);
 }
 
 /* Answers every FETCH held for s with an empty reply (a stream replaced,
@@ -697,6 +775,10 @@ int embps_feed_fetch(embps_feed_t *f, embps_request_t *req) {
     return 0;
   }
   if (!s->held_head && gone_locked(f, s)) {
+    if (f->wal) {
+      from_log_unlock(f, s, req, now);
+      return 0;
+    }
     fail_gone(f, req, s->cursor, f->first, f->n);
     pthread_mutex_unlock(&f->mu);
     return 0;
@@ -914,6 +996,22 @@ void embps_feed_destroy(embps_feed_t *f) {
   pthread_mutex_destroy(&f->mu);
   pthread_cond_destroy(&f->cv);
   free(f);
+}
+
+uint64_t embps_feed_retain(embps_feed_t *f) {
+  uint64_t keep = UINT64_MAX;
+  if (!f)
+    return keep;
+  const uint64_t now = embps_now_ns();
+  pthread_mutex_lock(&f->mu);
+  for (int k = 0; k < EMBPS_FEED_FOLLOWERS_MAX; k++) {
+    const sess_t *s = &f->sess[k];
+    if (s->used && now - s->seen_ns < EMBPS_FEED_RETAIN_S * 1000000000ull &&
+        s->applied < keep)
+      keep = s->applied;
+  }
+  pthread_mutex_unlock(&f->mu);
+  return keep;
 }
 
 /* ------------------------------------------------------------ figures */

@@ -17,8 +17,12 @@
  * connection) and says what it has applied and made durable. The first
  * FETCH of a stream is checked against this server's history (history.h):
  * a follower whose log is not a prefix of ours gets EMBPS_EDIVERGED with
- * the last LSN the two share; one asking for records no longer held gets
- * EMBPS_ESNAPSHOT. With records to send, the reply (whole records, up to
+ * the last LSN the two share. Records older than the backlog are read
+ * from the log (--data-dir: embps_wal_read), whose checkpoints keep the
+ * records a follower fetching in the last EMBPS_FEED_RETAIN_S lacks
+ * (embps_feed_retain); one asking for records held in neither gets
+ * EMBPS_ESNAPSHOT (it then copies a snapshot: copy.h). With records to
+ * send, the reply (whole records, up to
  * max_bytes, at least one) is built at once; without, the request is held
  * (deferred) until records come or its wait_ms pass (an empty reply: a
  * heartbeat). The feed thread builds the replies of held FETCHes and
@@ -83,6 +87,10 @@ int embps_feed_set_history(embps_feed_t *f, const embps_history_t *h);
 /* *out = a copy (caller closes). 0 or -ENOMEM. */
 int embps_feed_history(embps_feed_t *f, embps_history_t *out);
 uint32_t embps_feed_epoch(embps_feed_t *f);
+/* The log of a server with --data-dir (durable.c, once it is open, before
+ * the server serves): records older than the backlog are read from it. */
+void embps_feed_set_log(embps_feed_t *f, const char *log_dir,
+                        embps_wal_t *wal);
 /* Whether records must come here now (cheap). f may be NULL. */
 int embps_feed_active(const embps_feed_t *f);
 /* The server was promoted (apply thread, before its first record as a
@@ -121,6 +129,14 @@ void embps_feed_stats(embps_feed_t *f, embps_server_stats_t *s);
  * v (at most cap). */
 size_t embps_feed_followers(embps_feed_t *f, embps_follower_info_t *v,
                             size_t cap);
+
+/* The log records a checkpoint keeps for the followers (--data-dir): the
+ * lowest LSN applied by a follower that fetched in the last
+ * EMBPS_FEED_RETAIN_S (the records after it stay in the log, which serves
+ * a follower the backlog no longer does: a restarted primary's is empty);
+ * UINT64_MAX when none. f may be NULL. Any thread. */
+#define EMBPS_FEED_RETAIN_S 300
+uint64_t embps_feed_retain(embps_feed_t *f);
 
 /* ---- snapshots (issue 21's snapshot sessions) ---- */
 /* Keeps every record from `from` on in the backlog (whatever

@@ -19,6 +19,7 @@
 
 #include "../client/internal.h"
 #include "apply.h"
+#include "copy.h"
 #include "durable.h"
 #include "feed.h"
 #include "redo.h"
@@ -47,6 +48,8 @@ struct embps_follow {
   int retarget, exited;
   uint32_t target_epoch; /* the epoch etcd granted target (0: --follow) */
   uint32_t min_epoch; /* a promotion's epoch is at least this (mu) */
+  int need_copy; /* the primary lacks our next record: copy it (thread) */
+  embps_copy_t *copy; /* being installed (apply thread, in install_run) */
   /* figures (mu) */
   int connected, halted, confirmed;
   char why[EMBPS_MESSAGE_MAX + 64]; /* the last error, for stats and logs */
@@ -118,7 +121,7 @@ static void set_why(embps_follow_t *fw, const char *fmt, ...) {
 /* The redo state of a follower: every table it holds now, by incarnation
  * (the records after them apply to every row). Apply thread. */
 static int redo_setup(embps_follow_t *fw, embps_apply_ctx_t *ctx) {
-  embps_redo_init(&fw->redo, fw->srv, &ctx->seen);
+  embps_redo_init(&fw->redo, fw->srv, &fw->srv->registry, &ctx->seen);
   embps_table_t **v;
   size_t n;
   if (embps_registry_refs(&fw->srv->registry, &v, &n))
@@ -178,6 +181,43 @@ static void batch_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   pthread_mutex_unlock(&fw->mu);
 }
 
+/* The run of an install: the copy replaces the tables, and the redo
+ * state of the old ones goes. */
+static void install_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
+  embps_follow_t *fw = of_batch(req);
+  char err[EMBPS_MESSAGE_MAX] = "";
+  if (fw->redo_ready) {
+    embps_redo_close(&fw->redo);
+    fw->redo_ready = 0;
+  }
+  if (embps_copy_install(fw->copy, ctx, err, sizeof err) && !err[0])
+    snprintf(err, sizeof err, "install failed");
+  pthread_mutex_lock(&fw->mu);
+  snprintf(fw->err, sizeof fw->err, "%s", err);
+  fw->done = 1;
+  pthread_cond_broadcast(&fw->cv);
+  pthread_mutex_unlock(&fw->mu);
+}
+
+/* Runs run (batch_run or install_run) on the apply thread and waits for
+ * it. 0, or -1 with fw->err. */
+static int on_apply(embps_follow_t *fw,
+                    void (*run)(embps_apply_ctx_t *, embps_request_t *)) {
+  pthread_mutex_lock(&fw->mu);
+  fw->done = 0;
+  fw->err[0] = 0;
+  pthread_mutex_unlock(&fw->mu);
+  memset(&fw->batch, 0, sizeof fw->batch);
+  fw->batch.run = run;
+  embps_apply_submit(fw->srv->apply, &fw->batch);
+  pthread_mutex_lock(&fw->mu);
+  while (!fw->done) /* not on stop: the apply thread runs it anyway */
+    pthread_cond_wait(&fw->cv, &fw->mu);
+  int rc = fw->err[0] ? -1 : 0;
+  pthread_mutex_unlock(&fw->mu);
+  return rc;
+}
+
 /* Applies n records of buf (len bytes) on the apply thread and waits for
  * them. 0, or -1 with fw->err. */
 static int apply_batch(embps_follow_t *fw, const uint8_t *buf, size_t len,
@@ -186,18 +226,8 @@ static int apply_batch(embps_follow_t *fw, const uint8_t *buf, size_t len,
   fw->buf = buf;
   fw->len = len;
   fw->n = n;
-  fw->done = 0;
-  fw->err[0] = 0;
   pthread_mutex_unlock(&fw->mu);
-  memset(&fw->batch, 0, sizeof fw->batch);
-  fw->batch.run = batch_run;
-  embps_apply_submit(fw->srv->apply, &fw->batch);
-  pthread_mutex_lock(&fw->mu);
-  while (!fw->done) /* not on stop: the apply thread runs it anyway */
-    pthread_cond_wait(&fw->cv, &fw->mu);
-  int rc = fw->err[0] ? -1 : 0;
-  pthread_mutex_unlock(&fw->mu);
-  return rc;
+  return on_apply(fw, batch_run);
 }
 
 /* ------------------------------------------------------------ fetching */
@@ -312,24 +342,58 @@ static void note_primary(embps_follow_t *fw, const embps_fetch_reply_t *r,
   pthread_mutex_unlock(&fw->mu);
 }
 
+/* What a connection's stream ends with. */
+enum { RECONNECT = 0, HALT = -1, COPY = 1 };
+
+/* Installs the copy once it may go in: written (--data-dir), then
+ * swapped in on the apply thread. 0 (done or not yet), or -1 with
+ * fw->why set (following must stop: the state may be the copy's). */
+static int install_if_ready(embps_follow_t *fw, embps_copy_t **cp) {
+  if (!*cp || !embps_copy_ready(*cp))
+    return 0;
+  char err[EMBPS_MESSAGE_MAX];
+  if (embps_copy_prepare(*cp, err, sizeof err)) {
+    set_why(fw, "cannot keep the copy of the primary: %s", err);
+    return -1;
+  }
+  fw->copy = *cp;
+  int rc = on_apply(fw, install_run);
+  fw->copy = NULL;
+  if (rc) {
+    set_why(fw, "the copy of the primary did not go in: %s", fw->err);
+    return -1;
+  }
+  *cp = NULL; /* the caller frees it (the old tables) */
+  return 0;
+}
+
 /* One connection's stream: FETCHes two in flight, each reply applied
- * before the next is asked for. Returns when the connection fails (0:
- * reconnect), on stop, or -1 when following must stop (halt: fw->why). */
-static int stream(embps_follow_t *fw, embps_client_t *c, const char *target) {
+ * before the next is asked for; with cp, to the copy first, until it is
+ * installed. Returns RECONNECT when the connection fails (or on stop, or
+ * a new target), COPY when the primary no longer holds our next record,
+ * HALT when following must stop (fw->why). */
+static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
+                  embps_copy_t *cp) {
   embps_server_t *srv = fw->srv;
   uint64_t id;
   if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
     id = embps_now_ns();
-  uint64_t expect = embps_apply_lsn(srv->apply) + 1;
+  uint64_t expect = (cp ? embps_copy_lsn(cp) : embps_apply_lsn(srv->apply)) +
+                    1;
   embps_history_t h;
-  if (embps_feed_history(srv->feed, &h))
-    return 0;
+  embps_history_init(&h);
+  int rc = cp ? embps_history_copy(&h, embps_copy_history(cp))
+              : embps_feed_history(srv->feed, &h);
+  if (rc)
+    return RECONNECT;
   embps_ticket_t *t[2] = {NULL, NULL};
-  int rc = send_fetch(fw, c, id, expect, &h, MAX_BYTES, &t[0]);
+  rc = send_fetch(fw, c, id, expect, &h, MAX_BYTES, &t[0]);
   if (!rc)
     rc = send_fetch(fw, c, id, 0, NULL, MAX_BYTES, &t[1]);
   embps_history_close(&h);
-  int result = 0;
+  int result = RECONNECT;
+  if (!rc && install_if_ready(fw, &cp)) /* nothing after its LSN S */
+    rc = result = HALT;
   while (!rc) {
     pthread_mutex_lock(&fw->mu);
     int stop = fw->stop || fw->retarget;
@@ -344,12 +408,17 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target) {
     rc = embps_client_wait_(c, t[0], &m, &bulk, &len, &err_lsn);
     t[0] = t[1];
     t[1] = NULL;
-    if (rc == EMBPS_EDIVERGED || rc == EMBPS_ESNAPSHOT ||
-        rc == EMBPS_ENOTPRIMARY) {
+    if (rc == EMBPS_ESNAPSHOT) {
+      set_why(fw, "%s", embps_client_last_error(c));
+      result = cp ? RECONNECT : COPY; /* a copy's records gone: again */
+      break;
+    }
+    if (rc == EMBPS_EDIVERGED || rc == EMBPS_ENOTPRIMARY) {
       set_why(fw, "%s", embps_client_last_error(c));
       /* coordinated: a server that is not primary (yet, or any more) is
          asked again until the coordinator names another */
-      result = rc == EMBPS_ENOTPRIMARY && srv->cfg.coordinator[0] ? 0 : -1;
+      result = rc == EMBPS_ENOTPRIMARY && srv->cfg.coordinator[0] ? RECONNECT
+                                                                  : HALT;
       break;
     }
     if (rc) {
@@ -361,7 +430,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target) {
     int halt;
     if (check_reply(fw, r, bulk, len, expect, &halt, why, sizeof why)) {
       set_why(fw, "primary %s: %s", target, why);
-      result = halt ? -1 : 0;
+      result = halt ? HALT : RECONNECT;
       rc = -1;
     } else if (r->epoch < min_epoch) {
       /* a deposed primary (frozen, cut off) still answering: none of its
@@ -370,13 +439,26 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target) {
               "to it or since: its records are refused", target, r->epoch,
               min_epoch);
       rc = -1;
+    } else if (cp) { /* to the copy, which may then go in */
+      if (r->n_records &&
+          embps_copy_apply(cp, bulk, len, r->n_records, why, sizeof why)) {
+        set_why(fw, "primary %s: %s", target, why);
+        rc = -1;
+      } else if (install_if_ready(fw, &cp)) {
+        result = HALT;
+        rc = -1;
+      } else {
+        expect += r->n_records;
+        note_primary(fw, r, len);
+        rc = send_fetch(fw, c, id, 0, NULL, MAX_BYTES, &t[1]);
+      }
     } else if (adopt_history(fw, r, target)) {
-      result = -1;
+      result = HALT;
       set_why(fw, "cannot record the primary's history");
       rc = -1;
     } else if (r->n_records && apply_batch(fw, bulk, len, r->n_records)) {
       set_why(fw, "primary %s: %s", target, fw->err);
-      result = -1;
+      result = HALT;
       rc = -1;
     } else {
       expect += r->n_records;
@@ -393,6 +475,42 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target) {
   embps_client_cancel_(c, t[0]);
   embps_client_cancel_(c, t[1]);
   return result;
+}
+
+/* A connection to a primary that no longer holds our next record: its
+ * history asked (a probe), a copy of its state made (copy.h), then the
+ * stream from the copy's LSN. Returns as stream does. */
+static int copy_and_stream(embps_follow_t *fw, embps_client_t *c,
+                           const char *target) {
+  embps_ticket_t *t;
+  embps_msg_t m;
+  uint8_t *bulk = NULL;
+  size_t len;
+  int rc = send_fetch(fw, c, 0, 0, NULL, 0, &t);
+  if (!rc)
+    rc = embps_client_wait_(c, t, &m, &bulk, &len, NULL);
+  free(bulk);
+  if (rc) {
+    set_why(fw, "%s", embps_client_last_error(c));
+    return rc == EMBPS_ENOTPRIMARY && !fw->srv->cfg.coordinator[0]
+               ? HALT
+               : RECONNECT;
+  }
+  embps_history_t h = {.v = m.u.fetch_reply.history,
+                       .n = m.u.fetch_reply.n_history,
+                       .cap = m.u.fetch_reply.n_history};
+  embps_copy_t *cp;
+  int halt;
+  char err[EMBPS_MESSAGE_MAX];
+  rc = embps_copy_load(fw->srv, target, &h, &cp, &halt, err, sizeof err);
+  embps_msg_free(&m);
+  if (rc) {
+    set_why(fw, "primary %s: %s", target, err);
+    return halt ? HALT : RECONNECT;
+  }
+  int result = stream(fw, c, target, cp);
+  embps_copy_free(cp);
+  return result == COPY ? RECONNECT : result;
 }
 
 static void *follow_main(void *arg) {
@@ -426,9 +544,12 @@ static void *follow_main(void *arg) {
       LOG_INFO("follower: following %s from LSN %" PRIu64, target,
                embps_apply_lsn(srv->apply) + 1);
       uint64_t before = embps_apply_lsn(srv->apply);
-      halt = stream(fw, c, target) < 0;
-      if (embps_apply_lsn(srv->apply) > before)
-        backoff = BACKOFF_MIN_MS; /* it made progress */
+      int r = fw->need_copy ? copy_and_stream(fw, c, target)
+                            : stream(fw, c, target, NULL);
+      halt = r == HALT;
+      fw->need_copy = r == COPY;
+      if (embps_apply_lsn(srv->apply) > before || r == COPY)
+        backoff = BACKOFF_MIN_MS; /* it made progress, or copies now */
       embps_client_destroy(c);
     }
     pthread_mutex_lock(&fw->mu);
@@ -454,8 +575,14 @@ static void *follow_main(void *arg) {
     }
     if (fw->stop)
       break;
-    if (fw->retarget)
+    if (fw->retarget) { /* the new primary may hold our next record */
+      fw->need_copy = 0;
       continue;
+    }
+    if (fw->need_copy) { /* at once, on a connection of its own */
+      LOG_INFO("follower: %s", fw->why);
+      continue;
+    }
     uint64_t now = embps_now_ns();
     if (now - logged_ns > JOIN_LOG_EVERY_NS) {
       LOG_WARN("follower: %s; again in %d ms", fw->why, backoff);

@@ -12,9 +12,11 @@
  * mode) rides on the next FETCH. Any error (connection, a gap, a record
  * that does not check) drops the connection; the thread connects again
  * with a backoff and resumes after its last applied LSN, so no record is
- * missed or applied twice. EMBPS_EDIVERGED or EMBPS_ESNAPSHOT from the
- * primary stop it (logged; the server keeps serving reads): a restart
- * with a snapshot is the way on.
+ * missed or applied twice. When the primary no longer holds the record
+ * after its last one (EMBPS_ESNAPSHOT: neither its backlog nor its log),
+ * the follower copies the primary's state through a snapshot session and
+ * installs it (copy.h), then fetches on from there. EMBPS_EDIVERGED stops
+ * it (logged; the server keeps serving reads): a restart cuts its log.
  *
  * With --data-dir, before the restore, the join hook asks the primary
  * where the local log leaves its history (a rejoining old primary holds

@@ -14,9 +14,11 @@
 #include "route.h"
 #include "server.h"
 
-void embps_redo_init(embps_redo_t *r, embps_server_t *srv, embps_seen_t *seen) {
+void embps_redo_init(embps_redo_t *r, embps_server_t *srv,
+                     embps_registry_t *registry, embps_seen_t *seen) {
   memset(r, 0, sizeof *r);
   r->srv = srv;
+  r->registry = registry;
   r->seen = seen;
   embps_table_scratch_init(&r->scratch);
 }
@@ -321,7 +323,7 @@ int embps_redo_apply(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
       return -1;
     }
     embps_table_set_incarnation(t, inc);
-    if (embps_registry_add(&srv->registry, t)) {
+    if (embps_registry_add(r->registry, t)) {
       snprintf(err, err_len, "table \"%s\" created twice", m.u.spec.name);
       embps_table_unref(t);
       return -1;
@@ -343,7 +345,7 @@ int embps_redo_apply(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
                inc);
       return -1;
     }
-    embps_registry_drop(&srv->registry, embps_table_spec(k->table)->name);
+    embps_registry_drop(r->registry, embps_table_spec(k->table)->name);
     k->table = NULL;
     return 0;
   }

@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "registry.h"
 #include "seen.h"
 #include "table.h"
 #include "wal.h"
@@ -50,7 +51,8 @@ typedef struct {
 } embps_redo_table_t;
 
 typedef struct {
-  struct embps_server *srv; /* its registry, shards and cluster */
+  struct embps_server *srv; /* its shards and cluster */
+  embps_registry_t *registry; /* the tables CREATE and DROP records change */
   embps_seen_t *seen;       /* gets the (client, seq) pairs of pushes */
   embps_redo_table_t *v;
   size_t n, cap;
@@ -60,10 +62,12 @@ typedef struct {
   size_t rows_cap, floats_cap; /* of ids and g: rows x floats a row */
 } embps_redo_t;
 
-/* Applies records to srv's tables (registry), recording the exactly-once
- * pairs of pushes in seen. The applying thread only. */
+/* Applies records to the tables of registry (srv's, or a follower's
+ * copy being made: follow.c) for a server of srv's shards and cluster
+ * slot, recording the exactly-once pairs of pushes in seen. The applying
+ * thread only. */
 void embps_redo_init(embps_redo_t *r, struct embps_server *srv,
-                     embps_seen_t *seen);
+                     embps_registry_t *registry, embps_seen_t *seen);
 void embps_redo_close(embps_redo_t *r);
 /* A table restored from a checkpoint (in the registry already): records of
  * incarnation apply to it, a row only when their LSN is above

@@ -27,6 +27,7 @@
  * replies, close), take the final checkpoint, stop the apply thread. */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -48,6 +49,7 @@
 #include "follow.h"
 #include "notify.h"
 #include "server.h"
+#include "snapshot.h"
 
 #define ACCEPT_RETRY_MS 100
 #define LOG_EVERY_MS 1000
@@ -223,6 +225,7 @@ static void begin_stop(net_t *net) {
   }
   embps_apply_drain(net->srv.apply);
   embps_feed_drain(net->srv.feed);
+  embps_snapshots_drain(net->srv.snap);
   io_drain_all(net);
 }
 
@@ -380,6 +383,7 @@ static net_t *net_of(embps_server_t *srv) {
 /* What /metrics reads from the durable layer and the cluster. */
 static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stats = embps_durable_stats,
+    .durable_stall_ms = embps_durable_stall_ms,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
     .repl_stats = embps_failover_stats,
@@ -398,6 +402,24 @@ static void durable_restored(void *ctx, uint64_t lsn, uint32_t epoch,
                              embps_seen_t *seen) {
   embps_server_t *srv = ctx;
   embps_apply_restore(srv->apply, lsn, epoch, seen);
+}
+
+/* A snapshot session keeps the feed's records after its LSN (a
+ * follower's copy fetches them next: copy.h); the pin's number + 1 is its
+ * handle. */
+static void *snapshot_pin(void *ctx, uint64_t lsn) {
+  uint32_t pin;
+  if (embps_feed_pin(ctx, lsn + 1, &pin)) {
+    LOG_WARN("snapshot session: the replication backlog cannot keep the "
+             "records after LSN %" PRIu64 ": a follower copying it may have "
+             "to copy again", lsn);
+    return NULL;
+  }
+  return (void *)(uintptr_t)(pin + 1);
+}
+
+static void snapshot_unpin(void *ctx, void *pin) {
+  embps_feed_unpin(ctx, (uint32_t)((uintptr_t)pin - 1));
 }
 
 /* Without --data-dir: a primary begins epoch 1 at LSN 1; a follower
@@ -440,6 +462,11 @@ static int net_start(net_t *net) {
                                     : EMBPS_ROLE_PRIMARY);
   if (follower && embps_follow_create(srv))
     return EMBPS_EINVAL;
+  if ((rc = embps_snapshots_create(srv, &srv->snap)))
+    return rc;
+  const embps_snapshot_feed_t snap_feed = {
+      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv->feed};
+  embps_snapshot_set_feed(srv->snap, &snap_feed);
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;
@@ -523,6 +550,8 @@ static int net_stop_threads(net_t *net) {
   }
   for (uint32_t i = 0; i < net->n_io; i++)
     embps_io_join(net->io[i]);
+  embps_snapshots_destroy(srv->snap); /* no READ can come any more */
+  srv->snap = NULL;
   int status = 0;
   if (srv->apply) {
     status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */

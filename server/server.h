@@ -32,10 +32,13 @@
  *   apply.c        the apply thread: runs req->run, in order
  *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
  *   follow.c       --follow: the follower thread, promotion
+ *   copy.c         a follower's copy of its primary (a snapshot session)
+ *   snapshot.c     snapshot sessions: the tables as a checkpoint stream
  *   durable.c      --data-dir: log records, acks, checkpoints, restore
  *   feed.c         records shipped to followers, their acknowledgements
  *   redo.c         one log record applied to the tables
  *   ckpt.c dio.c wal.c   checkpoint directories; the log's segments
+ *   marker.c       the state a checkpoint or a snapshot starts from
  *   sync.c request.c metrics.c seen.c cluster.c   helpers of the above
  *   registry.c table_io.c table.c policy.c hstore.c ...   the tables */
 #ifndef EMBPS_SERVER_H
@@ -141,6 +144,8 @@ struct embps_server {
    * and how a follower whose log left its primary's starts over */
   struct embps_failover *failover;
   void (*rejoin)(struct embps_server *srv, const char *why);
+  struct embps_snapshots *snap; /* snapshot sessions (snapshot.h) */
+
 };
 
 /* Per-thread scratch, reused by every request of that thread. */

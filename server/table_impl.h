@@ -97,6 +97,8 @@ struct embps_table {
    * last one done. A gather retries while wseq is odd (embps_table_gather
    * says why). */
   atomic_uint_fast64_t wseq, lsn_at;
+  atomic_int unbounded; /* a stored value may lie outside the envelope
+                           (table.c, "finite"): set for good */
 };
 
 /* A change of rows begins, and ends having made the table what it is at

@@ -4,7 +4,7 @@
  * records of a 32-byte header {u32 magic, u32 type, u64 lsn, u32
  * payload_len, u32 payload_crc, u32 epoch, u32 header_crc} and payload.
  * The epoch (issue 21) is the primary's term the record was made in
- * (history.h); format 1 segments wrote 0 there, read as epoch 1. A record
+ * (history.h); formats 1 and 2 wrote 0 there, read as epoch 1. A record
  * is the same bytes in the log, in the primary's replication feed and in
  * a follower's log.
  * The apply thread appends (writev straight from the caller's arrays); a
@@ -38,9 +38,23 @@ enum { EMBPS_WAL_ALTER = 5 };
  * table's evict_l2_below at that step */
 enum { EMBPS_WAL_EVICT = 6 };
 
-/* The format of the log segments written (--version prints it); replay
- * reads this one and EMBPS_WAL_FORMAT_OLDEST (no epochs) on. */
-#define EMBPS_WAL_FORMAT 2u
+/* A record appended after a sync began starts at the next page (4 KiB)
+ * of the segment, the file extended over the gap (which reads as zeros;
+ * replay skips zeros up to a page boundary): no write ever touches a page
+ * holding a record a sync may have made durable (and acknowledged), so a
+ * failed write-back of a page (ext4 then reads it back as zeros) cannot
+ * take an acknowledged record with it. */
+#define EMBPS_WAL_PAGE 4096
+
+/* A sync or write in progress longer than this: the log is stalled
+ * (/readyz says so). */
+#define EMBPS_WAL_STALL_MS 5000
+
+/* The format of the log segments written, and the oldest one still read
+ * (--version prints them); replay reads each by its segment's version: 1,
+ * records one after the other; 2, a record after a sync starts a new
+ * page; 3, the same with epochs. */
+#define EMBPS_WAL_FORMAT 3u
 #define EMBPS_WAL_FORMAT_OLDEST 1u
 
 #define EMBPS_WAL_HEADER_BYTES 32
@@ -74,9 +88,14 @@ typedef int (*embps_wal_visit_fn)(void *ctx, const embps_wal_rec_t *r,
 /* Reads every segment of log_dir in LSN order and calls visit (may be
  * NULL: the log is only checked) for each record with lsn > after
  * (records must follow after + 1 without a gap).
- * A torn tail of the last segment is cut off with a WARN; anything else
- * wrong fails with a message naming the file and offset. *last = the
- * last LSN read (or after). 0, or -1 with err. */
+ * A torn tail of the last segment (a record cut short, or zeros to the
+ * end, or in a format-2 segment the last record failing its checksum
+ * with zeros from a page inside it to the end) is cut off with a WARN.
+ * Anything
+ * else wrong fails with a message naming the file and offset (for a
+ * damaged record at the end of the log, also the command that drops it,
+ * should it be the unacknowledged tail of a write or fsync error).
+ * *last = the last LSN read (or after). 0, or -1 with err. */
 int embps_wal_replay(const char *log_dir, uint64_t after,
                      embps_wal_visit_fn visit, void *ctx, uint64_t *last,
                      char *err, size_t err_len);
@@ -125,6 +144,13 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
                      size_t err_len);
 /* The failure message if the log can no longer be made durable, or NULL. */
 const char *embps_wal_failed(embps_wal_t *w);
+/* Apply thread: the log goes on at next_lsn, past the records it holds (a
+ * follower that installed a copy of its primary at next_lsn - 1, written
+ * as a checkpoint first): every record appended is synced, then a new
+ * segment begins at next_lsn. Fails when records wait for their sync. 0,
+ * or -1 with err (the log failed, if it had begun). */
+int embps_wal_restart_at(embps_wal_t *w, uint64_t next_lsn, char *err,
+                         size_t err_len);
 /* The last LSN known durable (synced), and the last written. Any thread. */
 uint64_t embps_wal_synced(embps_wal_t *w);
 uint64_t embps_wal_written(embps_wal_t *w);
@@ -138,12 +164,48 @@ int embps_wal_last(const char *log_dir, uint64_t *lsn, uint32_t *epoch,
  * *cut = records removed. 0, or -1 with err. */
 int embps_wal_cut_after(const char *log_dir, uint64_t lsn, uint64_t *cut,
                         char *err, size_t err_len);
+/* Milliseconds the oldest write or sync still in progress has taken (0:
+ * none): past EMBPS_WAL_STALL_MS the disk is not taking writes. Any
+ * thread. */
+uint64_t embps_wal_stall_ms(embps_wal_t *w);
 /* Deletes the segments whose records are all <= lsn (a later segment
  * starts at or below lsn + 1). */
 void embps_wal_delete_upto(const char *log_dir, uint64_t lsn);
 /* fsync of a directory (after a create, rename or unlink in it). 0 or
  * -errno. */
 int embps_fsync_dir(const char *dir);
+/* A copy of the records after..upto of a log being written (a snapshot
+ * of a backup): calls visit for each segment holding some of them, in
+ * order, with its first LSN, its path and the length of its prefix that
+ * ends with its last record <= upto (whole records, the segment header
+ * included). Reads record headers only and changes nothing; the caller
+ * keeps the segments from being deleted and has the records up to upto
+ * written. 0, or -1 with err (records missing, or a header that does not
+ * check), or visit's -1. */
+typedef int (*embps_wal_segment_fn)(void *ctx, uint64_t first,
+                                    const char *path, uint64_t bytes,
+                                    char *err, size_t err_len);
+int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
+                       embps_wal_segment_fn visit, void *ctx, char *err,
+                       size_t err_len);
 /* Bytes of all segments in log_dir. */
 uint64_t embps_wal_bytes(const char *log_dir);
+
+/* Where a read of the log ended (embps_wal_read): the next record's LSN
+ * and offset in the segment starting at seg_first. Zeroed: none. */
+typedef struct {
+  uint64_t seg_first, lsn, off;
+} embps_wal_cursor_t;
+/* Reads the records of log_dir from LSN `from` to `upto` (written: a
+ * primary's feed catching up a follower its backlog no longer serves),
+ * whole records as they are in the log, their payloads checked, at most
+ * max_bytes of them but at least one; the epoch word of a record of a
+ * format-1 or -2 segment is made 1 (its header checksum again), as replay
+ * reads it. hint (in and out) skips the records a previous read walked
+ * over. 0 with *out (malloc'd), *len bytes and *n records; 1 when the log
+ * no longer (or does not yet) hold `from` (its segment deleted by a
+ * checkpoint); -1 with err. Any thread; the log may grow meanwhile. */
+int embps_wal_read(const char *log_dir, uint64_t from, uint64_t upto,
+                   size_t max_bytes, embps_wal_cursor_t *hint, uint8_t **out,
+                   size_t *len, uint32_t *n, char *err, size_t err_len);
 #endif

@@ -8,5 +8,7 @@ int dur_scenario_corrupt(void);
 int dur_scenario_diskfull(const char *shim);
 int dur_scenario_faultfs(const char *shim);
 int dur_scenario_fsync(const char *shim);
+int dur_scenario_fsync_lost(const char *shim);
+int dur_scenario_frozen(const char *shim);
 int dur_scenario_retry(void);
 #endif

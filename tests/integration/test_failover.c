@@ -7,6 +7,12 @@
  * promotion, and each old primary comes back with --follow NEW on its own
  * data dir, cutting the records it held that were never acknowledged.
  *
+ * Every other cycle the follower is frozen (SIGSTOP) until the primary
+ * has made a record after that, so the primary dies holding records its
+ * follower may lack; when it rejoins, what it held past the promotion
+ * (its last LSN known, the new epoch's first LSN from `embps promote`) is
+ * cut, starting at the new epoch's first LSN, and counted in its log.
+ *
  * After every promotion, with the workers frozen, every witness row lies
  * in [acknowledged, acknowledged + in flight] on the new primary (nothing
  * acknowledged lost, nothing doubled); at the end, once every push
@@ -53,26 +59,56 @@ static int start(dur_server_t *s, const char *follow) {
   return rc;
 }
 
-/* "cut N records" in s's log: N, or 0. */
-static unsigned long long cut_in_log(const dur_server_t *s) {
+/* "cut N records (LSN A to B)" in s's log: N, and A in *first (0 when
+ * nothing was cut). */
+static unsigned long long cut_range(const dur_server_t *s,
+                                    unsigned long long *first) {
   char *log = dur_server_log(s);
   const char *at = log ? strstr(log, "cut ") : NULL;
   unsigned long long n = 0;
-  if (at)
-    sscanf(at, "cut %llu records", &n);
+  *first = 0;
+  if (at && sscanf(at, "cut %llu records (LSN %llu", &n, first) != 2)
+    n = *first = 0;
   free(log);
   return n;
 }
 
-static int promote(const char *addr) {
+/* embps promote of addr: 0 with *from, the first LSN of its new epoch
+ * ("epoch E from LSN A"), or -1. */
+static int promote(const char *addr, unsigned long long *from) {
   const char *args[] = {"promote", NULL};
   char *out = NULL, *err = NULL;
   int rc = dur_cli(addr, args, &out, &err);
-  if (rc)
-    dur_fail("embps promote of %s: %s", addr, err ? err : "?");
+  const char *at = out ? strstr(out, "from LSN ") : NULL;
+  if (rc || !at || sscanf(at, "from LSN %llu", from) != 1) {
+    dur_fail("embps promote of %s: %s%s", addr, out ? out : "",
+             err ? err : "?");
+    rc = -1;
+  }
   free(out);
   free(err);
   return rc;
+}
+
+/* The follower frozen (SIGSTOP) and a record made on the primary after
+ * that (applied, waiting for its acknowledgement; the follower may still
+ * get it, in the reply to a FETCH it sent before). *last = the primary's
+ * last LSN then (0: none came within 3 s: the workers were blocked). */
+static void make_tail(const dur_server_t *p, const dur_server_t *f,
+                      uint64_t *last) {
+  kill(f->pid, SIGSTOP);
+  embps_server_stats_t st;
+  *last = 0;
+  if (repl_stats(p->addr, &st))
+    return;
+  const uint64_t froze = st.applied_lsn;
+  for (double until = dur_now_ms() + 3000; dur_now_ms() < until;
+       dur_sleep_ms(2)) {
+    if (!repl_stats(p->addr, &st) && st.applied_lsn > froze) {
+      *last = st.applied_lsn;
+      return;
+    }
+  }
 }
 
 int main(int argc, char **argv) {
@@ -109,12 +145,20 @@ int main(int argc, char **argv) {
 
   int p = 0; /* the primary: s[p] */
   unsigned long long cut = 0;
-  int cycle;
+  int cycle, tails = 0;
   for (cycle = 0; cycle < cycles && !dur_failures(); cycle++) {
     dur_sleep_ms(150 + (double)(rng_next(&rng) % 450));
     const int f = 1 - p;
+    /* every other cycle, records made on the primary while its follower
+     * is frozen: the primary dies holding up to at least LSN last */
+    uint64_t last = 0;
+    if (cycle % 2)
+      make_tail(&s[p], &s[f], &last);
     dur_server_kill(&s[p]);
-    if (promote(s[f].addr))
+    if (cycle % 2)
+      kill(s[f].pid, SIGCONT);
+    unsigned long long from;
+    if (promote(s[f].addr, &from))
       break;
     it_proxy_set_upstream(x, s[f].addr);
     it_proxy_cut(x); /* the workers retry on the new primary */
@@ -130,7 +174,17 @@ int main(int argc, char **argv) {
     /* the old primary comes back as the new one's follower */
     if (start(&s[p], follow[f]))
       break;
-    cut += cut_in_log(&s[p]);
+    /* what it held past the promotion is cut, from there */
+    unsigned long long first, n = cut_range(&s[p], &first);
+    if (n && first != from)
+      dur_fail("cycle %d: %s cut its log from LSN %llu, the new primary's "
+               "epoch begins at LSN %llu", cycle, s[p].addr, first, from);
+    if (last >= from && n < last - from + 1)
+      dur_fail("cycle %d: %s held up to LSN %llu at least, the new "
+               "primary's epoch begins at LSN %llu: %llu records cut", cycle,
+               s[p].addr, (unsigned long long)last, from, n);
+    tails += last >= from;
+    cut += n;
     if (repl_wait_in_sync(s[f].addr, 1, JOIN_MS)) {
       dur_fail("cycle %d: %s did not rejoin", cycle, s[p].addr);
       dur_server_dump_log(&s[p]);
@@ -142,8 +196,8 @@ int main(int argc, char **argv) {
   for (int w = 0; w < wl.n_workers; w++)
     total += atomic_load(&sh->w[w].acked_wit);
   dur_note("%d promotions, %llu witness pushes acknowledged, %llu records "
-           "cut from rejoining old primaries", cycle,
-           (unsigned long long)total, cut);
+           "cut from rejoining old primaries (%d known to hold a tail)",
+           cycle, (unsigned long long)total, cut, tails);
   if (cycle < cycles)
     dur_fail("stopped after %d of %d cycles", cycle, cycles);
   dur_sleep_ms(200);

@@ -1,20 +1,25 @@
 /* test_repl.c - followers (issue 21) against real servers on loopback:
- *  (Followers start before the first record: a follower of a primary with
- *  older history needs a snapshot, which is another test's.)
- *  - exact: two followers (memory only; a data dir in --fsync always) of a
- *    primary under a push storm of 4 workers over every optimizer, dtype,
- *    dense and dynamic tables, admission, TTL, LRU and LFU capacity, L2
+ *  - exact: three followers (memory only; a data dir in --fsync always;
+ *    one started in the middle of the storm, when the primary's backlog no
+ *    longer holds its first records: it copies a snapshot) of a primary
+ *    under a push storm of 4 workers over every optimizer, dtype, dense
+ *    and dynamic tables, admission, TTL, LRU and LFU capacity, L2
  *    eviction, a synchronous table, imports, alters and a drop and create
  *    end equal to it, row for row (weights and optimizer state, bit for
  *    bit) and counter for counter; a follower refuses writes naming its
  *    primary;
  *  - reads: every row a follower's pull returns is the primary's at the
- *    LSN the reply says (rows all pushed together: one value per LSN);
+ *    LSN the reply says (rows all pushed together: one value per LSN), on
+ *    a follower fed record by record and on one copying a snapshot;
  *  - proxy: a proxy between primary and follower cutting the connection
  *    and dropping FETCH replies at random: the follower resumes with no
  *    gap and no record twice (it ends equal);
  *  - restart: a follower with a data dir killed (-9) and stopped during
  *    pushes resumes from its own log, without a snapshot, and ends equal;
+ *  - copy: a follower copies a snapshot when the primary's backlog and log
+ *    no longer hold its next record, also after a kill -9 in the middle of
+ *    a copy, and catches up from the primary's log without one when that
+ *    still holds it (past the backlog, after the primary's restart);
  *  - sync: --sync-followers 1 with the follower stopped: a push is
  *    refused after --sync-timeout-ms with nothing changed on either
  *    server; with the follower frozen just after the gate, the push is
@@ -22,7 +27,9 @@
  *  - promote: a follower killed, its primary acknowledging 7 more pushes
  *    and killed; the follower restarted (its primary silent: it starts
  *    from its own log) and promoted; the old primary restarted as its
- *    follower cuts exactly those 7 (says so) and ends equal. */
+ *    follower cuts exactly those 7 (says so) and ends equal;
+ *  - rejoin_copy: an old primary whose checkpoint holds records the new
+ *    primary never had sets its state aside and copies the new one's. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -295,29 +302,65 @@ static void storm(const char *addr, const tables_t *t, int n, int ms,
 
 /* ------------------------------------------------------------ exact */
 
+/* Pushes every row of the dense table name (dim DIM) n times: records of
+ * 20 KiB that fill a backlog. */
+static void push_whole(embps_client_t *c, const char *name, int n) {
+  int64_t ids[DENSE_ROWS];
+  static float g[DENSE_ROWS * DIM];
+  for (int i = 0; i < DENSE_ROWS; i++)
+    ids[i] = i;
+  for (int i = 0; i < DENSE_ROWS * DIM; i++)
+    g[i] = (float)((i % 7) - 3) / 100;
+  for (int k = 0; k < n; k++)
+    assert_int_equal(embps_push(c, name, ids, DENSE_ROWS, g, DIM, 0), 0);
+}
+
+typedef struct {
+  dur_server_t *f;
+  const char *const *args;
+  int round, at;
+} late_t;
+
+/* Starts the late follower at round `at` of a storm. */
+static void start_late(void *arg) {
+  late_t *l = arg;
+  if (l->round++ == l->at)
+    start(l->f, NULL, l->args);
+}
+
 static void test_exact(void **state) {
-  dur_server_t p = {0}, f1 = {0}, f2 = {0};
+  dur_server_t p = {0}, f1 = {0}, f2 = {0}, f3 = {0};
   char d2[512];
   new_dir(d2, sizeof d2, "f2");
-  start(&p, NULL, (const char *const[]){"--shards", "8", NULL});
+  /* a backlog of 1 MiB: the late follower must copy a snapshot */
+  start(&p, NULL,
+        (const char *const[]){"--shards", "8", "--repl-backlog-bytes",
+                              "1048576", NULL});
   char follow[64];
   snprintf(follow, sizeof follow, "%s", p.addr);
-  start(&f1, NULL,
-        (const char *const[]){"--shards", "8", "--follow", follow, NULL});
+  const char *const fargs[] = {"--shards", "8", "--follow", follow, NULL};
+  start(&f1, NULL, fargs);
   f2.fsync = "always";
-  start(&f2, d2,
-        (const char *const[]){"--shards", "8", "--follow", follow, NULL});
-  /* no snapshot here: the followers fetch before the first record */
+  start(&f2, d2, fargs);
+  /* no snapshot for these two: they fetch before the first record */
   assert_int_equal(repl_wait_in_sync(p.addr, 2, 10000), 0);
   embps_client_t *c = connect_to(p.addr, 30000);
   tables_t t;
   create_tables(c, &t);
-  storm(p.addr, &t, 4, 3000, c, NULL, NULL, 0);
+  push_whole(c, "sgd_f32_dense", 64); /* 1.3 MB of records */
+  late_t late = {.f = &f3, .args = fargs, .at = 3};
+  storm(p.addr, &t, 4, 3000, c, start_late, &late, 6);
   assert_int_equal(repl_wait_caught_up(p.addr, f1.addr, CATCH_UP_MS), 0);
   assert_int_equal(repl_wait_caught_up(p.addr, f2.addr, CATCH_UP_MS), 0);
-  assert_int_equal(repl_compare(p.addr, f1.addr, "follower (memory)", 1),
+  assert_int_equal(repl_wait_caught_up(p.addr, f3.addr, CATCH_UP_MS), 0);
+  assert_int_equal(repl_compare(p.addr, f1.addr, "follower (memory)",
+                                !log_has(&f1, "copying a snapshot")),
                    0);
-  assert_int_equal(repl_compare(p.addr, f2.addr, "follower (data dir)", 1),
+  assert_int_equal(repl_compare(p.addr, f2.addr, "follower (data dir)",
+                                !log_has(&f2, "copying a snapshot")),
+                   0);
+  assert_true(log_has(&f3, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f3.addr, "late follower (copy)", 0),
                    0);
   embps_server_stats_t sp, sf;
   assert_int_equal(repl_stats(p.addr, &sp), 0);
@@ -325,10 +368,10 @@ static void test_exact(void **state) {
   assert_int_equal(sp.role, 0);
   assert_int_equal(sf.role, 1);
   assert_string_equal(sf.primary, p.addr);
-  assert_int_equal(sp.followers, 2);
   assert_int_equal(sf.lag_records, 0);
   assert_true(sp.bytes_shipped > 0 && sf.bytes_shipped > 0);
   assert_true(sp.applied_lsn > 500);
+  assert_int_equal(sp.followers, 3);
   /* writes to a follower are refused, naming its primary */
   embps_client_t *cf = connect_to(f1.addr, -1);
   int64_t id = 1;
@@ -348,10 +391,12 @@ static void test_exact(void **state) {
                    0);
   stop_server(&f1);
   stop_server(&f2);
+  stop_server(&f3);
   stop_server(&p);
   cleanup(&p);
   cleanup(&f1);
   cleanup(&f2);
+  cleanup(&f3);
 }
 
 /* ------------------------------------------------------------ reads */
@@ -363,7 +408,7 @@ typedef struct {
   const char *addr;
   atomic_int *stop;
   int reads, wrong, lsns;
-  uint64_t last_lsn;
+  _Atomic uint64_t last_lsn;
 } reader_t;
 
 static void *reader_main(void *arg) {
@@ -397,14 +442,69 @@ static void *reader_main(void *arg) {
   return NULL;
 }
 
+/* Two readers on the follower at addr, started into rd and th. */
+static void readers_start(const char *addr, atomic_int *stop, reader_t *rd,
+                          pthread_t *th) {
+  for (int i = 0; i < 2; i++) {
+    rd[i] = (reader_t){.addr = addr, .stop = stop};
+    assert_int_equal(pthread_create(&th[i], NULL, reader_main, &rd[i]), 0);
+  }
+}
+
+/* Waits until both readers read at LSN lsn or later (so reads are seen
+ * at several LSNs however fast the follower applies). */
+static void readers_reach(reader_t *rd, uint64_t lsn) {
+  for (double until = dur_now_ms() + CATCH_UP_MS;
+       (atomic_load(&rd[0].last_lsn) < lsn ||
+        atomic_load(&rd[1].last_lsn) < lsn) && dur_now_ms() < until;)
+    dur_sleep_ms(1);
+}
+
+/* Joins them and checks what they read: every row right, at min_lsns
+ * LSNs at least (reads went on while records were applied). */
+static void readers_check(const char *what, reader_t *rd, pthread_t *th,
+                          int min_lsns) {
+  int reads = 0, wrong = 0, lsns = 0;
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    reads += rd[i].reads;
+    wrong += rd[i].wrong;
+    lsns += rd[i].lsns;
+  }
+  printf("[repl] reads (%s): %d pulls of %d rows on the follower, %d "
+         "distinct LSNs seen, %d not the primary's\n", what, reads, R_ROWS,
+         lsns, wrong);
+  assert_int_equal(wrong, 0);
+  assert_true(lsns >= min_lsns);
+}
+
+static void push_r(embps_client_t *c, int n) {
+  int64_t *ids = malloc(R_ROWS * sizeof *ids);
+  float *g = malloc((size_t)R_ROWS * R_DIM * sizeof *g);
+  for (int i = 0; i < R_ROWS; i++)
+    ids[i] = i;
+  for (size_t i = 0; i < (size_t)R_ROWS * R_DIM; i++)
+    g[i] = -1;
+  for (int k = 0; k < n; k++)
+    assert_int_equal(embps_push(c, "r", ids, R_ROWS, g, R_DIM, 0), 0);
+  free(ids);
+  free(g);
+}
+
+/* Reads on a follower fed record by record, and on one that copies a
+ * snapshot meanwhile (the primary's backlog of 1 MiB holds 8 of these
+ * 128 KiB pushes): every row pulled is the primary's at the LSN the reply
+ * says, the copy going in included. */
 static void test_reads(void **state) {
-  dur_server_t p = {0}, f = {0};
-  start(&p, NULL, (const char *const[]){"--omp-threads", "2", NULL});
+  dur_server_t p = {0}, f = {0}, f2 = {0};
+  start(&p, NULL,
+        (const char *const[]){"--omp-threads", "2", "--repl-backlog-bytes",
+                              "1048576", NULL});
   char follow[64];
   snprintf(follow, sizeof follow, "%s", p.addr);
-  start(&f, NULL,
-        (const char *const[]){"--omp-threads", "2", "--follow", follow,
-                              NULL});
+  const char *const fargs[] = {"--omp-threads", "2", "--follow", follow,
+                               NULL};
+  start(&f, NULL, fargs);
   assert_int_equal(repl_wait_in_sync(p.addr, 1, 10000), 0);
   embps_client_t *c = connect_to(p.addr, 30000);
   embps_table_spec_t s;
@@ -416,47 +516,53 @@ static void test_reads(void **state) {
   atomic_int stop = 0;
   reader_t rd[2];
   pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    rd[i] = (reader_t){.addr = f.addr, .stop = &stop};
-    assert_int_equal(pthread_create(&th[i], NULL, reader_main, &rd[i]), 0);
+  readers_start(f.addr, &stop, rd, th);
+  for (int k = 0; k < 300; k += 20) {
+    push_r(c, 20);
+    assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+    readers_reach(rd, (uint64_t)k + 21);
   }
-  int64_t *ids = malloc(R_ROWS * sizeof *ids);
-  float *g = malloc((size_t)R_ROWS * R_DIM * sizeof *g);
-  for (int i = 0; i < R_ROWS; i++)
-    ids[i] = i;
-  for (size_t i = 0; i < (size_t)R_ROWS * R_DIM; i++)
-    g[i] = -1;
-  for (int k = 0; k < 300; k++)
-    assert_int_equal(embps_push(c, "r", ids, R_ROWS, g, R_DIM, 0), 0);
-  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
   dur_sleep_ms(100);
   atomic_store(&stop, 1);
-  int reads = 0, wrong = 0, lsns = 0;
-  for (int i = 0; i < 2; i++) {
-    pthread_join(th[i], NULL);
-    reads += rd[i].reads;
-    wrong += rd[i].wrong;
-    lsns += rd[i].lsns;
-  }
-  printf("[repl] reads: %d pulls of %d rows on the follower, %d distinct "
-         "LSNs seen, %d not the primary's\n", reads, R_ROWS, lsns, wrong);
-  assert_int_equal(wrong, 0);
-  assert_true(lsns >= 10); /* reads went on while records were applied */
+  readers_check("fed", rd, th, 10);
+
+  /* a follower that copies, read from before it has the table, pushes
+   * going on until 50 after its copy went in */
+  start(&f2, NULL, fargs);
+  atomic_store(&stop, 0);
+  readers_start(f2.addr, &stop, rd, th);
+  int pushed = 300;
+  for (double until = dur_now_ms() + CATCH_UP_MS;
+       !log_has(&f2, "replaces this server's state") && dur_now_ms() < until;
+       pushed++)
+    push_r(c, 1);
+  assert_true(log_has(&f2, "copying a snapshot"));
+  push_r(c, 50);
+  pushed += 50;
+  assert_int_equal(repl_wait_caught_up(p.addr, f2.addr, CATCH_UP_MS), 0);
+  dur_sleep_ms(100);
+  atomic_store(&stop, 1);
+  readers_check("copying", rd, th, 2); /* the copy, then records */
+
+  int64_t *ids = malloc(R_ROWS * sizeof *ids);
+  for (int i = 0; i < R_ROWS; i++)
+    ids[i] = i;
   float *out = malloc((size_t)R_ROWS * R_DIM * sizeof *out);
   uint64_t lsn;
-  assert_int_equal(repl_pull_lsn(f.addr, "r", ids, R_ROWS, R_DIM, out, &lsn),
-                   0);
-  assert_int_equal(lsn, 301);
+  assert_int_equal(repl_pull_lsn(f2.addr, "r", ids, R_ROWS, R_DIM, out,
+                                 &lsn), 0);
+  assert_int_equal(lsn, (uint64_t)pushed + 1);
   for (size_t i = 0; i < (size_t)R_ROWS * R_DIM; i++)
-    assert_true(out[i] == 300);
+    assert_true(out[i] == (float)pushed);
   free(out);
   free(ids);
-  free(g);
   embps_client_destroy(c);
   stop_server(&f);
+  stop_server(&f2);
   stop_server(&p);
   cleanup(&p);
   cleanup(&f);
+  cleanup(&f2);
 }
 
 /* ------------------------------------------------------------ proxy */
@@ -575,6 +681,116 @@ static void test_restart(void **state) {
   assert_int_equal(repl_compare(p.addr, f.addr, "follower restarted", 0),
                    0);
   assert_false(log_has(&f, "snapshot"));
+  embps_client_destroy(c);
+  stop_server(&f);
+  stop_server(&p);
+  cleanup(&p);
+  cleanup(&f);
+}
+
+/* ------------------------------------------------------------ copy */
+
+/* Waits until s's log holds text; 0, or -1 after timeout_ms. */
+static int wait_log(const dur_server_t *s, const char *text, int timeout_ms) {
+  for (double until = dur_now_ms() + timeout_ms; dur_now_ms() < until;
+       dur_sleep_ms(5))
+    if (log_has(s, text))
+      return 0;
+  return -1;
+}
+
+/* Pushes n whole-table records through *c (past the primary's backlog of
+ * 1 MiB); with forget, the primary p then restarts (it forgets its
+ * followers, whose records its checkpoints keep in its log for
+ * EMBPS_FEED_RETAIN_S) and checkpoints: its log's segments before that
+ * are deleted. */
+static void move_on(dur_server_t *p, embps_client_t **c, int n, int forget) {
+  push_whole(*c, "adam_f32_dense", n);
+  if (!forget)
+    return;
+  embps_client_destroy(*c);
+  stop_server(p);
+  start(p, p->data_dir, p->args);
+  *c = connect_to(p->addr, 30000);
+  assert_int_equal(embps_checkpoint(*c, NULL), 0);
+}
+
+/* A follower with a data dir of a primary with one (a backlog of 1 MiB):
+ * it copies a snapshot when the primary's backlog and log no longer hold
+ * its next record (it joins after a checkpoint; it restarts after one it
+ * was not kept for; it is killed in the middle of a copy), and catches up
+ * from the primary's log, without a copy, when that still holds it (past
+ * the backlog; after a kill -9; after the primary's restart, which empties
+ * its backlog). Equal to the primary after each. */
+static void test_copy(void **state) {
+  dur_server_t p = {0}, f = {0};
+  char dp[512], df[512];
+  new_dir(dp, sizeof dp, "cp");
+  new_dir(df, sizeof df, "cf");
+  start(&p, dp, (const char *const[]){"--repl-backlog-bytes", "1048576",
+                                      NULL});
+  char follow[64];
+  snprintf(follow, sizeof follow, "%s", p.addr);
+  const char *const fargs[] = {"--follow", follow, NULL};
+  embps_client_t *c = connect_to(p.addr, 30000);
+  tables_t t;
+  create_tables(c, &t);
+  move_on(&p, &c, 64, 1);
+  start(&f, df, fargs);
+  storm(p.addr, &t, 3, 2000, NULL, NULL, NULL, 0);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&f, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "joined after a checkpoint",
+                                0), 0);
+
+  /* stopped while the primary's backlog moves on: its log serves */
+  stop_server(&f);
+  move_on(&p, &c, 64, 0);
+  assert_int_equal(embps_checkpoint(c, NULL), 0); /* kept for it */
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&f, "snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "caught up from the log", 0),
+                   0);
+
+  /* stopped while the primary forgets it and checkpoints: a copy again */
+  stop_server(&f);
+  move_on(&p, &c, 64, 1);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&f, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "restarted past a "
+                                "checkpoint", 0), 0);
+
+  /* killed while it copies (or just after): starts again and ends equal */
+  dur_server_kill(&f);
+  move_on(&p, &c, 64, 1);
+  start(&f, df, fargs);
+  assert_int_equal(wait_log(&f, "copying a snapshot", 20000), 0);
+  dur_server_kill(&f);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_int_equal(repl_compare(p.addr, f.addr, "killed in a copy", 0), 0);
+
+  /* killed, then a few records: no copy */
+  dur_server_kill(&f);
+  move_on(&p, &c, 4, 0);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&f, "snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "resumed", 0), 0);
+
+  /* the primary restarted under it: its backlog is empty, and its final
+   * checkpoint kept in its log what the follower lacked (an L2 eviction
+   * of that checkpoint's) */
+  embps_client_destroy(c);
+  stop_server(&p);
+  start(&p, dp, p.args);
+  c = connect_to(p.addr, 30000);
+  push_whole(c, "adam_f32_dense", 4);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&f, "snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "primary restarted", 0), 0);
   embps_client_destroy(c);
   stop_server(&f);
   stop_server(&p);
@@ -739,12 +955,68 @@ static void test_promote(void **state) {
   cleanup(&b);
 }
 
+/* An old primary whose checkpoint holds records the new primary never had
+ * (written after its follower was lost): on rejoining it cannot cut them
+ * from its log alone, so its state is set aside (DIR/diverged) and it
+ * copies the new primary's. */
+static void test_rejoin_copy(void **state) {
+  dur_server_t a = {0}, b = {0};
+  char da[512], db[512];
+  new_dir(da, sizeof da, "ra");
+  new_dir(db, sizeof db, "rb");
+  start(&a, da, NULL);
+  char follow_a[64], follow_b[64];
+  snprintf(follow_a, sizeof follow_a, "%s", a.addr);
+  start(&b, db, (const char *const[]){"--follow", follow_a, NULL});
+  assert_int_equal(repl_wait_in_sync(a.addr, 1, 10000), 0);
+  embps_client_t *c = connect_to(a.addr, -1);
+  embps_table_spec_t s;
+  embps_table_spec_init(&s, "w", 4, EMBPS_OPT_SGD);
+  s.rows = 8;
+  s.lr = 1;
+  create(c, &s);
+  embps_client_destroy(c);
+  push_n(a.addr, 5);
+  assert_int_equal(repl_wait_caught_up(a.addr, b.addr, CATCH_UP_MS), 0);
+  stop_server(&b);
+  push_n(a.addr, 7); /* LSN 7 to 13: b never gets them */
+  c = connect_to(a.addr, -1);
+  assert_int_equal(embps_checkpoint(c, NULL), 0); /* ckpt-13 */
+  embps_client_destroy(c);
+  dur_server_kill(&a);
+  /* b goes on as a primary (a new epoch from LSN 7) */
+  start(&b, db, NULL);
+  push_n(b.addr, 3);
+  snprintf(follow_b, sizeof follow_b, "%s", b.addr);
+  start(&a, da, (const char *const[]){"--follow", follow_b, NULL});
+  assert_int_equal(repl_wait_caught_up(b.addr, a.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&a, "set aside"));
+  assert_true(log_has(&a, "copying a snapshot"));
+  assert_true(witness(a.addr) == 8);
+  assert_int_equal(repl_compare(b.addr, a.addr, "rejoined past its "
+                                "checkpoint", 0), 0);
+  char aside[600];
+  snprintf(aside, sizeof aside, "%s/diverged/ckpt-000000000000000d", da);
+  assert_int_equal(access(aside, F_OK), 0);
+  /* and it restarts from the copy it keeps, without another */
+  stop_server(&a);
+  start(&a, da, (const char *const[]){"--follow", follow_b, NULL});
+  assert_int_equal(repl_wait_caught_up(b.addr, a.addr, CATCH_UP_MS), 0);
+  assert_false(log_has(&a, "snapshot"));
+  assert_true(witness(a.addr) == 8);
+  stop_server(&a);
+  stop_server(&b);
+  cleanup(&a);
+  cleanup(&b);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_exact),   cmocka_unit_test(test_reads),
       cmocka_unit_test(test_proxy),   cmocka_unit_test(test_restart),
-      cmocka_unit_test(test_sync),    cmocka_unit_test(test_promote),
+      cmocka_unit_test(test_copy),    cmocka_unit_test(test_sync),
+      cmocka_unit_test(test_promote), cmocka_unit_test(test_rejoin_copy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,7 +44,7 @@ static int setup(void **state) {
   f->srv.cfg.cluster_size = 1;
   embps_registry_init(&f->srv.registry);
   embps_seen_init(&f->seen);
-  embps_redo_init(&f->redo, &f->srv, &f->seen);
+  embps_redo_init(&f->redo, &f->srv, &f->srv.registry, &f->seen);
   *state = f;
   return 0;
 }

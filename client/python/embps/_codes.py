@@ -30,6 +30,7 @@ __all__ = [
     "EMBPS_EIO",
     "EMBPS_ENODATADIR",
     "EMBPS_EBADFILE",
+    "EMBPS_EPARTIAL",
     "EMBPS_ENOTPRIMARY",
     "EMBPS_ENOREPLICAS",
     "EMBPS_EDIVERGED",
@@ -61,10 +62,11 @@ EMBPS_EINTERNAL = -30021
 EMBPS_EIO = -30022
 EMBPS_ENODATADIR = -30023
 EMBPS_EBADFILE = -30024
-EMBPS_ENOTPRIMARY = -30025
-EMBPS_ENOREPLICAS = -30026
-EMBPS_EDIVERGED = -30027
-EMBPS_ESNAPSHOT = -30028
+EMBPS_EPARTIAL = -30025
+EMBPS_ENOTPRIMARY = -30026
+EMBPS_ENOREPLICAS = -30027
+EMBPS_EDIVERGED = -30028
+EMBPS_ESNAPSHOT = -30029
 
 #: code -> (symbol, message), as embps_err_name and embps_strerror give them
 CODES: Dict[int, Tuple[str, str]] = {
@@ -92,8 +94,9 @@ CODES: Dict[int, Tuple[str, str]] = {
     -30022: ("EMBPS_EIO", 'data dir I/O error'),
     -30023: ("EMBPS_ENODATADIR", 'server has no --data-dir'),
     -30024: ("EMBPS_EBADFILE", 'bad export/import file'),
-    -30025: ("EMBPS_ENOTPRIMARY", 'not the primary: writes go to its primary'),
-    -30026: ("EMBPS_ENOREPLICAS", 'not enough followers in sync'),
-    -30027: ("EMBPS_EDIVERGED", "log diverged from the primary's history"),
-    -30028: ("EMBPS_ESNAPSHOT", 'records no longer held: a snapshot is needed'),
+    -30025: ("EMBPS_EPARTIAL", 'on some servers only'),
+    -30026: ("EMBPS_ENOTPRIMARY", 'not the primary: writes go to its primary'),
+    -30027: ("EMBPS_ENOREPLICAS", 'not enough followers in sync'),
+    -30028: ("EMBPS_EDIVERGED", "log diverged from the primary's history"),
+    -30029: ("EMBPS_ESNAPSHOT", 'records no longer held: a snapshot is needed'),
 }

@@ -35,7 +35,7 @@ __all__ = ["EmbpsError", "InvalidArgument", "InvalidParameter",
            "CountMismatch", "NonFinite", "BadFile", "ProtocolError",
            "AuthenticationFailed", "WrongServer", "ServerOutOfMemory",
            "Timeout", "ConnectionFailed", "LimitExceeded", "StepError",
-           "InternalError", "DurabilityError", "NotPrimary",
+           "InternalError", "DurabilityError", "PartialError", "NotPrimary",
            "NotEnoughReplicas", "ReplicationError", "EmbpsOSError",
            "error_for", "error_name"]
 
@@ -148,6 +148,13 @@ class DurabilityError(EmbpsError):
     """The data dir failed or is missing (EMBPS_EIO, EMBPS_ENODATADIR)."""
 
 
+class PartialError(EmbpsError):
+    """Some servers have it and others do not (EMBPS_EPARTIAL): a table a
+    member lost with its data (create_table refuses to refill it silently;
+    complete_table does it explicitly), or a push that gave up on a member
+    after being applied on the others."""
+
+
 class NotPrimary(EmbpsError):
     """A write sent to a follower; the message names its primary
     (EMBPS_ENOTPRIMARY)."""
@@ -193,6 +200,7 @@ _CLASS_OF: Dict[str, Type[EmbpsError]] = {
     "EMBPS_EIO": DurabilityError,
     "EMBPS_ENODATADIR": DurabilityError,
     "EMBPS_EBADFILE": BadFile,
+    "EMBPS_EPARTIAL": PartialError,
     "EMBPS_ENOTPRIMARY": NotPrimary,
     "EMBPS_ENOREPLICAS": NotEnoughReplicas,
     "EMBPS_EDIVERGED": ReplicationError,
