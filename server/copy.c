@@ -36,6 +36,23 @@ struct embps_copy {
   int staged;              /* redo set up */
 };
 
+/* The snapshot's bytes for the loader, until the caller stops. */
+typedef struct {
+  embps_snapshot_t *snap;
+  int (*stopping)(void *ctx);
+  void *ctx;
+} source_t;
+
+static int source_next(void *ctx, const uint8_t **p, size_t *n, char *err,
+                       size_t err_len) {
+  source_t *src = ctx;
+  if (src->stopping && src->stopping(src->ctx)) {
+    snprintf(err, err_len, "stopped");
+    return -1;
+  }
+  return embps_snapshot_reader_next(src->snap, p, n, err, err_len);
+}
+
 /* The highest LSN a shard of ck was copied at (S at least). */
 static uint64_t shards_lsn(const embps_ckpt_t *ck) {
   uint64_t m = ck->lsn;
@@ -77,6 +94,7 @@ static int stage(embps_copy_t *cp, char *err, size_t err_len) {
 }
 
 int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
+                    int (*stopping)(void *ctx), void *stop_ctx,
                     embps_copy_t **out, int *halt, char *err,
                     size_t err_len) {
   *out = NULL;
@@ -127,8 +145,9 @@ int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
   }
   LOG_INFO("follower: copying a snapshot of primary %s at LSN %" PRIu64
            " (%u tables)", cfg->follow, in->lsn, in->tables);
+  source_t src = {cp->snap, stopping, stop_ctx};
   embps_snapstream_reader_t r;
-  embps_snapstream_reader_init(&r, embps_snapshot_reader_next, cp->snap);
+  embps_snapstream_reader_init(&r, source_next, &src);
   if (embps_ckpt_load_stream(&r, cfg->shards, cfg->cluster_size, &cp->ck, why,
                              sizeof why)) {
     snprintf(err, err_len, "snapshot of the primary: %s", why);

@@ -39,9 +39,12 @@ typedef struct embps_copy embps_copy_t;
 /* Step 1, over a connection of its own to the primary (--follow), whose
  * history is h (copied): 0 with *out, or an error code with err (*halt
  * when this server cannot follow that primary at all: another cluster
- * slot or --shards). The snapshot session stays open (the primary keeps
- * the records after S) until embps_copy_prepare or embps_copy_free. */
+ * slot or --shards). stopping(stop_ctx) (NULL: never), asked between the
+ * stream's chunks, gives up the copy (shutdown, a promotion). The
+ * snapshot session stays open (the primary keeps the records after S)
+ * until embps_copy_prepare or embps_copy_free. */
 int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
+                    int (*stopping)(void *ctx), void *stop_ctx,
                     embps_copy_t **out, int *halt, char *err,
                     size_t err_len);
 /* The last LSN the copy holds (S, then each record applied). */
