@@ -16,6 +16,7 @@
 #include "cluster.h"
 #include "flags.h"
 #include "server.h"
+#include "space.h"
 #include "token.h"
 #include "util.h"
 #include "wal.h"
@@ -104,6 +105,16 @@ static int set_token(const embps_flag_t *f, const char *v, void *obj,
   return 0;
 }
 
+/* auto, or a number of bytes (0: off). */
+static int set_checkpoint_log(const embps_flag_t *f, const char *v,
+                              void *obj, char *err, size_t err_len) {
+  if (strcmp(v, "auto"))
+    return embps_flag_set_size(f, v, obj, err, err_len);
+  ((embps_server_config_t *)obj)->checkpoint_log_bytes =
+      EMBPS_CHECKPOINT_LOG_AUTO;
+  return 0;
+}
+
 #define CFG embps_server_config_t
 /* a number with an optional K, M or G suffix, in [lo, hi] */
 #define SIZE_(name, arg, field, lo, hi, help)                                  \
@@ -171,6 +182,12 @@ static const embps_flag_t server_flags[] = {
          "(default everysec)"),
     SIZE_("checkpoint-every", "SECONDS", checkpoint_every_s, 0, 86400 * 365,
           "periodic checkpoints (default 0: on demand and at SIGTERM only)"),
+    {"checkpoint-log-bytes", "N|auto",
+     "a checkpoint once the log since the last one holds N bytes (default "
+     "auto: the last checkpoint's size, at least 64M, at most a quarter of "
+     "the data dir's file system; 0: never)",
+     set_checkpoint_log, EMBPS_FLAG_FIELD_(CFG, checkpoint_log_bytes), 0,
+     1ULL << 60, 0, "auto or a number of bytes in [0, 2^60]"},
     SET_("metrics-listen", "HOST:PORT", set_metrics_listen, "HOST:PORT",
          "serve Prometheus /metrics, /healthz and /readyz over HTTP "
          "(default: off)"),
@@ -251,6 +268,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->log_level = EMBPS_LOG_INFO;
   d->fsync = EMBPS_FSYNC_EVERYSEC;
   d->hello_timeout_s = 5;
+  d->checkpoint_log_bytes = EMBPS_CHECKPOINT_LOG_AUTO;
 
   embps_flags_t p;
   int rc = embps_flags_parse(&p, groups, &a, argc, argv, NULL, err, err_len);

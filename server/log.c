@@ -2,9 +2,12 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+
+#include "util.h"
 
 static embps_log_level_t min_level = EMBPS_LOG_INFO;
 static int json;
@@ -86,4 +89,18 @@ void embps_log_ready(const char *fmt, ...) {
   emit("info", "ready", 1, fmt, ap);
   va_end(ap);
   fflush(stderr);
+}
+
+int embps_log_limit_pass(embps_log_limit_t *l, uint64_t period_ms,
+                         uint64_t *skipped) {
+  uint64_t now = embps_now_ns();
+  uint64_t next = atomic_load(&l->next_ns);
+  if (now < next ||
+      !atomic_compare_exchange_strong(&l->next_ns, &next,
+                                      now + period_ms * 1000000u)) {
+    atomic_fetch_add(&l->skipped, 1);
+    return 0;
+  }
+  *skipped = atomic_exchange(&l->skipped, 0);
+  return 1;
 }

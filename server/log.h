@@ -3,6 +3,8 @@
  * ({"ts","level","msg"}) with --log-format json. */
 #ifndef EMBPS_LOG_H
 #define EMBPS_LOG_H
+#include <stdatomic.h>
+#include <stdint.h>
 
 typedef enum {
   EMBPS_LOG_DEBUG = 0,
@@ -23,6 +25,18 @@ void embps_log(embps_log_level_t level, const char *fmt, ...)
  * message in text (no time or level prefix), with "event":"ready" in JSON. */
 void embps_log_ready(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
+
+/* At most one line per period for an event that may repeat at the rate of
+ * requests (a refused push): zero-initialised, shared by any threads. */
+typedef struct {
+  atomic_uint_fast64_t next_ns, skipped;
+} embps_log_limit_t;
+
+/* 1 when the event may be logged now (and the next may only be after
+ * period_ms); *skipped then holds how many were not logged since the last
+ * line. 0 when it must not be logged (it is counted). */
+int embps_log_limit_pass(embps_log_limit_t *l, uint64_t period_ms,
+                         uint64_t *skipped);
 
 #define LOG_DEBUG(...) embps_log(EMBPS_LOG_DEBUG, __VA_ARGS__)
 #define LOG_INFO(...) embps_log(EMBPS_LOG_INFO, __VA_ARGS__)

@@ -410,6 +410,41 @@ static void put_server(text_t *t, embps_server_t *srv) {
   put_histogram(t, "push", &m.push);
 }
 
+/* The data dir's disk (--data-dir only). */
+static void put_space(text_t *t, embps_server_t *srv) {
+  embps_metrics_space_t sp;
+  memset(&sp, 0, sizeof sp);
+  m.hooks.durable_space(srv->dur, &sp);
+  static const struct {
+    const char *metric, *type, *help;
+    size_t offset;
+  } figures[] = {
+      {"embps_data_dir_free_bytes", "gauge",
+       "Bytes free for the server in the data dir's file system.",
+       offsetof(embps_metrics_space_t, free_bytes)},
+      {"embps_data_dir_size_bytes", "gauge",
+       "Size of the data dir's file system.",
+       offsetof(embps_metrics_space_t, size_bytes)},
+      {"embps_checkpoint_reserve_bytes", "gauge",
+       "Bytes kept free for the next checkpoint: the log grows only into "
+       "the rest.",
+       offsetof(embps_metrics_space_t, reserve_bytes)},
+      {"embps_checkpoint_log_limit_bytes", "gauge",
+       "Log bytes since the last checkpoint that start one "
+       "(--checkpoint-log-bytes; 0: never).",
+       offsetof(embps_metrics_space_t, log_limit_bytes)},
+      {"embps_log_refused_total", "counter",
+       "Pushes and imports refused for want of room in the data dir.",
+       offsetof(embps_metrics_space_t, refused_total)},
+  };
+  for (size_t k = 0; k < sizeof figures / sizeof *figures; k++) {
+    uint64_t v;
+    memcpy(&v, (const char *)&sp + figures[k].offset, sizeof v);
+    head(t, figures[k].metric, figures[k].type, figures[k].help);
+    put(t, "%s %llu\n", figures[k].metric, (unsigned long long)v);
+  }
+}
+
 /* Checkpoint and log figures (--data-dir only). */
 static void put_durability(text_t *t, embps_server_t *srv) {
   if (!srv->dur || !m.hooks.durable_stats)
@@ -435,8 +470,12 @@ static void put_durability(text_t *t, embps_server_t *srv) {
        "Bytes of push log since the last checkpoint.");
   put(t, "embps_log_bytes %llu\n", (unsigned long long)s.log_bytes);
   head(t, "embps_durability_failed", "gauge",
-       "1 when a write or fsync failed and pushes are refused.");
+       "1 while pushes are refused: an fsync failed (until a restart), or "
+       "the data dir is full (until a checkpoint or freed space makes "
+       "room).");
   put(t, "embps_durability_failed %d\n", s.durability_failed[0] != 0);
+  if (m.hooks.durable_space)
+    put_space(t, srv);
 }
 
 /* ------------------------------------------------------------ HTTP */

@@ -376,6 +376,7 @@ static net_t *net_of(embps_server_t *srv) {
 /* What /metrics reads from the durable layer and the cluster. */
 static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stats = embps_durable_stats,
+    .durable_space = embps_durable_space,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
 };

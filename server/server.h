@@ -69,6 +69,9 @@ typedef struct {
   char data_dir[1024];     /* empty: nothing is durable */
   int fsync;               /* embps_fsync_t (wal.h) */
   uint32_t checkpoint_every_s; /* 0: on demand and at SIGTERM only */
+  /* log bytes since the last checkpoint that start one (space.h):
+   * EMBPS_CHECKPOINT_LOG_AUTO (the default), 0: never */
+  uint64_t checkpoint_log_bytes;
   uint32_t hello_timeout_s;       /* a connection's time to say hello */
   uint64_t max_buffer_bytes;      /* requests and replies held, server */
   uint64_t max_conn_buffer_bytes; /* the same, one connection */

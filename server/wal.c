@@ -640,7 +640,6 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
   if (rc) {
     snprintf(err, err_len, "data dir: write to %s failed (%s); push refused, "
              "nothing changed", w->path, strerror(-rc));
-    LOG_ERROR("%s", err);
     if (start < 0 || ftruncate(w->fd, start)) {
       int e = errno;
       pthread_mutex_lock(&w->mu);

@@ -5,12 +5,17 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -626,6 +631,98 @@ static int rm_rf_at(const char *path) {
 }
 
 int dur_rm_rf(const char *path) { return rm_rf_at(path); }
+
+int dur_http_get(int port, const char *path, char **body) {
+  *body = NULL;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  struct timeval tv = {10, 0};
+  if (fd < 0)
+    return -1;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char req[512];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\n\r\n", path);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) ||
+      write(fd, req, (size_t)n) != n) {
+    close(fd);
+    return -1;
+  }
+  size_t len = 0, cap = 65536;
+  char *buf = malloc(cap);
+  for (ssize_t k; buf && (k = read(fd, buf + len, cap - len - 1)) > 0;) {
+    len += (size_t)k;
+    if (cap - len < 4096) {
+      char *more = realloc(buf, cap *= 2);
+      if (!more)
+        free(buf);
+      buf = more;
+    }
+  }
+  close(fd);
+  if (!buf)
+    return -1;
+  buf[len] = 0;
+  int status = -1;
+  char *start = strstr(buf, "\r\n\r\n");
+  if (sscanf(buf, "HTTP/%*s %d", &status) != 1 || !start) {
+    free(buf);
+    return -1;
+  }
+  *body = strdup(start + 4);
+  free(buf);
+  return *body ? status : -1;
+}
+
+double dur_metric(const char *body, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : p)
+    if (!strncmp(p, name, n) && p[n] == ' ')
+      return strtod(p + n + 1, NULL);
+  return -1;
+}
+
+int dur_tmpfs_mount(char *mnt, size_t cap, const char *size, char *why,
+                    size_t why_len) {
+  char opts[64];
+  snprintf(opts, sizeof opts, "size=%s", size);
+  why[0] = 0;
+  if (dur_mkdtemp(mnt, cap, "tmpfs"))
+    snprintf(why, why_len, "mkdtemp: %s", strerror(errno));
+  else if (unshare(CLONE_NEWNS))
+    snprintf(why, why_len, "unshare(CLONE_NEWNS): %s", strerror(errno));
+  else if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL))
+    snprintf(why, why_len, "mount --make-rprivate /: %s", strerror(errno));
+  else if (mount("tmpfs", mnt, "tmpfs", 0, opts))
+    snprintf(why, why_len, "mount -t tmpfs: %s", strerror(errno));
+  if (!why[0])
+    return 0;
+  rmdir(mnt);
+  return -1;
+}
+
+void dur_tmpfs_unmount(const char *mnt) {
+  umount2(mnt, MNT_DETACH);
+  rmdir(mnt);
+}
+
+int dur_fill_fs(const char *dir, char *path, size_t cap) {
+  snprintf(path, cap, "%s/filler", dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0)
+    return -1;
+  static char block[65536];
+  size_t sz = sizeof block;
+  while (sz >= 1) {
+    ssize_t w = write(fd, block, sz);
+    if (w < 0 && errno == ENOSPC)
+      sz /= 2;
+    else if (w < 0)
+      break;
+  }
+  close(fd);
+  return 0;
+}
 
 static int copy_file(const char *src, const char *dst, mode_t mode) {
   int in = open(src, O_RDONLY);
