@@ -527,6 +527,12 @@ static int load_table(const char *cdir, embps_ckpt_table_t *ct,
   }
   if (embps_dio_read(&f.r, h, sizeof h, "header", err, err_len))
     goto out;
+  if (!memcmp(h, TBL_MAGIC, 8) && embps_get32(h + 60) == embps_crc32c(0, h, 60) &&
+      embps_get32(h + 8) > VERSION) {
+    snprintf(err, err_len, "checkpoint %s: header at offset 0: "
+             EMBPS_FORMAT_NEWER, path, embps_get32(h + 8), VERSION);
+    goto out;
+  }
   if (memcmp(h, TBL_MAGIC, 8) || embps_get32(h + 60) != embps_crc32c(0, h, 60) ||
       embps_get32(h + 8) < VERSION_V1 || embps_get32(h + 8) > VERSION ||
       embps_get32(h + 12) != (uint32_t)spec->dtype ||
@@ -650,6 +656,11 @@ int embps_ckpt_load(const char *dir, uint64_t lsn, uint32_t shards,
       embps_get32(p + len - 8) != embps_crc32c(0, p, len - 8)) {
     snprintf(err, err_len, "checkpoint %s: trailer at offset %zu: checksum "
              "mismatch or short file", path, len >= 8 ? len - 8 : 0);
+    goto out;
+  }
+  if (!memcmp(p, MAN_MAGIC, 8) && embps_get32(p + 8) > VERSION) {
+    snprintf(err, err_len, "checkpoint %s: header at offset 0: "
+             EMBPS_FORMAT_NEWER, path, embps_get32(p + 8), VERSION);
     goto out;
   }
   if (memcmp(p, MAN_MAGIC, 8) ||

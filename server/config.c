@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "about.h"
+#include "cgroup.h"
 #include "cluster.h"
 #include "flags.h"
 #include "server.h"
@@ -162,13 +163,16 @@ static const embps_flag_t server_flags[] = {
           "close idle connections (default 0: never)"),
     SIZE_("hello-timeout", "SECONDS", hello_timeout_s, 1, 3600,
           "close connections with no hello by then (default 5)"),
+    SIZE_("stall-timeout", "SECONDS", stall_timeout_s, 0, 86400,
+          "/healthz fails once the apply or an I/O thread has had work in "
+          "hand this long without progress (default 60; 0: never)"),
     SIZE_("max-conn-buffer-bytes", "N", max_conn_buffer_bytes, 1ULL << 16,
           UINT64_MAX,
           "requests and unsent replies one connection may hold (default "
           "2 x --max-frame-bytes)"),
     SIZE_("max-buffer-bytes", "N", max_buffer_bytes, 1ULL << 20, UINT64_MAX,
           "the same for all connections together (default a quarter of "
-          "RAM, at least 1G)"),
+          "the cgroup's memory limit, else of RAM and at least 1G)"),
     SIZE_("max-memory", "BYTES", max_memory, 0, UINT64_MAX,
           "cap on table storage (default 0: none)"),
     SET_("log-level", "L", set_log_level, "debug|info|warn|error",
@@ -238,16 +242,25 @@ static int host_is_loopback(const char *host) {
 }
 
 /* Byte budgets left at 0 by the flags: a connection may hold two of the
- * largest frames; the server a quarter of RAM (at least 1 GiB, and at
- * least one connection's budget). */
+ * largest frames; the server a quarter of the memory it may use: its
+ * cgroup's limit when there is one below RAM (a container's, a unit's
+ * MemoryMax=), else RAM, and then at least 1 GiB; always at least one
+ * connection's budget. */
 static void default_budgets(embps_server_config_t *cfg) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
+                                       : 0;
+  cfg->memory_limit = embps_cgroup_memory_limit(cfg->memory_limit_file,
+                                                sizeof cfg->memory_limit_file);
+  int limited = cfg->memory_limit && (!ram || cfg->memory_limit < ram);
   if (!cfg->max_conn_buffer_bytes)
     cfg->max_conn_buffer_bytes = 2 * cfg->max_frame_bytes;
   if (!cfg->max_buffer_bytes) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
-                                         : 0;
-    cfg->max_buffer_bytes = ram / 4 > (1ULL << 30) ? ram / 4 : 1ULL << 30;
+    cfg->max_buffer_from = limited ? EMBPS_BUDGET_CGROUP : EMBPS_BUDGET_RAM;
+    if (limited)
+      cfg->max_buffer_bytes = cfg->memory_limit / 4;
+    else
+      cfg->max_buffer_bytes = ram / 4 > (1ULL << 30) ? ram / 4 : 1ULL << 30;
   }
   if (cfg->max_buffer_bytes < cfg->max_conn_buffer_bytes)
     cfg->max_buffer_bytes = cfg->max_conn_buffer_bytes;
@@ -268,6 +281,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->log_level = EMBPS_LOG_INFO;
   d->fsync = EMBPS_FSYNC_EVERYSEC;
   d->hello_timeout_s = 5;
+  d->stall_timeout_s = 60;
   d->checkpoint_log_bytes = EMBPS_CHECKPOINT_LOG_AUTO;
 
   embps_flags_t p;

@@ -81,6 +81,14 @@ int main(int argc, char **argv) {
     LOG_WARN("cannot execute /proc/self/exe again with %s=passive (%s): "
              "OpenMP threads spin after each push; set %s to silence this",
              omp_wait_name, strerror(exec_err), omp_wait_name);
+  if (cfg.max_buffer_from == EMBPS_BUDGET_CGROUP)
+    LOG_INFO("--max-buffer-bytes %llu: a quarter of the cgroup's memory "
+             "limit, %llu bytes (%s)", (unsigned long long)cfg.max_buffer_bytes,
+             (unsigned long long)cfg.memory_limit, cfg.memory_limit_file);
+  else if (cfg.max_buffer_from == EMBPS_BUDGET_RAM)
+    LOG_INFO("--max-buffer-bytes %llu: a quarter of RAM, at least 1 GiB (no "
+             "cgroup memory limit below RAM)",
+             (unsigned long long)cfg.max_buffer_bytes);
   signal(SIGPIPE, SIG_IGN);
   /* Request and reply buffers of a few MiB come and go at every batch; keep
    * them on the heap instead of a fresh mmap (and page faults) each time;

@@ -13,7 +13,10 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "cgroup.h"
+#include "procstat.h"
 #include "server.h"
+#include "watchdog.h"
 
 /* ------------------------------------------------------------ figures */
 
@@ -201,16 +204,11 @@ static void head(text_t *t, const char *name, const char *type,
 }
 
 static const char *kind_name(unsigned k, char *buf, size_t len) {
-  static const char *const names[] = {
-      [EMBPS_KIND_HELLO] = "hello", [EMBPS_KIND_CREATE] = "create",
-      [EMBPS_KIND_DROP] = "drop",   [EMBPS_KIND_DESCRIBE] = "describe",
-      [EMBPS_KIND_LIST] = "list",   [EMBPS_KIND_PULL] = "pull",
-      [EMBPS_KIND_PUSH] = "push",   [EMBPS_KIND_STATS] = "stats"};
   if (k == KINDS)
     return "other";
-  if (k < sizeof names / sizeof *names && names[k])
-    return names[k];
-  snprintf(buf, len, "%u", k);
+  if (embps_kind_name(k))
+    return embps_kind_name(k);
+  snprintf(buf, len, "%u", k); /* a kind newer than this table */
   return buf;
 }
 
@@ -445,6 +443,54 @@ static void put_space(text_t *t, embps_server_t *srv) {
   }
 }
 
+/* The process (procstat.h), its memory limits, its threads' liveness. */
+static void put_thread_stall(const char *name, double seconds, void *ctx) {
+  put(ctx, "embps_thread_stall_seconds{thread=\"%s\"} %.3f\n", name,
+      seconds);
+}
+
+static void put_process(text_t *t, embps_server_t *srv) {
+  embps_procstat_t p;
+  embps_procstat_read(&p);
+  head(t, "process_resident_memory_bytes", "gauge",
+       "Resident memory size in bytes.");
+  put(t, "process_resident_memory_bytes %llu\n",
+      (unsigned long long)p.resident_bytes);
+  head(t, "process_virtual_memory_bytes", "gauge",
+       "Virtual memory size in bytes.");
+  put(t, "process_virtual_memory_bytes %llu\n",
+      (unsigned long long)p.virtual_bytes);
+  head(t, "process_cpu_seconds_total", "counter",
+       "Total user and system CPU time spent in seconds.");
+  put(t, "process_cpu_seconds_total %.3f\n", p.cpu_seconds);
+  head(t, "process_open_fds", "gauge", "Number of open file descriptors.");
+  put(t, "process_open_fds %llu\n", (unsigned long long)p.open_fds);
+  if (p.max_fds) {
+    head(t, "process_max_fds", "gauge",
+         "Maximum number of open file descriptors.");
+    put(t, "process_max_fds %llu\n", (unsigned long long)p.max_fds);
+  }
+  head(t, "process_start_time_seconds", "gauge",
+       "Start time of the process since unix epoch in seconds.");
+  put(t, "process_start_time_seconds %.2f\n", p.start_time_seconds);
+  head(t, "embps_max_memory_bytes", "gauge",
+       "--max-memory: the cap on table storage (0: none).");
+  put(t, "embps_max_memory_bytes %llu\n",
+      (unsigned long long)srv->cfg.max_memory);
+  head(t, "embps_memory_limit_bytes", "gauge",
+       "The memory limit of the server's cgroup (0: none).");
+  put(t, "embps_memory_limit_bytes %llu\n",
+      (unsigned long long)embps_cgroup_memory_limit(NULL, 0));
+  head(t, "embps_max_buffer_bytes", "gauge",
+       "--max-buffer-bytes: requests and replies held, all connections.");
+  put(t, "embps_max_buffer_bytes %llu\n",
+      (unsigned long long)srv->cfg.max_buffer_bytes);
+  head(t, "embps_thread_stall_seconds", "gauge",
+       "How long a thread has had work in hand without progress (0: idle; "
+       "/healthz fails past --stall-timeout).");
+  embps_watch_each(put_thread_stall, t);
+}
+
 /* Checkpoint and log figures (--data-dir only). */
 static void put_durability(text_t *t, embps_server_t *srv) {
   if (!srv->dur || !m.hooks.durable_stats)
@@ -512,8 +558,19 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
     return STATIC_(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "GET only\n");
   if (*upload_len) /* a GET with a body: ignore the body */
     *upload_len = 0;
-  if (!strcmp(url, "/healthz"))
-    return STATIC_(conn, MHD_HTTP_OK, "ok\n");
+  if (!strcmp(url, "/healthz")) {
+    char why[160];
+    if (!embps_watch_check((uint64_t)m.srv->cfg.stall_timeout_s * 1000, why,
+                           sizeof why))
+      return STATIC_(conn, MHD_HTTP_OK, "ok\n");
+    text_t t = {0};
+    put(&t, "%s\n", why);
+    if (t.failed) {
+      free(t.p);
+      return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    }
+    return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, t.p, t.len, 2);
+  }
   if (!strcmp(url, "/readyz")) {
     if (!atomic_load(&m.ready))
       return STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
@@ -532,6 +589,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
                    "not found: try /metrics, /healthz, /readyz\n");
   text_t t = {0};
   put_server(&t, m.srv);
+  put_process(&t, m.srv);
   if (atomic_load(&m.ready)) /* srv->dur is set up once restored */
     put_durability(&t, m.srv);
   put_tables(&t, m.srv);

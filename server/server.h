@@ -73,7 +73,11 @@ typedef struct {
    * EMBPS_CHECKPOINT_LOG_AUTO (the default), 0: never */
   uint64_t checkpoint_log_bytes;
   uint32_t hello_timeout_s;       /* a connection's time to say hello */
+  uint32_t stall_timeout_s;       /* /healthz: a wedged thread (watchdog.h) */
   uint64_t max_buffer_bytes;      /* requests and replies held, server */
+  int max_buffer_from;            /* EMBPS_BUDGET_*: where it came from */
+  uint64_t memory_limit;          /* the cgroup's at start (0: none) */
+  char memory_limit_file[256];    /* the file that set it */
   uint64_t max_conn_buffer_bytes; /* the same, one connection */
   int insecure; /* may listen beyond loopback without a token */
   char metrics_host[256]; /* --metrics-listen; empty: no HTTP endpoint */
@@ -84,6 +88,9 @@ typedef struct {
   int complete_tables;         /* --complete-tables */
   int handle_signals; /* not a flag: SIGTERM/SIGINT stop it (the daemon) */
 } embps_server_config_t;
+
+/* Where --max-buffer-bytes came from: the flag, RAM, the cgroup's limit. */
+enum { EMBPS_BUDGET_FLAG = 0, EMBPS_BUDGET_RAM = 1, EMBPS_BUDGET_CGROUP = 2 };
 
 /* Largest frame accepted from a connection before its hello succeeds. */
 #define EMBPS_PREAUTH_FRAME_MAX 4096u

@@ -18,6 +18,7 @@
 
 #include "table.h"
 #include "util.h"
+#include "watchdog.h"
 
 #define RECHECK_NS 100000000ull /* statvfs at least this often */
 #define RESERVE_SLACK ((uint64_t)64 << 10)
@@ -139,10 +140,12 @@ static void refresh(embps_space_t *s) {
  * thread: its marker is behind), then takes the room it left. */
 static void wait_checkpoint(embps_space_t *s) {
   atomic_fetch_add(&s->waits, 1);
+  embps_watch_pause(); /* the checkpoint thread's work, not a wedge */
   pthread_mutex_lock(&s->mu);
   while (!atomic_load(&s->ckpt_ended))
     pthread_cond_wait(&s->cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
+  embps_watch_resume();
   atomic_store(&s->ckpt_ended, 0);
   s->frozen = 0;
   refresh(s);

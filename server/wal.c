@@ -212,6 +212,11 @@ static int replay_segment(const char *path, uint64_t first, int last,
              "mismatch or bad magic", path);
     goto out;
   }
+  if (embps_get32(m + 8) > VERSION) {
+    snprintf(err, err_len, "log %s: segment header at offset 0: "
+             EMBPS_FORMAT_NEWER, path, embps_get32(m + 8), VERSION);
+    goto out;
+  }
   if (embps_get32(m + 8) != VERSION || embps_get64(m + 16) != first) {
     snprintf(err, err_len, "log %s: segment header at offset 0: version %u, "
              "first LSN %" PRIu64 " (name says %" PRIu64 ")", path,

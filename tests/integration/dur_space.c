@@ -30,6 +30,7 @@
 
 #include "dur_scenarios.h"
 #include "dur_util.h"
+#include "http.h"
 
 #define DUR_EIO (-30022)
 #define VOLUME_MB 64
@@ -230,7 +231,7 @@ typedef struct {
 
 static double metric(full_t *f, const char *name) {
   char *body;
-  int st = dur_http_get(f->mport, "/metrics", &body);
+  int st = test_http_get(f->mport, "/metrics", &body);
   double v = st == 200 ? dur_metric(body, name) : -1;
   free(body);
   return v;

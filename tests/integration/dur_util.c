@@ -13,9 +13,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -631,48 +628,6 @@ static int rm_rf_at(const char *path) {
 }
 
 int dur_rm_rf(const char *path) { return rm_rf_at(path); }
-
-int dur_http_get(int port, const char *path, char **body) {
-  *body = NULL;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  struct timeval tv = {10, 0};
-  if (fd < 0)
-    return -1;
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  char req[512];
-  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\n\r\n", path);
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) ||
-      write(fd, req, (size_t)n) != n) {
-    close(fd);
-    return -1;
-  }
-  size_t len = 0, cap = 65536;
-  char *buf = malloc(cap);
-  for (ssize_t k; buf && (k = read(fd, buf + len, cap - len - 1)) > 0;) {
-    len += (size_t)k;
-    if (cap - len < 4096) {
-      char *more = realloc(buf, cap *= 2);
-      if (!more)
-        free(buf);
-      buf = more;
-    }
-  }
-  close(fd);
-  if (!buf)
-    return -1;
-  buf[len] = 0;
-  int status = -1;
-  char *start = strstr(buf, "\r\n\r\n");
-  if (sscanf(buf, "HTTP/%*s %d", &status) != 1 || !start) {
-    free(buf);
-    return -1;
-  }
-  *body = strdup(start + 4);
-  free(buf);
-  return *body ? status : -1;
-}
 
 double dur_metric(const char *body, const char *name) {
   size_t n = strlen(name);

@@ -181,9 +181,6 @@ void dur_tmpfs_unmount(const char *mnt);
  * write fails with ENOSPC; returns 0 (its path in path) or -1. */
 int dur_fill_fs(const char *dir, char *path, size_t cap);
 
-/* GET http://127.0.0.1:port/path (HTTP/1.0): the status code (the body,
- * malloc'd and NUL-terminated, in *body), or -1 when it cannot be asked. */
-int dur_http_get(int port, const char *path, char **body);
 /* The value of the sample `name` (no labels) in a Prometheus text body, or
  * -1 when it is not there. */
 double dur_metric(const char *body, const char *name);
