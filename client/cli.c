@@ -1041,8 +1041,7 @@ static int client_options(global_t *g, const embps_flags_t *p, char **token) {
   if (rc)
     return die(1, "cannot read --token-file %s: %s", g->token_file,
                strerror(-rc));
-  while (len && ((*token)[len - 1] == '\n' || (*token)[len - 1] == '\r'))
-    (*token)[--len] = 0;
+  (*token)[embps_token_first_line(*token, len)] = 0; /* rotation: 2 lines */
   g->client.token = *token;
   return 0;
 }

@@ -120,3 +120,11 @@ char *embps_escape(const char *src, char *dst, size_t cap) {
   dst[o] = 0;
   return dst;
 }
+
+size_t embps_token_first_line(const char *data, size_t len) {
+  const char *nl = memchr(data, '\n', len);
+  size_t n = nl ? (size_t)(nl - data) : len;
+  while (n && data[n - 1] == '\r')
+    n--;
+  return n;
+}

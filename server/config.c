@@ -94,15 +94,54 @@ static int set_log_level(const embps_flag_t *f, const char *v, void *obj,
              : 0;
 }
 
-/* The token in FILE (token.c: its content less trailing newlines, and
- * the file's mode and owner checked). */
+/* The tokens in FILE (token.c: one per line, the current one first; the
+ * file's mode and owner checked). */
 static int set_token(const embps_flag_t *f, const char *v, void *obj,
                      char *err, size_t err_len) {
   embps_server_config_t *cfg = obj;
-  if (embps_token_read(v, cfg->token, sizeof cfg->token, &cfg->token_len, err,
-                       err_len))
+  embps_tokens_t t;
+  if (strlen(v) >= sizeof cfg->token_file)
+    return embps_flag_refuse(f, v, err, err_len);
+  if (embps_tokens_read(v, &t, err, err_len))
     return -1;
-  cfg->has_token = 1;
+  embps_server_config_set_tokens(cfg, &t);
+  snprintf(cfg->token_file, sizeof cfg->token_file, "%s", v);
+  return 0;
+}
+
+void embps_server_config_set_tokens(embps_server_config_t *cfg,
+                                    const embps_tokens_t *t) {
+  memcpy(cfg->token, t->token[0], t->len[0]);
+  cfg->token_len = t->len[0];
+  cfg->token_next_len = t->n > 1 ? t->len[1] : 0;
+  memcpy(cfg->token_next, t->token[1], cfg->token_next_len);
+  cfg->has_token = t->n > 0;
+}
+
+void embps_server_config_tokens(const embps_server_config_t *cfg,
+                                embps_tokens_t *t) {
+  memset(t, 0, sizeof *t);
+  if (!cfg->has_token)
+    return;
+  memcpy(t->token[0], cfg->token, cfg->token_len);
+  t->len[0] = cfg->token_len;
+  t->n = 1;
+  if (cfg->token_next_len) {
+    memcpy(t->token[1], cfg->token_next, cfg->token_next_len);
+    t->len[1] = cfg->token_next_len;
+    t->n = 2;
+  }
+}
+
+/* The level in FILE (log.c), which a reload reads again. */
+static int set_log_level_file(const embps_flag_t *f, const char *v,
+                              void *obj, char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  if (strlen(v) >= sizeof cfg->log_level_file)
+    return embps_flag_refuse(f, v, err, err_len);
+  if (embps_log_read_level(v, &cfg->log_level, err, err_len))
+    return -1;
+  snprintf(cfg->log_level_file, sizeof cfg->log_level_file, "%s", v);
   return 0;
 }
 
@@ -148,9 +187,11 @@ static const embps_flag_t server_flags[] = {
     EMBPS_FLAG_TRUE("complete-tables", CFG, complete_tables,
                     "with --cluster-servers: create such missing tables "
                     "here from a peer's spec (fresh rows)"),
-    SET_("auth-token-file", "FILE", set_token, NULL,
-         "require this token in every client's hello (FILE: 0600, or 0440 "
-         "owned by root with a group of the server: a Kubernetes Secret)"),
+    SET_("auth-token-file", "FILE", set_token, "a path of 1-1023 bytes",
+         "require the token in FILE in every client's hello: its first line, "
+         "or a second one during a rotation; read again at SIGHUP (FILE: "
+         "0600, or 0440 owned by root with a group of the server: a "
+         "Kubernetes Secret)"),
     EMBPS_FLAG_TRUE("insecure", CFG, insecure,
                     "allow a non-loopback --listen without a token"),
     SIZE_("max-frame-bytes", "N", max_frame_bytes, 1024, 1ULL << 31,
@@ -177,6 +218,10 @@ static const embps_flag_t server_flags[] = {
           "cap on table storage (default 0: none)"),
     SET_("log-level", "L", set_log_level, "debug|info|warn|error",
          "debug|info|warn|error (default info)"),
+    SET_("log-level-file", "FILE", set_log_level_file,
+         "a path of 1-1023 bytes",
+         "the log level in FILE (debug|info|warn|error), read at start and "
+         "at each SIGHUP; overrides --log-level"),
     SET_("log-format", "F", set_log_format, "text|json",
          "text|json: one line per event (default text)"),
     SET_("data-dir", "DIR", set_data_dir, "a directory name of 1-899 bytes",
@@ -304,6 +349,11 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   }
   if (p.next < argc)
     return fail(err, err_len, "unexpected argument \"%s\"", argv[p.next]);
+  /* the file's level wins over --log-level, wherever that came */
+  if (cfg->log_level_file[0] &&
+      embps_log_read_level(cfg->log_level_file, &cfg->log_level, err,
+                           err_len))
+    return -1;
   if (embps_cluster_config_check(cfg, err, err_len))
     return -1;
   if (cfg->cluster_index >= cfg->cluster_size)

@@ -4,6 +4,7 @@
 #ifndef EMBPS_LOG_H
 #define EMBPS_LOG_H
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -14,11 +15,21 @@ typedef enum {
 } embps_log_level_t;
 
 void embps_log_set_level(embps_log_level_t level);
+/* The level in the file path: one word (debug|info|warn|error), spaces
+ * and line ends around it ignored. 0, or -1 with err naming the file. */
+int embps_log_read_level(const char *path, embps_log_level_t *out,
+                         char *err, size_t err_len);
 /* 1: JSON lines; 0: text (the default). */
 void embps_log_set_json(int on);
+/* "debug", "info", "warn" or "error". */
+const char *embps_log_level_name(embps_log_level_t level);
 /* Parses debug|info|warn|error; returns 0 or -1. */
 int embps_log_parse_level(const char *s, embps_log_level_t *out);
 void embps_log(embps_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* embps_log whatever the level set: for the lines an operator waits for
+ * (a reload's outcome), which a quieter level must not hide. */
+void embps_log_always(embps_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* The ready line scripts wait for: printed whatever the level, as the bare

@@ -223,7 +223,7 @@ for want in 'Type=notify' 'LimitNOFILE=' 'NoNewPrivileges=yes' 'ProtectSystem=st
             'MemoryDenyWriteExecute=yes' 'ProtectClock=yes' 'ProtectKernelLogs=yes' \
             'ProtectHostname=yes' 'ProtectProc=invisible' 'ProcSubset=pid' \
             'RestrictRealtime=yes' '#LoadCredential=token:' '--auth-token-file %d/token' \
-            'ExecStart=/opt/embps/bin/embps-server'; do
+            'ExecStart=/opt/embps/bin/embps-server' 'ExecReload=/bin/kill -HUP $MAINPID'; do
   grep -qF -- "$want" "$UNIT" || missing="$missing $want"
 done
 [ -z "$missing" ] && ok "systemd unit has its settings" || bad "systemd unit has its settings" "missing:$missing"
