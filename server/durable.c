@@ -698,6 +698,7 @@ int embps_durable_shutdown(embps_server_t *srv) {
     return -1;
   }
   char err[2048];
+  d->why = NULL; /* the final one: no trigger to name */
   return checkpoint_once(d, err, sizeof err);
 }
 

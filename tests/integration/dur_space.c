@@ -3,13 +3,14 @@
  * data dir is on a real 64 MiB tmpfs in a mount namespace of its own (we
  * are root); without one the scenarios are skipped, saying why.
  *
- * space: a push storm (two clients, ~1 MiB records, for 5 s: many times
- *   the volume) against a server with the default flags. The file system
- *   never fills (sampled every 2 ms), no push fails for want of space (a
- *   refusal, if the storm outruns a checkpoint, must be the reserve's,
- *   never ENOSPC), most pushes are acknowledged, checkpoints are taken for
- *   the log's size, and afterwards the log is small and a restart
- *   restores. Without the log-size trigger and the reserve the log fills
+ * space: a push storm (two clients, ~1 MiB records, for 5 s and until 5
+ *   times the volume went through the log) against a server with the
+ *   default flags. The file system never fills (sampled every 2 ms), no
+ *   push fails for want of space (a refusal, if the storm outruns a
+ *   checkpoint, must be the reserve's, never ENOSPC), most pushes are
+ *   acknowledged, checkpoints are taken for the log's size; afterwards
+ *   the log is small, the final checkpoint's line (SIGTERM) names no
+ *   trigger, and a restart restores. Without the log-size trigger and the reserve the log fills
  *   the volume within a second and every later push fails.
  * space-full: with --checkpoint-log-bytes 0 (the log may grow), another
  *   file leaves less than the reserve free: pushes go on by themselves once
@@ -75,9 +76,9 @@ typedef struct {
   atomic_int stop;
   atomic_uint_fast64_t min_free;
   /* per pusher */
-  uint64_t acked[2], refused[2];
-  int enospc[2]; /* a refusal that was not the reserve's */
-  char other[2][512];
+  atomic_uint_fast64_t acked[2], refused[2];
+  atomic_int enospc[2]; /* a refusal that was not the reserve's */
+  char other[2][512];   /* written before enospc is set */
 } storm_t;
 
 static void *sample_free(void *arg) {
@@ -104,15 +105,15 @@ static void *pusher(void *arg) {
   for (uint64_t j = (uint64_t)p->k << 32; c && !atomic_load(&s->stop); j++) {
     int rc = push_big(c, j);
     if (!rc) {
-      s->acked[p->k]++;
+      atomic_fetch_add(&s->acked[p->k], 1);
       continue;
     }
-    s->refused[p->k]++;
+    atomic_fetch_add(&s->refused[p->k], 1);
     const char *msg = embps_client_last_error(c);
     if (rc != DUR_EIO || !strstr(msg, RESERVE_SAYS)) {
-      s->enospc[p->k] = 1;
       snprintf(s->other[p->k], sizeof s->other[p->k], "%s: %s",
                embps_err_name(rc), msg);
+      atomic_store(&s->enospc[p->k], 1);
       break;
     }
   }
@@ -155,15 +156,22 @@ int dur_scenario_space(void) {
   pthread_create(&sampler, NULL, sample_free, &s);
   for (int k = 0; k < 2; k++)
     pthread_create(&th[k], NULL, pusher, &ps[k]);
-  for (double t0 = dur_now_ms(); dur_now_ms() - t0 < 5000 &&
-                                  !s.enospc[0] && !s.enospc[1];)
+  /* at least 5 s, and until 5 x the volume went through the log (a slow
+   * build, a busy machine), 120 s at most */
+  const uint64_t want = 5 * (VOLUME_MB << 20) /
+                        ((uint64_t)BIG_BATCH * (8 + 4 * BIG_DIM));
+  for (double t0 = dur_now_ms();
+       !atomic_load(&s.enospc[0]) && !atomic_load(&s.enospc[1]) &&
+       dur_now_ms() - t0 < 120000 &&
+       (dur_now_ms() - t0 < 5000 ||
+        atomic_load(&s.acked[0]) + atomic_load(&s.acked[1]) < want);)
     dur_sleep_ms(50);
   atomic_store(&s.stop, 1);
   for (int k = 0; k < 2; k++)
     pthread_join(th[k], NULL);
   pthread_join(sampler, NULL);
-  uint64_t acked = s.acked[0] + s.acked[1];
-  uint64_t refused = s.refused[0] + s.refused[1];
+  uint64_t acked = atomic_load(&s.acked[0]) + atomic_load(&s.acked[1]);
+  uint64_t refused = atomic_load(&s.refused[0]) + atomic_load(&s.refused[1]);
   double pushed_mb = (double)acked * BIG_BATCH * (8 + 4 * BIG_DIM) / 1048576;
   dur_note("space: %llu pushes acknowledged (%.0f MB of log through a %d "
            "MB volume), %llu refused (for the reserve); least free seen %llu "
@@ -177,8 +185,8 @@ int dur_scenario_space(void) {
   if (atomic_load(&s.min_free) == 0)
     dur_fail("space: the data dir's file system filled up");
   if (pushed_mb < 4 * VOLUME_MB)
-    dur_fail("space: the storm pushed only %.0f MB of log, less than 4 x "
-             "the volume: it proves nothing", pushed_mb);
+    dur_fail("space: the storm pushed only %.0f MB of log in 120 s, less "
+             "than 4 x the volume: it proves nothing", pushed_mb);
   if (acked < 2 * refused)
     dur_fail("space: %llu pushes refused against %llu acknowledged",
              (unsigned long long)refused, (unsigned long long)acked);
@@ -208,6 +216,20 @@ int dur_scenario_space(void) {
   int code = dur_server_term(&srv, 30000);
   if (code)
     dur_fail("space: SIGTERM after the storm: exit %d", code);
+  /* the final checkpoint has no trigger: its line must not name the last
+   * periodic one's */
+  log = dur_server_log(&srv);
+  const char *last = NULL;
+  for (const char *p = log; p && (p = strstr(p, "checkpoint at LSN")); p++)
+    last = p;
+  const char *eol = last ? strchr(last, '\n') : NULL;
+  if (!last)
+    dur_fail("space: no final checkpoint line after SIGTERM");
+  else if (strstr(last, ", for ") &&
+           (!eol || strstr(last, ", for ") < eol))
+    dur_fail("space: the final checkpoint's line names a trigger: %.*s",
+             eol ? (int)(eol - last) : 200, last);
+  free(log);
   if (dur_server_start(&srv, 30000))
     dur_fail("space: restart after the storm failed");
 out:
