@@ -233,7 +233,8 @@ static const embps_flag_t alter_flags[] = {HYPERPARAMETERS(HYPER_ALTER_)
 static const embps_flag_t create_flags[] = {
     EMBPS_FLAG_BITS("exist-ok", OPTS, create_flags, EMBPS_CREATE_EXIST_OK,
                     "succeed when every server holds the table with this "
-                    "spec already"),
+                    "spec already (some servers lacking it is an error: "
+                    "see complete-table)"),
     EMBPS_FLAG_END};
 static const embps_flag_t json_flags[] = {
     EMBPS_FLAG_TRUE("json", OPTS, json, "print JSON"), EMBPS_FLAG_END};
@@ -294,6 +295,12 @@ static const embps_flag_group_t push_groups[] = {{push_flags, 0}, {NULL, 0}};
 static const embps_flag_group_t export_groups[] = {{export_flags, 0},
                                                    {NULL, 0}};
 static const embps_flag_group_t import_groups[] = {{import_flags, 0},
+                                                   {NULL, 0}};
+static const embps_flag_t backup_flags[] = {
+    EMBPS_FLAG_STRING("out", "DIR", OPTS, out,
+                      "the directory to write: new or empty (required)"),
+    EMBPS_FLAG_END};
+static const embps_flag_group_t backup_groups[] = {{backup_flags, 0},
                                                    {NULL, 0}};
 static const embps_flag_group_t no_groups[] = {{NULL, 0}};
 
@@ -388,6 +395,7 @@ typedef struct {
   const char *name; /* the table NAME, for the commands that take one */
   opts_t *o;
   const embps_flags_t *flags; /* which ones were given */
+  uint32_t member;            /* --member, or UINT32_MAX */
 } cmd_t;
 
 static int server_error(embps_client_t *c, int rc) {
@@ -422,6 +430,21 @@ static int cmd_create(cmd_t *cmd) {
   int rc = embps_create_table_ex(cmd->client, &cmd->o->spec,
                                  cmd->o->create_flags);
   return rc ? server_error(cmd->client, rc) : 0;
+}
+
+static int cmd_complete(cmd_t *cmd) {
+  uint32_t created = 0;
+  int rc = embps_complete_table(cmd->client, cmd->name, &created);
+  if (rc)
+    return server_error(cmd->client, rc);
+  if (created)
+    printf("table %s: created on %u server(s) that lacked it, with the spec "
+           "the others hold; its rows there start from the initializer\n",
+           cmd->name, created);
+  else
+    printf("table %s: every server holds it, nothing to complete\n",
+           cmd->name);
+  return 0;
 }
 
 static int cmd_drop(cmd_t *cmd) {
@@ -710,6 +733,24 @@ static int check_push(cmd_t *cmd) {
                     "a number", (void **)&o->value_list, &o->n_values);
 }
 
+/* A push that gave up on some servers is owed to them: this process is
+ * about to exit, so it tries once more (the library sends it to those
+ * servers alone, under its sequence). 0 when every server has it now;
+ * otherwise both errors, and exit status 1: the push stays applied on the
+ * servers the first names only. */
+static int push_complete(embps_client_t *c) {
+  char first[1024];
+  snprintf(first, sizeof first, "%s", embps_client_last_error(c));
+  if (embps_push_resume(c) == 0) {
+    fprintf(stderr, "embps: %s\nembps: completed since: every server has "
+            "the push now\n", first);
+    return 0;
+  }
+  fprintf(stderr, "embps: %s\n", first);
+  return die(1, "%s; this command exits, so the push stays applied only on "
+             "the servers named above", embps_client_last_error(c));
+}
+
 static int cmd_push(cmd_t *cmd) {
   opts_t *o = cmd->o;
   const char *name = cmd->name;
@@ -736,7 +777,9 @@ static int cmd_push(cmd_t *cmd) {
     int prc = step ? embps_push_step(cmd->client, name, idx, n, vals, dim, 0,
                                      step)
                    : embps_push(cmd->client, name, idx, n, vals, dim, 0);
-    if (prc)
+    if (prc && embps_push_owed(cmd->client))
+      rc = push_complete(cmd->client);
+    else if (prc)
       rc = server_error(cmd->client, prc);
   }
   return rc;
@@ -833,6 +876,12 @@ static int check_export_import(cmd_t *cmd, int import) {
   return 0;
 }
 static int check_export(cmd_t *cmd) { return check_export_import(cmd, 0); }
+static int check_backup(cmd_t *cmd) {
+  return cmd->o->out ? 0 : die(2, "backup needs --out DIR (see embps --help)");
+}
+static int cmd_backup(cmd_t *cmd) { /* cli_backup.c */
+  return embps_cli_backup(cmd->client, cmd->member, cmd->o->out);
+}
 static int check_import(cmd_t *cmd) { return check_export_import(cmd, 1); }
 
 static int export_import(cmd_t *cmd, int import) {
@@ -952,10 +1001,13 @@ typedef struct {
 } command_t;
 
 static const command_t commands[] = {
-    {"create-table", "NAME",
-     "create a table on every server (or complete "
-     "it on servers that lack it)",
-     create_groups, check_create, cmd_create},
+    {"create-table", "NAME", "create a table on every server", create_groups,
+     check_create, cmd_create},
+    {"complete-table", "NAME",
+     "create a table some servers lack (a member that lost its data) on "
+     "those, with the spec the others hold: its rows there start from the "
+     "initializer",
+     no_groups, NULL, cmd_complete},
     {"drop-table", "NAME", "drop a table", no_groups, NULL, cmd_drop},
     {"alter", "NAME",
      "change hyperparameters on every server, in order with "
@@ -983,6 +1035,10 @@ static const command_t commands[] = {
      "evict the expired rows now, and those of L2 norm "
      "below the table's --evict-l2-below",
      no_groups, NULL, cmd_evict},
+    {"backup", NULL,
+     "copy every member (or --member I) while it serves: DIR/member-I is a "
+     "data dir (--data-dir) holding its state at one LSN",
+     backup_groups, check_backup, cmd_backup},
     {"bench", NULL,
      "drive the servers with W workers pulling, then pushing, "
      "Zipf batches; report rows/s and latency",
@@ -1064,7 +1120,7 @@ static int run_command(const command_t *cmd, global_t *g,
   embps_table_spec_init(&o.spec, NULL, 0, EMBPS_OPT_SGD);
   embps_table_alter_init(&o.alter);
   embps_flags_t given;
-  cmd_t c = {NULL, NULL, &o, &given};
+  cmd_t c = {NULL, NULL, &o, &given, g->member};
   rc = parse_command(cmd, argc, argv, &c.name, &o, &given);
   if (!rc && cmd->check)
     rc = cmd->check(&c);

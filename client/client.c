@@ -34,6 +34,10 @@
 #define DEFAULT_TIMEOUT_MS 30000
 #define MAX_SERVERS 1024
 #define DEFAULT_RETRY_MS 30000
+/* Pushes kept owed (transport.c) at most: past these, pushes are refused
+ * until a server comes back or embps_push_resume completes them. */
+#define OWED_MAX 1024
+#define OWED_BYTES_MAX ((size_t)256 << 20)
 
 
 /* ------------------------------------------------------------ create */
@@ -69,6 +73,7 @@ static int parse_servers(embps_client_t *c, const char *list, char *err,
     }
     snprintf(k->addr, sizeof k->addr, "%s", item);
     k->index = i;
+    k->client = c;
     c->n++;
     p = end ? end + 1 : p + len;
   }
@@ -184,6 +189,7 @@ void embps_client_destroy(embps_client_t *c) {
     return;
   for (uint32_t i = 0; i < c->n; i++)
     embps_conn_drop_(&c->conns[i], EMBPS_ECONN, "client destroyed", 0);
+  embps_owed_free_all_(c);
   free(c->conns);
   free(c->tables);
   embps_dedup_close(&c->dedup);
@@ -214,9 +220,11 @@ static int name_msg(embps_client_t *c, embps_msg_t *m, uint16_t kind,
 /* Sends m to every server (or only server `only` if < n) and waits. *out
  * is the ticket (caller frees; NULL only when out of memory): part i holds
  * server i's reply, an ERROR reply included, or none after a connection
- * failure. Returns the first error. */
+ * failure. max_reply: the largest reply body m can produce (0: what its
+ * kind allows). Returns the first error. */
 static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
-                          uint32_t only, embps_ticket_t **out) {
+                          uint32_t only, size_t max_reply,
+                          embps_ticket_t **out) {
   if (only >= c->n && c->member < c->n) /* embps_client_create_member */
     only = c->member;
   uint32_t n = only < c->n ? 1 : c->n;
@@ -231,6 +239,7 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
     embps_ticket_allow_retry_(c, t);
   int rc = 0;
   for (uint32_t i = 0; i < n && !rc; i++) {
+    t->parts[i].max_reply = max_reply;
     rc = embps_part_send_msg_(c, only < c->n ? only : i, &t->parts[i], m);
     if (rc) /* parts never sent count as done */
       t->n_done += n - i;
@@ -247,7 +256,7 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
  * part (caller frees). */
 static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
                      embps_ticket_t **out) {
-  int rc = broadcast_each(c, m, only, out);
+  int rc = broadcast_each(c, m, only, 0, out);
   if (rc) {
     embps_ticket_free_(*out);
     *out = NULL;
@@ -298,41 +307,104 @@ static int spec_diff(const embps_table_spec_t *have,
   return 0;
 }
 
-/* Which servers lack table spec->name: describes it on every server and
- * sets lack[s] for those answering EMBPS_ENOTABLE. A server holding it with
- * another spec, or any other failure, is an error naming the server. */
-static int find_lacking(embps_client_t *c, const embps_table_spec_t *spec,
-                        uint8_t *lack, uint32_t *n_lack) {
+/* Writes "server 1 (H:P), server 3 (H:P)" for the servers s < n with
+ * mask[s] == want into buf: at most 4 by name, then "and K more". */
+static void name_servers(const embps_client_t *c, const uint8_t *mask,
+                         uint8_t want, uint32_t n, char *buf, size_t len) {
+  size_t used = 0;
+  uint32_t named = 0, more = 0;
+  buf[0] = 0;
+  for (uint32_t s = 0; s < n; s++) {
+    if (mask[s] != want)
+      continue;
+    if (named == 4) {
+      more++;
+      continue;
+    }
+    int w = snprintf(buf + used, len - used, "%sserver %u (%s)",
+                     named ? ", " : "", s, c->conns[s].addr);
+    if (w > 0 && (size_t)w < len - used)
+      used += (size_t)w;
+    named++;
+  }
+  if (more && used < len)
+    snprintf(buf + used, len - used, " and %u more", more);
+}
+
+/* Which servers lack table `name`: describes it on every server (on a
+ * member client, its member) and sets lack[s] for those answering
+ * EMBPS_ENOTABLE; *n_asked gets the servers asked. With want, a server
+ * holding it with another spec is EMBPS_EEXIST naming the server; without,
+ * *have gets the spec of the first server holding it, and one holding
+ * another is EMBPS_EEXIST too. Any other failure is an error naming the
+ * server. */
+static int find_lacking(embps_client_t *c, const char *name,
+                        const embps_table_spec_t *want,
+                        embps_table_spec_t *have, uint8_t *lack,
+                        uint32_t *n_lack, uint32_t *n_asked) {
   embps_msg_t m;
-  int rc = name_msg(c, &m, EMBPS_KIND_DESCRIBE, spec->name);
+  int rc = name_msg(c, &m, EMBPS_KIND_DESCRIBE, name);
   if (rc)
     return rc;
   embps_ticket_t *t;
-  rc = broadcast_each(c, &m, UINT32_MAX, &t);
+  rc = broadcast_each(c, &m, UINT32_MAX, 0, &t);
   if (!t)
     return rc;
   rc = 0;
   *n_lack = 0;
+  *n_asked = t->n_parts;
+  int known = want != NULL;
+  uint32_t from = 0; /* the server whose spec is compared with */
   for (uint32_t i = 0; i < t->n_parts && !rc; i++) {
     const part_t *p = &t->parts[i];
     uint32_t s = p->server;
     const conn_t *k = &c->conns[s];
     char why[160];
-    if (!p->has_reply)
+    if (!p->has_reply) {
       rc = embps_client_error_(c, t->result ? t->result : EMBPS_ECONN, "%s",
                                t->error);
-    else if (p->reply.kind == EMBPS_KIND_ERROR &&
-             p->reply.u.error.code == EMBPS_ENOTABLE)
+    } else if (p->reply.kind == EMBPS_KIND_ERROR &&
+               p->reply.u.error.code == EMBPS_ENOTABLE) {
       *n_lack += lack[s] = 1;
-    else if (p->reply.kind == EMBPS_KIND_ERROR)
+    } else if (p->reply.kind == EMBPS_KIND_ERROR) {
       rc = embps_client_error_(c, p->reply.u.error.code, "server %u (%s): %s",
                                s, k->addr, p->reply.u.error.message);
-    else if (spec_diff(&p->reply.u.info.spec, spec, why, sizeof why))
-      rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" already exists "
-                               "on server %u (%s) with %s", spec->name, s,
-                               k->addr, why);
+    } else if (!known) {
+      *have = p->reply.u.info.spec;
+      want = have;
+      from = s;
+      known = 1;
+    } else if (spec_diff(&p->reply.u.info.spec, want, why, sizeof why)) {
+      if (want == have)
+        rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" differs "
+                                 "between servers: server %u (%s) holds it "
+                                 "with %s of server %u (%s); nothing "
+                                 "created", name, s, k->addr, why, from,
+                                 c->conns[from].addr);
+      else
+        rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" already "
+                                 "exists on server %u (%s) with %s", name, s,
+                                 k->addr, why);
+    }
   }
   embps_ticket_free_(t);
+  return rc;
+}
+
+/* Creates spec on every server s with lack[s]. */
+static int create_on(embps_client_t *c, const embps_table_spec_t *spec,
+                     const uint8_t *lack) {
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_CREATE;
+  m.u.spec = *spec;
+  int rc = 0;
+  for (uint32_t s = 0; s < c->n && !rc; s++) {
+    embps_ticket_t *t;
+    if (lack[s] && (rc = broadcast(c, &m, s, &t)) == 0)
+      embps_ticket_free_(t);
+  }
+  forget_table(c, spec->name);
   return rc;
 }
 
@@ -345,32 +417,56 @@ int embps_create_table_ex(embps_client_t *c, const embps_table_spec_t *spec,
   uint8_t *lack = calloc(c->n, 1);
   if (!lack)
     return embps_client_error_(c, -ENOMEM, "out of memory");
-  uint32_t n_lack = 0;
-  rc = find_lacking(c, spec, lack, &n_lack);
+  uint32_t n_lack = 0, n_asked = 0;
+  rc = find_lacking(c, spec->name, spec, NULL, lack, &n_lack, &n_asked);
   if (!rc && !n_lack && !(flags & EMBPS_CREATE_EXIST_OK)) {
     if (c->n == 1)
       rc = embps_client_error_(c, EMBPS_EEXIST, "server 0 (%s): table \"%s\" "
                                "already exists", c->conns[0].addr, spec->name);
     else
       rc = embps_client_error_(c, EMBPS_EEXIST, "table \"%s\" already exists "
-                               "on all %u servers", spec->name, c->n);
+                               "on all %u servers", spec->name, n_asked);
+  } else if (!rc && n_lack && n_lack < n_asked) {
+    char lacking[400], holding[400];
+    name_servers(c, lack, 1, c->n, lacking, sizeof lacking);
+    name_servers(c, lack, 0, c->n, holding, sizeof holding);
+    rc = embps_client_error_(c, EMBPS_EPARTIAL, "table \"%s\" is missing on "
+                             "%s but held by %s: a member that lost its "
+                             "data; nothing created. Complete it explicitly "
+                             "(its rows there start again from the "
+                             "initializer): embps complete-table %s, or "
+                             "restore its data dir", spec->name, lacking,
+                             holding, spec->name);
   }
-  embps_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.kind = EMBPS_KIND_CREATE;
-  m.u.spec = *spec;
-  for (uint32_t s = 0; s < c->n && !rc; s++) {
-    embps_ticket_t *t;
-    if (lack[s] && (rc = broadcast(c, &m, s, &t)) == 0)
-      embps_ticket_free_(t);
-  }
+  if (!rc)
+    rc = create_on(c, spec, lack);
   free(lack);
-  forget_table(c, spec->name);
   return rc;
 }
 
 int embps_create_table(embps_client_t *c, const embps_table_spec_t *spec) {
   return embps_create_table_ex(c, spec, 0);
+}
+
+int embps_complete_table(embps_client_t *c, const char *name,
+                         uint32_t *created) {
+  if (created)
+    *created = 0;
+  uint8_t *lack = calloc(c->n, 1);
+  if (!lack)
+    return embps_client_error_(c, -ENOMEM, "out of memory");
+  embps_table_spec_t spec;
+  uint32_t n_lack = 0, n_asked = 0;
+  int rc = find_lacking(c, name, NULL, &spec, lack, &n_lack, &n_asked);
+  if (!rc && n_lack == n_asked)
+    rc = embps_client_error_(c, EMBPS_ENOTABLE, "table \"%s\": no server "
+                             "holds it (nothing to complete it from)", name);
+  if (!rc && n_lack)
+    rc = create_on(c, &spec, lack);
+  if (!rc && created)
+    *created = n_lack;
+  free(lack);
+  return rc;
 }
 
 int embps_drop_table(embps_client_t *c, const char *name) {
@@ -489,6 +585,15 @@ const char *embps_client_server_address(const embps_client_t *c,
   return c && index < c->n ? c->conns[index].addr : NULL;
 }
 
+/* A server's text field, escaped in place (control bytes and invalid
+ * UTF-8 as \xNN; cut to fit), as every server text the library hands
+ * over. */
+static void escape_field(char *field, size_t cap) {
+  char raw[256];
+  snprintf(raw, sizeof raw, "%s", field);
+  embps_escape(raw, field, cap);
+}
+
 int embps_stats(embps_client_t *c, embps_server_stats_t **out,
                 size_t *n_servers) {
   embps_msg_t m;
@@ -508,6 +613,10 @@ int embps_stats(embps_client_t *c, embps_server_stats_t **out,
     v[i] = t->parts[i].reply.u.stats;
     snprintf(v[i].address, sizeof v[i].address, "%.63s",
              c->conns[t->parts[i].server].addr);
+    escape_field(v[i].version, sizeof v[i].version);
+    escape_field(v[i].data_dir, sizeof v[i].data_dir);
+    escape_field(v[i].fsync, sizeof v[i].fsync);
+    escape_field(v[i].durability_failed, sizeof v[i].durability_failed);
     t->parts[i].reply.u.stats.tables = NULL; /* handed to the caller */
     t->parts[i].reply.u.stats.n_tables = 0;
   }
@@ -615,6 +724,12 @@ static int table_spec(embps_client_t *c, const char *name,
     return rc;
   info = t->parts[0].reply.u.info;
   embps_ticket_free_(t);
+  if (strcmp(info.spec.name, name) || info.spec.dim == 0 ||
+      info.spec.dim > EMBPS_DIM_MAX)
+    return embps_client_error_(c, EMBPS_EPROTO, "server 0 (%s): described "
+                               "table \"%s\" of dim %u when asked for \"%s\"",
+                               c->conns[0].addr, info.spec.name,
+                               info.spec.dim, name);
   cached_table_t *v = realloc(c->tables, (c->n_tables + 1) * sizeof *v);
   if (!v)
     return embps_client_error_(c, -ENOMEM, "out of memory");
@@ -967,6 +1082,12 @@ static int push_async(embps_client_t *c, const char *table,
   int rc = check_bulk(c, table, n, dim);
   if (rc)
     return rc;
+  if (c->n_owed >= OWED_MAX || c->owed_bytes >= OWED_BYTES_MAX)
+    return embps_client_error_(c, EMBPS_ELIMIT, "%u pushes (%zu bytes) are "
+                               "owed to servers that stopped answering: no "
+                               "push is sent until they are completed "
+                               "(embps_push_resume)", c->n_owed,
+                               c->owed_bytes);
   if (c->n > 1) { /* cross-server atomicity needs the checks up front */
     const embps_table_spec_t *spec = NULL;
     rc = table_spec(c, table, &spec);
@@ -998,7 +1119,7 @@ static int push_async(embps_client_t *c, const char *table,
   embps_msg_t m;
   bulk_msg(&m, EMBPS_KIND_PUSH, table, dim);
   m.u.push.client_id = c->client_id;
-  m.u.push.seq = ++c->seq;
+  m.u.push.seq = t->seq = ++c->seq;
   m.u.push.step = step;
   static const bulk_ops_t push_ops = {push_bulk_len, push_borrow, push_fill};
   send_parts(c, t, &m, &push_ops, &src, 1);
@@ -1042,7 +1163,9 @@ int embps_wait(embps_client_t *c, embps_ticket_t *t) {
   int rc = embps_ticket_run_(c, t);
   if (!rc && t->op == OP_PULL && t->urows != t->out)
     embps_lookup(t->urows, t->dim, t->inverse, t->n, t->out);
-  if (rc)
+  if (t->seq) /* a push: where it was applied, what it owes */
+    rc = embps_push_outcome_(c, t, rc);
+  else if (rc)
     embps_client_error_(c, rc, "%s",
                         t->error[0] ? t->error : embps_strerror(rc));
   if (t->op == OP_PULL && !rc)
@@ -1070,10 +1193,22 @@ int embps_scan(embps_client_t *c, uint32_t server, const char *table,
   m.u.scan.cursor = cursor;
   m.u.scan.max_rows = max_rows;
   m.u.scan.with_state = (flags & EMBPS_SCAN_STATE) != 0;
-  embps_ticket_t *t;
-  rc = broadcast(c, &m, server, &t);
-  if (rc)
+  /* the largest reply the scan can have: max_rows rows of the table's
+   * dim with every state slot, within the frames the server sends */
+  const embps_table_spec_t *spec;
+  if ((rc = table_spec(c, table, &spec)))
     return rc;
+  const uint64_t row_max = 8 + 4 * (uint64_t)spec->dim * 3;
+  uint64_t max = c->conns[server].max_frame ? c->conns[server].max_frame
+                                            : EMBPS_REPLY_MAX;
+  if (max_rows && max_rows * row_max < max)
+    max = max_rows * row_max;
+  embps_ticket_t *t;
+  rc = broadcast_each(c, &m, server, (size_t)max + EMBPS_REPLY_META_MAX, &t);
+  if (rc) {
+    embps_ticket_free_(t);
+    return rc;
+  }
   part_t *p = &t->parts[0];
   const embps_scan_reply_t *r = &p->reply.u.scan_reply;
   const uint64_t per_row =

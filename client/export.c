@@ -3,13 +3,19 @@
  * chunk by chunk over embps_scan and embps_write_rows (client.c); the dense
  * form of an export is export_dense.c's.
  *
- * Export writes every file under "<name>.tmp" (created new, never through
- * a link), renames each to its name once all are complete (spec.json last)
- * and fsyncs the directory, so a directory never holds a half-written file
- * under a final name. Import reads every file through once to check it
- * before writing any row. */
+ * Both open their directory once and name every file relative to it, so
+ * any path open() takes works (a longer one is refused before anything is
+ * written) and the directory cannot be swapped under them. Export writes
+ * every file under "<name>.tmp" (created new, never through a link),
+ * renames each to its name once all are complete (spec.json last) and
+ * fsyncs the directory, so a directory never holds a half-written file
+ * under a final name, and no temporary file stays after a failure. Import
+ * reads regular files only (never through a link, never a FIFO that would
+ * block) and reads every file through once to check it before writing any
+ * row. */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -58,11 +64,6 @@ static uint32_t chunk_rows(embps_client_t *c, uint32_t dim, uint32_t slots) {
   size_t n = embps_export_chunk_rows_(c, 8 + 4 * (size_t)dim * (1 + slots),
                                       CHUNK_BYTES);
   return n < UINT32_MAX ? (uint32_t)n : UINT32_MAX;
-}
-
-static void path_join(char *out, size_t len, const char *dir,
-                      const char *name, const char *suffix) {
-  snprintf(out, len, "%s/%s%s", dir, name, suffix);
 }
 
 /* ------------------------------------------------------------ spec.json */
@@ -163,24 +164,32 @@ static int json_bool(const char *text, const char *key, int *out) {
   return 0;
 }
 
-/* Reads DIR/spec.json into *text (malloc'd). 0, 1 if it does not exist,
- * or an error code with the client's error set. */
-static int read_spec_text(embps_client_t *c, const char *path, char **text) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    if (errno == ENOENT)
-      return 1;
-    return fail(c, -errno, "%s: %s", path, strerror(errno));
-  }
-  char *buf = malloc(SPEC_JSON_MAX + 1);
+/* Reads spec.json of directory dirfd (shown as path) into *text
+ * (malloc'd). 0, 1 if it does not exist, or an error code with the
+ * client's error set. */
+static int read_spec_text(embps_client_t *c, int dirfd, const char *path,
+                          char **text) {
+  char err[EMBPS_NPY_PATH_MAX + 256];
+  int fd = embps_file_open_read(dirfd, "spec.json", path, err, sizeof err);
+  if (fd == -ENOENT)
+    return 1;
+  if (fd < 0)
+    return fail(c, EMBPS_EBADFILE, "%s", err);
+  FILE *f = fdopen(fd, "rb");
+  char *buf = f ? malloc(SPEC_JSON_MAX + 1) : NULL;
   size_t n = buf ? fread(buf, 1, SPEC_JSON_MAX + 1, f) : 0;
-  fclose(f);
+  int e = f && ferror(f) ? errno : 0;
+  if (f)
+    fclose(f);
+  else
+    close(fd);
   if (!buf)
     return fail(c, -ENOMEM, "out of memory");
-  if (n > SPEC_JSON_MAX) {
+  if (e || n > SPEC_JSON_MAX) {
     free(buf);
-    return fail(c, EMBPS_EBADFILE, "%s: larger than %u bytes", path,
-                SPEC_JSON_MAX);
+    return e ? fail(c, -e, "%s: %s", path, strerror(e))
+             : fail(c, EMBPS_EBADFILE, "%s: larger than %u bytes", path,
+                    SPEC_JSON_MAX);
   }
   buf[n] = 0;
   *text = buf;
@@ -198,6 +207,9 @@ static int parse_spec(embps_client_t *c, const char *path, const char *text,
       embps_optimizer_parse(opt, &o))
     return fail(c, EMBPS_EBADFILE, "%s: no valid \"dim\" and \"optimizer\"",
                 path);
+  if (!(dim >= 1 && dim <= EMBPS_DIM_MAX && dim == (double)(uint32_t)dim))
+    return fail(c, EMBPS_EBADFILE, "%s: \"dim\" %g is not a whole number in "
+                "[1, %u]", path, dim, EMBPS_DIM_MAX);
   embps_table_spec_init(s, name, (uint32_t)dim, o);
   int ok = 1, b;
   double d;
@@ -213,7 +225,7 @@ static int parse_spec(embps_client_t *c, const char *path, const char *text,
   if (json_value(text, "seed"))
     ok &= json_u64(text, "seed", &s->seed) == 0;
   if (json_value(text, "sync_workers") && (ok &= json_u64(
-      text, "sync_workers", &u) == 0))
+      text, "sync_workers", &u) == 0 && u <= UINT32_MAX))
     s->sync_workers = (uint32_t)u;
   if (json_value(text, "dynamic") && (ok &= json_bool(text, "dynamic",
                                                       &b) == 0))
@@ -249,52 +261,69 @@ static int parse_spec(embps_client_t *c, const char *path, const char *text,
 
 typedef embps_export_files_t files_t;
 
-void embps_export_add_(files_t *fs, const char *name, char *path,
-                       size_t path_len) {
+int embps_export_open_dir_(embps_client_t *c, const char *dir, int export,
+                           int *dirfd) {
+  const size_t len = strlen(dir);
+  int fd = -1;
+  errno = 0;
+  if (!export || !mkdir(dir, 0777) || errno == EEXIST)
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    *dirfd = fd;
+    return 0;
+  }
+  int e = errno;
+  if (e == ENAMETOOLONG)
+    return fail(c, -e, "%.64s... (%zu bytes): path too long (the system "
+                "takes at most %d bytes, and %d in one name)", dir, len,
+                PATH_MAX - 1, NAME_MAX);
+  char shown[EMBPS_NPY_PATH_MAX];
+  embps_file_show(shown, sizeof shown, dir, NULL);
+  return fail(c, -e, "%s %s: %s", export && e != ENOTDIR ? "mkdir" : "open",
+              shown, strerror(e));
+}
+
+void embps_export_add_(files_t *fs, const char *name,
+                       char tmp[EMBPS_EXPORT_NAME_MAX]) {
   snprintf(fs->names[fs->n_files++], sizeof fs->names[0], "%s", name);
-  path_join(path, path_len, fs->dir, name, ".tmp");
+  snprintf(tmp, EMBPS_EXPORT_NAME_MAX, "%s.tmp", name);
 }
 
 int embps_export_spec_(embps_client_t *c, files_t *fs,
                        const embps_table_spec_t *s, uint64_t step,
                        uint64_t rows, int with_state, int dense) {
-  char p[1200];
-  embps_export_add_(fs, "spec.json", p, sizeof p);
+  char tmp[EMBPS_EXPORT_NAME_MAX];
+  embps_export_add_(fs, "spec.json", tmp);
   errno = 0;
-  FILE *f = embps_file_create_excl(p);
+  FILE *f = embps_file_create_excl(fs->dirfd, tmp);
   int rc = f ? write_spec(f, s, step, rows, with_state, dense)
              : -(errno ? errno : EIO);
   if (f && (fflush(f) || fsync(fileno(f))) && !rc)
     rc = -errno;
   if (f && fclose(f) && !rc)
     rc = -errno;
-  return rc ? fail(c, rc, "%s: %s", p, strerror(-rc)) : 0;
+  return rc ? fail(c, rc, "%s/%s: %s", fs->dir, tmp, strerror(-rc)) : 0;
 }
 
 void embps_export_unlink_tmp_(const files_t *fs) {
-  char p[1200];
+  char tmp[EMBPS_EXPORT_NAME_MAX];
   for (uint32_t i = 0; i < fs->n_files; i++) {
-    path_join(p, sizeof p, fs->dir, fs->names[i], ".tmp");
-    unlink(p);
+    snprintf(tmp, sizeof tmp, "%s.tmp", fs->names[i]);
+    unlinkat(fs->dirfd, tmp, 0);
   }
 }
 
 int embps_export_commit_(embps_client_t *c, const files_t *fs) {
-  char from[1200], to[1200];
+  char tmp[EMBPS_EXPORT_NAME_MAX];
   for (uint32_t i = 0; i < fs->n_files; i++) {
-    path_join(from, sizeof from, fs->dir, fs->names[i], ".tmp");
-    path_join(to, sizeof to, fs->dir, fs->names[i], "");
-    if (rename(from, to))
-      return fail(c, -errno, "rename %s: %s", from, strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s.tmp", fs->names[i]);
+    /* replaces whatever is at the name, a link itself, never its target */
+    if (renameat(fs->dirfd, tmp, fs->dirfd, fs->names[i]))
+      return fail(c, -errno, "rename %s/%s: %s", fs->dir, tmp,
+                  strerror(errno));
   }
-  int fd = open(fs->dir, O_RDONLY | O_DIRECTORY);
-  if (fd < 0 || fsync(fd)) {
-    int e = errno;
-    if (fd >= 0)
-      close(fd);
-    return fail(c, -e, "fsync %s: %s", fs->dir, strerror(e));
-  }
-  close(fd);
+  if (fsync(fs->dirfd))
+    return fail(c, -errno, "fsync %s: %s", fs->dir, strerror(errno));
   return 0;
 }
 
@@ -332,12 +361,67 @@ static int append_chunk(writers_t *ws, const embps_scan_chunk_t *ch,
   return rc;
 }
 
+/* The most rows a scan of table s (info: its counters at some moment)
+ * may bring from all servers together: a dense table's rows; for a
+ * dynamic one, twice every row it ever made (rows held and rows evicted:
+ * rows made during the export count once they are described), plus a
+ * chunk. What a server sends beyond that is not the table's. */
+static uint64_t scan_row_limit(const embps_table_info_t *info, uint32_t max) {
+  const embps_table_spec_t *s = &info->spec;
+  if (!s->dynamic)
+    return s->rows;
+  return 2 * (info->rows_allocated + info->evicted_ttl +
+              info->evicted_capacity + info->evicted_l2) +
+         max;
+}
+
+/* Checks a chunk of server srv of table `table` (spec s) against what the
+ * table can hold: every chunk but the last moves the cursor on, its ids
+ * are the server's (and a dense table's in range), the rows so far (*got,
+ * counted) are within the limit (described again once before giving up:
+ * a dynamic table grows). 0, or EMBPS_EPROTO (or the describe's error)
+ * with c's error set. */
+static int check_chunk_sane(embps_client_t *c, const char *table,
+                            const embps_table_spec_t *s, uint32_t srv,
+                            uint64_t cursor, const embps_scan_chunk_t *ch,
+                            uint32_t max, uint64_t *limit, uint64_t *got) {
+  const char *addr = embps_client_server_address(c, srv);
+  const uint32_t n_srv = (uint32_t)embps_client_n_servers(c);
+  if (!ch->done && ch->next_cursor <= cursor)
+    return fail(c, EMBPS_EPROTO, "server %u (%s): a scan of table \"%s\" "
+                "that is not done did not move its cursor on (%" PRIu64
+                " after %" PRIu64 "): the export stops", srv, addr, table,
+                ch->next_cursor, cursor);
+  for (size_t i = 0; i < ch->n; i++)
+    if (embps_route(ch->ids[i], n_srv) != srv ||
+        (!s->dynamic && (uint64_t)ch->ids[i] >= s->rows))
+      return fail(c, EMBPS_EPROTO, "server %u (%s): scan of table \"%s\" "
+                  "sent id %" PRId64 ", which is not one of its rows", srv,
+                  addr, table, ch->ids[i]);
+  *got += ch->n;
+  if (*got <= *limit)
+    return 0;
+  embps_table_info_t info;
+  int rc = embps_describe_table(c, table, &info);
+  if (rc)
+    return rc;
+  *limit = scan_row_limit(&info, max);
+  if (*got <= *limit)
+    return 0;
+  return fail(c, EMBPS_EPROTO, "server %u (%s): the scan of table \"%s\" "
+              "sent %" PRIu64 " rows, more than the table holds (%" PRIu64
+              "): the export stops", srv, addr, table, *got, *limit);
+}
+
 /* Streams every server's rows into the writers; *step = the table's step
- * (the largest a server reports: pushes go to every server). */
-static int scan_all(embps_client_t *c, const char *table, unsigned flags,
+ * (the largest a server reports: pushes go to every server). info: the
+ * table, described before. */
+static int scan_all(embps_client_t *c, const char *table,
+                    const embps_table_info_t *info, unsigned flags,
                     writers_t *ws, uint64_t *step) {
-  char err[1400];
+  char err[EMBPS_NPY_PATH_MAX + 256];
   const uint32_t max = chunk_rows(c, ws->dim, ws->slots);
+  uint64_t limit = scan_row_limit(info, max), got = 0;
   for (uint32_t s = 0; s < embps_client_n_servers(c); s++) {
     uint64_t cursor = 0;
     for (int done = 0; !done;) {
@@ -352,66 +436,58 @@ static int scan_all(embps_client_t *c, const char *table, unsigned flags,
         return fail(c, EMBPS_EPROTO, "server %u: table \"%s\" changed shape "
                     "during the export", s, table);
       }
-      rc = append_chunk(ws, &ch, err, sizeof err);
+      rc = check_chunk_sane(c, table, &info->spec, s, cursor, &ch, max,
+                            &limit, &got);
+      if (!rc && (rc = append_chunk(ws, &ch, err, sizeof err)))
+        rc = fail(c, rc, "%s", err);
       if (ch.step > *step)
         *step = ch.step;
       cursor = ch.next_cursor;
       done = ch.done;
       embps_scan_chunk_free(&ch);
       if (rc)
-        return fail(c, rc, "%s", err);
+        return rc;
     }
   }
   return 0;
 }
 
-int embps_export_table(embps_client_t *c, const char *table, const char *dir,
-                       unsigned flags, uint64_t *rows_out) {
-  embps_table_info_t info;
-  int rc = embps_describe_table(c, table, &info);
-  if (rc)
-    return rc;
-  const embps_table_spec_t *s = &info.spec;
+/* The sparse form: ids.npy, weights.npy and (with state) a file per slot,
+ * scanned from every server, then spec.json, all as temporary files of fs
+ * (the caller commits them, or removes them after a failure). */
+static int export_rows(embps_client_t *c, const char *table,
+                       const embps_table_info_t *info, unsigned flags,
+                       files_t *fs, uint64_t *rows_out) {
+  const embps_table_spec_t *s = &info->spec;
   const char *const *slot_names;
   uint32_t slots = embps_optimizer_state_slots(s->optimizer, &slot_names);
   if (!(flags & EMBPS_EXPORT_STATE))
     slots = 0;
-  if ((flags & EMBPS_EXPORT_DENSE) && (flags & EMBPS_EXPORT_STATE))
-    return fail(c, EMBPS_EINVAL, "a dense export writes the weights only: "
-                "export the optimizer state without EMBPS_EXPORT_DENSE "
-                "(--dense)");
-  if (flags & ~(EMBPS_EXPORT_STATE | EMBPS_EXPORT_DENSE))
-    return fail(c, EMBPS_EINVAL, "unknown export flags 0x%x", flags);
-  if (mkdir(dir, 0777) && errno != EEXIST)
-    return fail(c, -errno, "mkdir %s: %s", dir, strerror(errno));
-  if ((flags & EMBPS_EXPORT_DENSE) && !s->dynamic)
-    return embps_export_dense_(c, &info, dir, rows_out);
-  files_t fs;
-  memset(&fs, 0, sizeof fs);
-  snprintf(fs.dir, sizeof fs.dir, "%s", dir);
   writers_t ws;
   memset(&ws, 0, sizeof ws);
   ws.slots = slots;
   ws.dim = s->dim;
-  char err[1400], p[1200], name[64];
-  embps_export_add_(&fs, "ids.npy", p, sizeof p);
-  rc = embps_npy_create(&ws.ids, p, EMBPS_NPY_I8, 0, err, sizeof err);
+  char err[EMBPS_NPY_PATH_MAX + 256], tmp[EMBPS_EXPORT_NAME_MAX], name[48];
+  embps_export_add_(fs, "ids.npy", tmp);
+  int rc = embps_npy_create(&ws.ids, fs->dirfd, fs->dir, tmp, EMBPS_NPY_I8,
+                            0, err, sizeof err);
   if (!rc) {
-    embps_export_add_(&fs, "weights.npy", p, sizeof p);
-    rc = embps_npy_create(&ws.w, p, EMBPS_NPY_F4, s->dim, err, sizeof err);
+    embps_export_add_(fs, "weights.npy", tmp);
+    rc = embps_npy_create(&ws.w, fs->dirfd, fs->dir, tmp, EMBPS_NPY_F4,
+                          s->dim, err, sizeof err);
   }
   for (uint32_t j = 0; j < slots && !rc; j++) {
     snprintf(name, sizeof name, "%s_%s.npy",
              embps_optimizer_name(s->optimizer), slot_names[j]);
-    embps_export_add_(&fs, name, p, sizeof p);
-    rc = embps_npy_create(&ws.slot[j], p, EMBPS_NPY_F4, s->dim, err,
-                          sizeof err);
+    embps_export_add_(fs, name, tmp);
+    rc = embps_npy_create(&ws.slot[j], fs->dirfd, fs->dir, tmp, EMBPS_NPY_F4,
+                          s->dim, err, sizeof err);
   }
   if (rc)
     rc = fail(c, rc, "%s", err);
   uint64_t step = 0;
   if (!rc)
-    rc = scan_all(c, table, flags, &ws, &step);
+    rc = scan_all(c, table, info, flags, &ws, &step);
   const uint64_t rows = ws.ids.rows;
   if (!rc) {
     rc = embps_npy_finish(&ws.ids, err, sizeof err);
@@ -428,19 +504,50 @@ int embps_export_table(embps_client_t *c, const char *table, const char *dir,
     embps_npy_abandon(&ws.slot[j]);
   free(ws.col);
   if (!rc)
-    rc = embps_export_spec_(c, &fs, s, step, rows, slots > 0, 0);
+    rc = embps_export_spec_(c, fs, s, step, rows, slots > 0, 0);
+  if (!rc)
+    *rows_out = rows;
+  return rc;
+}
+
+int embps_export_table(embps_client_t *c, const char *table, const char *dir,
+                       unsigned flags, uint64_t *rows_out) {
+  embps_table_info_t info;
+  int rc = embps_describe_table(c, table, &info);
+  if (rc)
+    return rc;
+  const embps_table_spec_t *s = &info.spec;
+  if ((flags & EMBPS_EXPORT_DENSE) && (flags & EMBPS_EXPORT_STATE))
+    return fail(c, EMBPS_EINVAL, "a dense export writes the weights only: "
+                "export the optimizer state without EMBPS_EXPORT_DENSE "
+                "(--dense)");
+  if (flags & ~(EMBPS_EXPORT_STATE | EMBPS_EXPORT_DENSE))
+    return fail(c, EMBPS_EINVAL, "unknown export flags 0x%x", flags);
+  files_t fs;
+  memset(&fs, 0, sizeof fs);
+  embps_file_show(fs.dir, sizeof fs.dir, dir, NULL);
+  if ((rc = embps_export_open_dir_(c, dir, 1, &fs.dirfd)))
+    return rc;
+  uint64_t rows = 0;
+  if ((flags & EMBPS_EXPORT_DENSE) && !s->dynamic)
+    rc = embps_export_dense_(c, &info, &fs, &rows);
+  else
+    rc = export_rows(c, table, &info, flags, &fs, &rows);
   if (!rc)
     rc = embps_export_commit_(c, &fs);
   if (rc)
     embps_export_unlink_tmp_(&fs);
   else if (rows_out)
     *rows_out = rows;
+  close(fs.dirfd);
   return rc;
 }
 
 /* ------------------------------------------------------------ import */
 
 typedef struct {
+  int dirfd;                    /* the directory, open */
+  char dir[EMBPS_NPY_PATH_MAX]; /* as messages show it */
   embps_npy_reader_t ids, w, slot[MAX_SLOTS];
   int has_ids;
   uint32_t slots, dim;
@@ -473,11 +580,13 @@ static void readers_close(readers_t *rs) {
   chunk_free(rs);
 }
 
-/* Opens a [n, dim] float file and checks its shape. */
-static int open_matrix(embps_client_t *c, embps_npy_reader_t *r,
-                       const char *path, uint64_t n, uint32_t dim) {
-  char err[1400];
-  if (embps_npy_open(r, path, err, sizeof err))
+/* Opens a [n, dim] float file `name` and checks its shape. */
+static int open_matrix(embps_client_t *c, const readers_t *rs,
+                       embps_npy_reader_t *r, const char *name, uint64_t n,
+                       uint32_t dim) {
+  char err[EMBPS_NPY_PATH_MAX + 256];
+  const char *path = r->path;
+  if (embps_npy_open(r, rs->dirfd, rs->dir, name, err, sizeof err))
     return fail(c, EMBPS_EBADFILE, "%s", err);
   if (r->type != EMBPS_NPY_F4 && r->type != EMBPS_NPY_F8)
     return fail(c, EMBPS_EBADFILE, "%s: dtype %s, expected <f4 (float32)",
@@ -489,22 +598,23 @@ static int open_matrix(embps_client_t *c, embps_npy_reader_t *r,
   return 0;
 }
 
-/* Opens the files of dir for table spec; with state, one per slot. */
-static int open_files(embps_client_t *c, const char *dir, unsigned flags,
-                      readers_t *rs) {
-  char p[1200], err[1400];
+/* Opens the files of rs's directory for table spec; with state, one per
+ * slot. */
+static int open_files(embps_client_t *c, unsigned flags, readers_t *rs) {
+  char err[EMBPS_NPY_PATH_MAX + 256];
   const char *const *names;
   uint32_t slots = embps_optimizer_state_slots(rs->spec.optimizer, &names);
   rs->dim = rs->spec.dim;
-  path_join(p, sizeof p, dir, "weights.npy", "");
-  int rc = open_matrix(c, &rs->w, p, UINT64_MAX, rs->dim);
+  int rc = open_matrix(c, rs, &rs->w, "weights.npy", UINT64_MAX, rs->dim);
   if (rc)
     return rc;
   rs->n = rs->w.rows;
-  path_join(p, sizeof p, dir, "ids.npy", "");
-  if (access(p, F_OK) == 0) {
-    if (embps_npy_open(&rs->ids, p, err, sizeof err))
-      return fail(c, EMBPS_EBADFILE, "%s", err);
+  const char *p = rs->ids.path;
+  rc = embps_npy_open(&rs->ids, rs->dirfd, rs->dir, "ids.npy", err,
+                      sizeof err);
+  if (rc && rc != -ENOENT)
+    return fail(c, EMBPS_EBADFILE, "%s", err);
+  if (!rc) {
     if (rs->ids.type != EMBPS_NPY_I8 && rs->ids.type != EMBPS_NPY_I4)
       return fail(c, EMBPS_EBADFILE, "%s: dtype %s, expected <i8 (int64)", p,
                   embps_npy_descr(rs->ids.type));
@@ -528,8 +638,7 @@ static int open_files(embps_client_t *c, const char *dir, unsigned flags,
     char name[64];
     snprintf(name, sizeof name, "%s_%s.npy",
              embps_optimizer_name(rs->spec.optimizer), names[j]);
-    path_join(p, sizeof p, dir, name, "");
-    rc = open_matrix(c, &rs->slot[j], p, rs->n, rs->dim);
+    rc = open_matrix(c, rs, &rs->slot[j], name, rs->n, rs->dim);
     if (rc)
       return rc;
   }
@@ -541,7 +650,7 @@ static int open_files(embps_client_t *c, const char *dir, unsigned flags,
  * ids.npy. */
 static int read_chunk(embps_client_t *c, readers_t *rs, uint64_t first,
                       size_t n) {
-  char err[1400];
+  char err[EMBPS_NPY_PATH_MAX + 256];
   if (n > rs->cap) {
     chunk_free(rs);
     rs->cid = malloc(n * sizeof *rs->cid);
@@ -668,18 +777,28 @@ static int target_spec(embps_client_t *c, const char *table,
 
 int embps_import_table(embps_client_t *c, const char *table, const char *dir,
                        unsigned flags, uint64_t *rows_out) {
-  char spec_path[1200];
+  char spec_path[EMBPS_NPY_PATH_MAX];
   char *text = NULL;
-  path_join(spec_path, sizeof spec_path, dir, "spec.json", "");
-  int rc = read_spec_text(c, spec_path, &text);
-  if (rc < 0)
-    return rc;
   readers_t rs;
   memset(&rs, 0, sizeof rs);
+  embps_file_show(rs.dir, sizeof rs.dir, dir, NULL);
+  embps_file_show(spec_path, sizeof spec_path, dir, "spec.json");
+  int rc = embps_export_open_dir_(c, dir, 0, &rs.dirfd);
+  if (rc)
+    return rc;
+  rc = read_spec_text(c, rs.dirfd, spec_path, &text);
+  if (rc < 0) {
+    close(rs.dirfd);
+    return rc;
+  }
   uint64_t step = 0;
   const int set_step = (flags & EMBPS_IMPORT_STATE) && text &&
                        json_u64(text, "step", &step) == 0;
   rc = target_spec(c, table, spec_path, text, flags, &rs.spec);
+  if (!rc && set_step && step > EMBPS_STEP_MAX)
+    rc = fail(c, EMBPS_EBADFILE, "%s: \"step\" %" PRIu64 " is past the "
+              "largest a table reaches, 2^53 (EMBPS_STEP_MAX)", spec_path,
+              step);
   if (!rc && (flags & EMBPS_IMPORT_STATE) && !set_step &&
       embps_optimizer_state_slots(rs.spec.optimizer, NULL))
     rc = fail(c, EMBPS_EBADFILE, "%s: no \"step\" (the table's step counter "
@@ -694,7 +813,7 @@ int embps_import_table(embps_client_t *c, const char *table, const char *dir,
   }
   free(text);
   if (!rc)
-    rc = open_files(c, dir, flags, &rs);
+    rc = open_files(c, flags, &rs);
   const uint32_t max = chunk_rows(c, rs.dim ? rs.dim : 1, rs.slots);
   /* pass 1: check everything; pass 2: write */
   for (int pass = 0; pass < 2 && !rc; pass++) {
@@ -715,7 +834,7 @@ int embps_import_table(embps_client_t *c, const char *table, const char *dir,
     if (!rc && pass == 0) {
       if ((rs.has_ids && embps_npy_rewind(&rs.ids)) ||
           embps_npy_rewind(&rs.w))
-        rc = fail(c, -errno, "%s: cannot seek", dir);
+        rc = fail(c, -errno, "%s: cannot seek", rs.dir);
       for (uint32_t j = 0; j < rs.slots && !rc; j++)
         if (embps_npy_rewind(&rs.slot[j]))
           rc = fail(c, -errno, "%s: cannot seek", rs.slot[j].path);
@@ -724,5 +843,6 @@ int embps_import_table(embps_client_t *c, const char *table, const char *dir,
   if (!rc && rows_out)
     *rows_out = rs.n;
   readers_close(&rs);
+  close(rs.dirfd);
   return rc;
 }

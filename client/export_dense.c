@@ -19,7 +19,7 @@
  * created new (never through a link), fsynced and renamed with spec.json
  * as export.c does. A failure on either side stops both: the pulls in
  * flight are waited for (their buffers are in use until then), the writer
- * is joined and the temporary files removed. */
+ * is joined, and export.c removes the temporary files. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -60,7 +60,7 @@ typedef struct {
   uint64_t written;  /* chunks written: their buffers may be refilled */
   int stop;          /* the receiving side failed: the writer stops */
   int write_rc;      /* the writer's error, err its message */
-  char err[1400];
+  char err[EMBPS_NPY_PATH_MAX + 256];
 } dense_t;
 
 /* Rows per pull: about CHUNK_BYTES of rows, in a frame every server takes
@@ -191,7 +191,7 @@ static int dense_stream(dense_t *d, embps_npy_writer_t *w) {
 }
 
 int embps_export_dense_(embps_client_t *c, const embps_table_info_t *info,
-                        const char *dir, uint64_t *rows_out) {
+                        embps_export_files_t *fs, uint64_t *rows_out) {
   const embps_table_spec_t *s = &info->spec;
   dense_t *d = calloc(1, sizeof *d);
   if (!d)
@@ -212,15 +212,12 @@ int embps_export_dense_(embps_client_t *c, const embps_table_info_t *info,
       rc = embps_export_fail_(c, -ENOMEM, "out of memory for %zu rows of "
                               "dim %u", d->chunk, d->dim);
   }
-  embps_export_files_t fs;
-  memset(&fs, 0, sizeof fs);
-  snprintf(fs.dir, sizeof fs.dir, "%s", dir);
-  char p[1200], err[1400];
+  char tmp[EMBPS_EXPORT_NAME_MAX], err[EMBPS_NPY_PATH_MAX + 256];
   embps_npy_writer_t w;
   memset(&w, 0, sizeof w);
-  embps_export_add_(&fs, "weights.npy", p, sizeof p);
-  if (!rc && (rc = embps_npy_create(&w, p, EMBPS_NPY_F4, d->dim, err,
-                                    sizeof err)))
+  embps_export_add_(fs, "weights.npy", tmp);
+  if (!rc && (rc = embps_npy_create(&w, fs->dirfd, fs->dir, tmp,
+                                    EMBPS_NPY_F4, d->dim, err, sizeof err)))
     rc = embps_export_fail_(c, rc, "%s", err);
   if (!rc)
     rc = dense_stream(d, &w);
@@ -231,12 +228,8 @@ int embps_export_dense_(embps_client_t *c, const embps_table_info_t *info,
   dense_free(d);
   free(d);
   if (!rc)
-    rc = embps_export_spec_(c, &fs, s, info->step, rows, 0, 1);
+    rc = embps_export_spec_(c, fs, s, info->step, rows, 0, 1);
   if (!rc)
-    rc = embps_export_commit_(c, &fs);
-  if (rc)
-    embps_export_unlink_tmp_(&fs);
-  else if (rows_out)
     *rows_out = rows;
   return rc;
 }

@@ -20,6 +20,12 @@
 #include "merge.h"
 #include "wire.h"
 
+/* The largest reply body read at all, and the largest meta of a reply:
+ * a reply without bulk (an error, a hello, a push's counts, a table's
+ * info) is its meta alone, a few hundred bytes. */
+#define EMBPS_REPLY_MAX (1u << 30)
+#define EMBPS_REPLY_META_MAX (64u << 10)
+
 typedef struct part part_t;
 
 /* A queued request frame: its part's frame and, for a bulk sent from the
@@ -28,12 +34,13 @@ typedef struct part part_t;
 typedef struct out_buf {
   struct iovec seg[3];
   int n_seg, cur;
-  const part_t *part; /* the part awaiting this frame's reply */
+  part_t *part; /* the part awaiting this frame's reply */
   struct out_buf *next;
 } out_buf_t;
 
 /* The connection to one server of the cluster. */
 typedef struct {
+  struct embps_client *client;
   char host[256];
   int port;
   char addr[300];
@@ -53,9 +60,13 @@ typedef struct {
   int backoff_ms;
   int down_code;      /* why the last connection or attempt failed */
   char down_why[1024];
+  uint32_t n_owed; /* owed pushes among the pending parts */
 } conn_t;
 
-typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH } op_t;
+/* OP_OWED: the owed copy of a push that gave up on this server (see
+ * transport.c, "Owed pushes"): a ticket of its own, which no caller
+ * waits for. */
+typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH, OP_OWED } op_t;
 
 struct part {
   embps_ticket_t *t;
@@ -71,10 +82,23 @@ struct part {
   uint32_t *pos; /* push: positions in the caller's arrays (K > 1) */
   size_t base;   /* pull: first position in the ticket's unique list */
   size_t n;
+  /* The largest reply body this request can produce; 0: what its kind
+   * allows (transport.c, reply_max). A reply announcing more is refused
+   * at its header, before its body is read. */
+  size_t max_reply;
   embps_msg_t reply; /* OP_SIMPLE/OP_HELLO: the decoded reply */
   int has_reply;
   uint8_t *rbulk; /* OP_SIMPLE: the reply's bulk (malloc'd), or NULL */
   size_t rbulk_len;
+  uint8_t *rdst;  /* OP_SIMPLE: where a reply's bulk up to rdst_cap goes */
+  size_t rdst_cap;
+  uint8_t acked;   /* a reply that is not an error came */
+  uint8_t written; /* its whole frame went out: the server may act on it */
+  /* A push part given up: orphan is its owed copy, until that completes
+   * (owed_done then says how: 1 applied or acknowledged, -1 refused). An
+   * owed copy's origin is the part it stands for, while that lives. */
+  part_t *orphan, *origin;
+  int owed_done;
   part_t *next;
 };
 
@@ -98,6 +122,8 @@ struct embps_ticket {
   /* push: merged copies when EMBPS_PUSH_MERGE */
   int64_t *m_idx;
   float *m_vals;
+  uint64_t seq; /* a push's sequence (0: not a push) */
+  embps_ticket_t *owed_prev, *owed_next; /* OP_OWED: the client's list */
 };
 
 typedef struct {
@@ -120,6 +146,13 @@ struct embps_client {
   embps_dedup_t dedup;
   embps_bufpool_t pool; /* the buffers of finished pulls, for the next */
   uint32_t member; /* < n: whole-cluster requests ask this server alone */
+  /* owed pushes (OP_OWED tickets), oldest first, and their bytes */
+  embps_ticket_t *owed_head, *owed_tail;
+  uint32_t n_owed;
+  size_t owed_bytes;
+  /* an owed push a server refused since the last embps_push_resume */
+  int owed_lost_code;
+  char owed_lost[EMBPS_MESSAGE_MAX + 128];
 };
 
 /* ---- errors ---- */
@@ -176,6 +209,36 @@ int embps_client_frame_fits_(embps_client_t *c, uint32_t s,
  * error set) with the next attempt scheduled. */
 int embps_client_connect_(embps_client_t *c, uint32_t s);
 /* Closes k, if open, failing every part waiting on it with code (or
- * keeping those that may retry when may_retry); frees its buffers. */
+ * keeping those that may retry when may_retry: then a push given up
+ * leaves its owed copy in its place); frees its buffers. */
 void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry);
+
+/* ---- a request of any kind (snapshot.c) ---- */
+
+/* Sends m (no bulk) to server s now, as a ticket of its own; the bulk of
+ * its reply, when it fits dst_cap bytes, is read straight into dst, which
+ * must stay valid until embps_client_reply_ (dst NULL: no bulk expected).
+ * Not sent again after a broken connection. 0 with *out, or an error
+ * (c's last error set). */
+int embps_client_request_(embps_client_t *c, uint32_t server,
+                          const embps_msg_t *m, uint8_t *dst, size_t dst_cap,
+                          embps_ticket_t **out);
+/* Waits for t (embps_client_request_'s) and frees it: 0 with *reply (the
+ * decoded reply: embps_msg_free it) and *bulk_len (its bulk bytes, in
+ * dst), or the server's error or a transport error (c's last error set).
+ * A reply whose bulk did not fit dst is EMBPS_EPROTO. Every ticket must be
+ * waited for before its dst is reused. */
+int embps_client_reply_(embps_client_t *c, embps_ticket_t *t,
+                        embps_msg_t *reply, size_t *bulk_len);
+
+/* ---- owed pushes ---- */
+
+/* After push ticket t ran (rc its result): 0 when every server applied
+ * it (its owed copies, if any, completed meanwhile); otherwise c's last
+ * error says which servers applied it and which did not, and the code is
+ * EMBPS_EPARTIAL when some did. A push no server can have applied (none
+ * acknowledged it, none was sent it whole) keeps rc and owes nothing. */
+int embps_push_outcome_(embps_client_t *c, embps_ticket_t *t, int rc);
+/* Frees every owed push (the client is destroyed). */
+void embps_owed_free_all_(embps_client_t *c);
 #endif

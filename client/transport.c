@@ -22,7 +22,27 @@
  * very same bytes in the same order, once a reconnection with backoff
  * succeeds; each attempt gets the client's timeout, after which the
  * connections that owe the ticket a reply are dropped, so no late reply
- * lands in a buffer the caller took back. */
+ * lands in a buffer the caller took back.
+ *
+ * Owed pushes: a push goes to every server, and one that stops answering
+ * for longer than the retry time would leave it applied on the others
+ * only. Its part there is not dropped: an owed copy (the whole frame, its
+ * own OP_OWED ticket) takes its place in the connection's pending list,
+ * so it is sent again, the same bytes (client id, seq), before anything
+ * queued after it once the connection is back: the server applies it
+ * exactly once (a copy it had applied already is acknowledged as a
+ * duplicate), and no later push of this client can reach that server
+ * first (the server would then take the owed one for an old duplicate).
+ * The caller learns which servers applied the push (embps_push_outcome_)
+ * and may complete it at once (embps_push_resume). A push that no server
+ * can have applied owes nothing: it failed, and may be pushed again.
+ *
+ * A server's reply is trusted only as far as the request allows: its
+ * header is checked against the largest body the request can produce
+ * before the body is read (a 3-row pull cannot make a 1 GiB reply
+ * allocate anything), its kind and counts against the request once
+ * decoded, and a server's error text is escaped (control bytes as \xNN)
+ * before it reaches a message, a terminal or an exception. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -41,7 +61,11 @@
 #include "util.h"
 #include "wire.h"
 
-#define MAX_REPLY_BYTES (1u << 30)
+#define MAX_REPLY_BYTES EMBPS_REPLY_MAX
+#define SMALL_REPLY_MAX EMBPS_REPLY_META_MAX
+/* LIST and STATS replies hold one table info (~500 bytes) per table: room
+ * for 100,000 tables. */
+#define TABLES_REPLY_MAX (64u << 20)
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
 
@@ -99,6 +123,10 @@ void embps_ticket_free_(embps_ticket_t *t) {
   if (!t)
     return;
   for (uint32_t i = 0; i < t->n_parts; i++) {
+    if (t->parts[i].orphan) /* the owed copy lives on without it */
+      t->parts[i].orphan->origin = NULL;
+    if (t->parts[i].origin)
+      t->parts[i].origin->orphan = NULL;
     free(t->parts[i].pos);
     free(t->parts[i].frame);
     free(t->parts[i].rbulk);
@@ -134,10 +162,153 @@ static void pending_append(conn_t *k, part_t *p) {
   k->pending_tail = p;
 }
 
+static void unlink_part(conn_t *k, part_t *p) {
+  part_t *prev = NULL;
+  for (part_t *q = k->pending_head; q && q != p; q = q->next)
+    prev = q;
+  if (prev)
+    prev->next = p->next;
+  else
+    k->pending_head = p->next;
+  if (k->pending_tail == p)
+    k->pending_tail = prev;
+  p->next = NULL;
+}
+
+/* Replaces part p by q at p's place in k's pending list. */
+static void replace_part(conn_t *k, part_t *p, part_t *q) {
+  part_t *prev = NULL;
+  for (part_t *x = k->pending_head; x && x != p; x = x->next)
+    prev = x;
+  q->next = p->next;
+  if (prev)
+    prev->next = q;
+  else
+    k->pending_head = q;
+  if (k->pending_tail == p)
+    k->pending_tail = q;
+  p->next = NULL;
+}
+
+/* ------------------------------------------------------------ owed */
+
+/* Whether push part p, failing with code, leaves an owed copy: a push
+ * (it carries client id and seq) given up on a connection failure. */
+static int owes(const part_t *p, int code) {
+  return p->t->op == OP_PUSH && p->kind == EMBPS_KIND_PUSH &&
+         code_retryable(code);
+}
+
+/* The owed copy of push part p, given up on k: its whole frame (header,
+ * meta, bulk) in a ticket of its own that retries for ever, linked last
+ * in the client's list. NULL when out of memory (p then just fails). */
+static part_t *owed_new(conn_t *k, part_t *p) {
+  embps_client_t *c = k->client;
+  size_t len = p->frame_len;
+  for (int i = 0; i < p->n_bulk; i++)
+    len += p->bulk[i].iov_len;
+  embps_ticket_t *o = embps_ticket_new_(OP_OWED, 1);
+  uint8_t *frame = o ? malloc(len) : NULL;
+  if (!frame) {
+    embps_ticket_free_(o);
+    return NULL;
+  }
+  size_t off = p->frame_len;
+  memcpy(frame, p->frame, p->frame_len);
+  for (int i = 0; i < p->n_bulk; i++) {
+    memcpy(frame + off, p->bulk[i].iov_base, p->bulk[i].iov_len);
+    off += p->bulk[i].iov_len;
+  }
+  o->retry_until_ns = UINT64_MAX;
+  o->seq = p->t->seq;
+  part_t *q = &o->parts[0];
+  q->server = p->server;
+  q->req_id = p->req_id;
+  q->kind = p->kind;
+  q->n = p->n;
+  q->frame = frame;
+  q->frame_len = len;
+  q->written = p->written;
+  q->origin = p;
+  p->orphan = q;
+  o->owed_prev = c->owed_tail;
+  if (c->owed_tail)
+    c->owed_tail->owed_next = o;
+  else
+    c->owed_head = o;
+  c->owed_tail = o;
+  c->n_owed++;
+  c->owed_bytes += len;
+  k->n_owed++;
+  return q;
+}
+
+/* Frees owed copy q, taken off k's pending list: the push is complete
+ * there (done 1), refused there (-1), or owed no more (0). */
+static void owed_free(conn_t *k, part_t *q, int done) {
+  embps_client_t *c = k->client;
+  embps_ticket_t *o = q->t;
+  if (q->origin) {
+    q->origin->owed_done = done;
+    q->origin->orphan = NULL;
+    q->origin = NULL;
+  }
+  if (o->owed_prev)
+    o->owed_prev->owed_next = o->owed_next;
+  else
+    c->owed_head = o->owed_next;
+  if (o->owed_next)
+    o->owed_next->owed_prev = o->owed_prev;
+  else
+    c->owed_tail = o->owed_prev;
+  c->n_owed--;
+  c->owed_bytes -= q->frame_len;
+  k->n_owed--;
+  embps_ticket_free_(o);
+}
+
+/* Owed copy q (taken off k's pending list) cannot be completed: the
+ * server refused it, or the client is going away. Noted for the next
+ * embps_push_resume. */
+static void owed_lost(conn_t *k, part_t *q, int code, const char *why) {
+  embps_client_t *c = k->client;
+  c->owed_lost_code = code;
+  snprintf(c->owed_lost, sizeof c->owed_lost, "push seq %llu could not be "
+           "completed on server %u (%.80s): %.300s; it stays applied on the "
+           "other servers only", (unsigned long long)q->t->seq, k->index,
+           k->addr, why);
+  owed_free(k, q, -1);
+}
+
+/* Part p fails with code and why (its place in k's pending list is the
+ * caller's); a push given up, when may_owe, leaves its owed copy,
+ * returned to take p's place (or NULL). */
+static part_t *part_give_up(conn_t *k, part_t *p, int code, const char *why,
+                            int may_owe) {
+  part_t *q = may_owe && owes(p, code) ? owed_new(k, p) : NULL;
+  embps_ticket_fail_(p->t, code, "%s", why);
+  embps_part_done_(p);
+  return q;
+}
+
+void embps_owed_free_all_(embps_client_t *c) {
+  while (c->owed_head) {
+    part_t *q = &c->owed_head->parts[0];
+    conn_t *k = &c->conns[q->server];
+    for (part_t *x = k->pending_head; x; x = x->next)
+      if (x == q) {
+        unlink_part(k, q);
+        break;
+      }
+    owed_free(k, q, 0);
+  }
+}
+
 /* Drops a connection. Every part waiting on it fails with code, except,
  * when may_retry, those whose ticket may still retry after a failure of
  * this kind: they stay pending, in order, to be sent again once the
- * connection is back (embps_client_connect_). */
+ * connection is back (embps_client_connect_); a push given up leaves its
+ * owed copy in its place, and owed copies stay (they retry for ever). */
 void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry) {
   if (k->fd >= 0)
     close(k->fd);
@@ -150,6 +321,8 @@ void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry) {
   uint64_t now = embps_now_ns();
   part_t *p = k->pending_head;
   k->pending_head = k->pending_tail = NULL;
+  char msg[EMBPS_MESSAGE_MAX + 64];
+  snprintf(msg, sizeof msg, "server %u (%s): %s", k->index, k->addr, why);
   for (part_t *next; p; p = next) {
     next = p->next;
     if (may_retry && code_retryable(code) && p->t->retry_until_ns > now) {
@@ -157,9 +330,13 @@ void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry) {
       continue;
     }
     p->next = NULL;
-    embps_ticket_fail_(p->t, code, "server %u (%s): %s", k->index, k->addr,
-                       why);
-    embps_part_done_(p);
+    if (p->t->op == OP_OWED) {
+      owed_lost(k, p, code, why);
+      continue;
+    }
+    part_t *q = part_give_up(k, p, code, msg, may_retry);
+    if (q)
+      pending_append(k, q);
   }
   k->down_code = code;
   snprintf(k->down_why, sizeof k->down_why, "server %u (%s): %s", k->index,
@@ -285,6 +462,7 @@ static void conn_write(conn_t *k) {
       if (!v->iov_len)
         o->cur++;
       if (o->cur == o->n_seg) {
+        o->part->written = 1;
         k->out_head = o->next;
         if (!k->out_head)
           k->out_tail = NULL;
@@ -294,17 +472,46 @@ static void conn_write(conn_t *k) {
   }
 }
 
+/* Whether a table name a server sent can be shown: printable ASCII, no
+ * space (the server's names are [A-Za-z0-9_.-]). */
+static int name_printable(const char *name) {
+  for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+    if (*c <= 0x20 || *c >= 0x7f)
+      return 0;
+  return 1;
+}
+
+/* Whether every table info of a reply has a printable name. */
+static int infos_printable(const embps_table_info_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!name_printable(v[i].spec.name))
+      return 0;
+  return 1;
+}
+
 /* Checks a decoded reply m against the request of part p: its kind must be
- * the request's kind | EMBPS_KIND_REPLY (or ERROR) and its counts those
- * asked for. in_place: its bulk went straight to the part's destination
- * (pull rows). Returns NULL, or what is wrong. */
+ * the request's kind | EMBPS_KIND_REPLY (or ERROR), its counts those
+ * asked for, the table names it holds printable. in_place: its bulk went
+ * straight to the part's destination (pull rows). Returns NULL, or what
+ * is wrong. */
 static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
                                   int in_place) {
+  static const char *const bad_name =
+      "reply names a table with a control, space or non-ASCII byte";
   if (m->kind == EMBPS_KIND_ERROR)
     return NULL;
   if (m->kind != (p->kind | EMBPS_KIND_REPLY))
     return "reply of the wrong kind";
   switch (p->kind) {
+  case EMBPS_KIND_DESCRIBE:
+  case EMBPS_KIND_ALTER:
+    if (!infos_printable(&m->u.info, 1))
+      return bad_name;
+    break;
+  case EMBPS_KIND_LIST:
+    if (!infos_printable(m->u.list.v, m->u.list.n))
+      return bad_name;
+    break;
   case EMBPS_KIND_PULL:
     if (!in_place || m->u.pull_reply.n_rows != p->n ||
         m->u.pull_reply.dim != p->t->dim)
@@ -317,6 +524,8 @@ static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
   case EMBPS_KIND_STATS:
     if (m->u.stats.cluster_index != p->server)
       return "stats reply from another cluster index";
+    if (!infos_printable(m->u.stats.tables, m->u.stats.n_tables))
+      return bad_name;
     break;
   default:
     break;
@@ -324,12 +533,23 @@ static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
   return NULL;
 }
 
+/* A server's text, escaped in place: control bytes and invalid UTF-8
+ * become \xNN, so what a server says cannot drive a terminal or forge
+ * lines of a message (cut to fit). */
+static void escape_server_text(char *text, size_t cap) {
+  char raw[EMBPS_MESSAGE_MAX];
+  snprintf(raw, sizeof raw, "%s", text);
+  embps_escape(raw, text, cap);
+}
+
 /* Hands a checked reply m (taken) to part p. */
 static void deliver(conn_t *k, part_t *p, embps_msg_t *m) {
   embps_ticket_t *t = p->t;
-  if (m->kind == EMBPS_KIND_ERROR)
+  if (m->kind == EMBPS_KIND_ERROR) {
+    escape_server_text(m->u.error.message, sizeof m->u.error.message);
     embps_ticket_fail_(t, m->u.error.code, "server %u (%s): %s", k->index,
                        k->addr, m->u.error.message);
+  }
   if (t->op == OP_SIMPLE || t->op == OP_HELLO) {
     p->reply = *m;
     p->has_reply = 1;
@@ -347,23 +567,41 @@ static part_t *find_part(conn_t *k, uint32_t req_id) {
   return p;
 }
 
-static void unlink_part(conn_t *k, part_t *p) {
-  part_t *prev = NULL;
-  for (part_t *q = k->pending_head; q && q != p; q = q->next)
-    prev = q;
-  if (prev)
-    prev->next = p->next;
-  else
-    k->pending_head = p->next;
-  if (k->pending_tail == p)
-    k->pending_tail = prev;
-  p->next = NULL;
+/* The largest reply body the request of part p can produce: its rows for
+ * a pull (and the meta), its max_reply when its builder set one (a scan),
+ * one table info per table for a list or stats, the meta alone for the
+ * other kinds this file knows; a kind it does not know sets max_reply. */
+static size_t reply_max(const part_t *p) {
+  if (p->max_reply)
+    return p->max_reply;
+  switch (p->kind) {
+  case EMBPS_KIND_PULL:
+    return SMALL_REPLY_MAX + p->n * p->t->dim * sizeof(float);
+  case EMBPS_KIND_LIST:
+  case EMBPS_KIND_STATS:
+    return TABLES_REPLY_MAX;
+  case EMBPS_KIND_HELLO:
+  case EMBPS_KIND_CREATE:
+  case EMBPS_KIND_DROP:
+  case EMBPS_KIND_DESCRIBE:
+  case EMBPS_KIND_PUSH:
+  case EMBPS_KIND_CHECKPOINT:
+  case EMBPS_KIND_WRITE_ROWS:
+  case EMBPS_KIND_ALTER:
+  case EMBPS_KIND_EVICT:
+    return SMALL_REPLY_MAX;
+  default:
+    return MAX_REPLY_BYTES;
+  }
 }
 
 /* Where the body of a reply goes (the framer's header callback): finds
- * its part; a pull reply of the expected size has its rows read straight
+ * its part and checks the body's size against what the request can
+ * produce (an error's against an error's) before anything is read or
+ * allocated; a pull reply of the expected size has its rows read straight
  * into the ticket's row buffer, everything else is read into the
- * connection's buffer. A header that is not one fails the connection. */
+ * connection's buffer. A header that is not one, answers no request, or
+ * announces more than its request can produce fails the connection. */
 static int on_reply_header(void *owner, const embps_frame_header_t *h,
                            int rc, embps_framer_seg_t seg[2]) {
   conn_t *k = owner;
@@ -374,6 +612,22 @@ static int on_reply_header(void *owner, const embps_frame_header_t *h,
   part_t *p = find_part(k, h->req_id);
   size_t off = embps_bulk_offset(h->meta_len);
   size_t buffered = h->body_len;
+  const int error = h->kind == EMBPS_KIND_ERROR;
+  const size_t max = error ? SMALL_REPLY_MAX : p ? reply_max(p) : 0;
+  if (!p && !(error && h->req_id == 0)) {
+    char why[96];
+    snprintf(why, sizeof why, "reply to request %u, which was not sent "
+             "on this connection", h->req_id);
+    conn_fail(k, EMBPS_EPROTO, why);
+    return EMBPS_FRAMER_STOP;
+  }
+  if (h->body_len > max) {
+    char why[160];
+    snprintf(why, sizeof why, "reply of kind %u announces %u bytes, more "
+             "than its request can produce (%zu)", h->kind, h->body_len, max);
+    conn_fail(k, EMBPS_EPROTO, why);
+    return EMBPS_FRAMER_STOP;
+  }
   k->cur = p;
   k->in_place = 0;
   if (p && p->t->op == OP_PULL &&
@@ -382,6 +636,11 @@ static int on_reply_header(void *owner, const embps_frame_header_t *h,
     seg[1] = (embps_framer_seg_t){
         (uint8_t *)(p->t->urows + p->base * p->t->dim), h->body_len - off};
     k->in_place = 1;
+    buffered = off;
+  } else if (p && p->rdst && h->kind == (p->kind | EMBPS_KIND_REPLY) &&
+             h->body_len > off && h->body_len - off <= p->rdst_cap) {
+    seg[1] = (embps_framer_seg_t){p->rdst, h->body_len - off};
+    k->in_place = 1; /* embps_client_request_'s destination */
     buffered = off;
   }
   if (buffered > k->body_cap) {
@@ -430,15 +689,31 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
                 m.u.error.code == EMBPS_ESHUTDOWN)) {
       /* a lying server is dropped; one going away is retried elsewhere */
       char why[EMBPS_MESSAGE_MAX + 64];
+      if (!bad)
+        escape_server_text(m.u.error.message, sizeof m.u.error.message);
       snprintf(why, sizeof why, "%s", bad ? bad : m.u.error.message);
       embps_msg_free(&m);
       conn_fail(k, bad ? EMBPS_EPROTO : EMBPS_ESHUTDOWN, why);
       return EMBPS_FRAMER_STOP;
     }
     unlink_part(k, p);
+    if (p->t->op == OP_OWED) { /* complete there, or refused */
+      if (m.kind == EMBPS_KIND_ERROR) {
+        escape_server_text(m.u.error.message, sizeof m.u.error.message);
+        owed_lost(k, p, m.u.error.code, m.u.error.message);
+      } else {
+        owed_free(k, p, 1);
+      }
+      embps_msg_free(&m);
+      return EMBPS_FRAMER_READ;
+    }
+    if (m.kind != EMBPS_KIND_ERROR)
+      p->acked = 1;
     size_t off = embps_bulk_offset(h->meta_len);
-    if (p->t->op == OP_SIMPLE && h->body_len > off && !p->rbulk &&
-        (p->rbulk = malloc(h->body_len - off)) != NULL) {
+    if (p->t->op == OP_SIMPLE && in_place) {
+      p->rbulk_len = h->body_len - off; /* in p->rdst */
+    } else if (p->t->op == OP_SIMPLE && h->body_len > off && !p->rbulk &&
+               (p->rbulk = malloc(h->body_len - off)) != NULL) {
       memcpy(p->rbulk, k->body + off, h->body_len - off);
       p->rbulk_len = h->body_len - off;
     }
@@ -450,6 +725,7 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
     char why[EMBPS_MESSAGE_MAX] = "connection refused by server";
     int code = EMBPS_ECONN;
     if (embps_msg_unpack(h->kind, k->body, h->meta_len, &m) == 0) {
+      escape_server_text(m.u.error.message, sizeof m.u.error.message);
       snprintf(why, sizeof why, "%s", m.u.error.message);
       code = m.u.error.code;
     }
@@ -487,7 +763,7 @@ static void conn_read(conn_t *k) {
 }
 
 /* One round of I/O on every connection; waits at most timeout_ms, and not
- * at all once ticket t is complete. */
+ * at all once ticket t (may be NULL) is complete. */
 static int progress(embps_client_t *c, const embps_ticket_t *t,
                     int timeout_ms) {
   struct pollfd stack[16];
@@ -508,7 +784,7 @@ static int progress(embps_client_t *c, const embps_ticket_t *t,
     pfd[nf].revents = 0;
     nf++;
   }
-  if (t->n_done == t->n_parts) /* e.g. a write failed */
+  if (t && t->n_done == t->n_parts) /* e.g. a write failed */
     timeout_ms = 0;
   int n = poll(pfd, nf, timeout_ms); /* none: sleeps until a retry */
   if (n > 0) {
@@ -569,11 +845,16 @@ static void ticket_expire(embps_client_t *c, embps_ticket_t *t) {
       part_t *p = k->pending_head;
       while (p->t != t)
         p = p->next;
-      unlink_part(k, p);
-      embps_ticket_fail_(t, k->down_code ? k->down_code : EMBPS_ECONN,
-                         "%s (gave up after retrying for %d ms)", k->down_why,
-                         c->retry_ms);
-      embps_part_done_(p);
+      char why[sizeof k->down_why + 64];
+      snprintf(why, sizeof why, "%s (gave up after retrying for %d ms)",
+               k->down_why, c->retry_ms);
+      part_t *q =
+          part_give_up(k, p, k->down_code ? k->down_code : EMBPS_ECONN, why,
+                       1);
+      if (q)
+        replace_part(k, p, q); /* the owed copy keeps p's place */
+      else
+        unlink_part(k, p);
     }
   }
 }
@@ -734,6 +1015,167 @@ int embps_client_connect_(embps_client_t *c, uint32_t s) {
   return 0;
 }
 
+/* ------------------------------------------------------------ owed */
+
+/* Whether owed copy q is in k's write queue (its frame being sent). */
+static int owed_queued(const conn_t *k, const part_t *q) {
+  for (const out_buf_t *o = k->out_head; o; o = o->next)
+    if (o->part == q)
+      return 1;
+  return 0;
+}
+
+enum { APPLIED, OWED, NOT_APPLIED };
+
+/* Where push part p stands: applied there (acknowledged, or its owed copy
+ * completed), owed there, or not applied (refused, or never sent). */
+static int part_state(const part_t *p) {
+  if (p->acked || p->owed_done == 1)
+    return APPLIED;
+  return p->orphan ? OWED : NOT_APPLIED;
+}
+
+/* "server 0 (H:P), server 2 (H:P)" for t's parts in state `state`, into
+ * buf: at most 4 by name, then how many more. */
+static void name_parts(const embps_client_t *c, const embps_ticket_t *t,
+                       int state, char *buf, size_t len) {
+  size_t used = 0;
+  uint32_t named = 0, more = 0;
+  buf[0] = 0;
+  for (uint32_t i = 0; i < t->n_parts; i++) {
+    const part_t *p = &t->parts[i];
+    if (part_state(p) != state)
+      continue;
+    if (named == 4) {
+      more++;
+      continue;
+    }
+    int w = snprintf(buf + used, len - used, "%sserver %u (%.64s)",
+                     named++ ? ", " : "", p->server, c->conns[p->server].addr);
+    if (w > 0 && (size_t)w < len - used)
+      used += (size_t)w;
+  }
+  if (more && used < len)
+    snprintf(buf + used, len - used, " and %u more", more);
+}
+
+int embps_push_outcome_(embps_client_t *c, embps_ticket_t *t, int rc) {
+  if (!rc)
+    return 0;
+  uint32_t n[3] = {0, 0, 0};
+  int maybe = 0; /* an owed copy the server may have acted on */
+  for (uint32_t i = 0; i < t->n_parts; i++) {
+    const part_t *p = &t->parts[i];
+    n[part_state(p)]++;
+    if (p->orphan && (p->orphan->written ||
+                      owed_queued(&c->conns[p->server], p->orphan)))
+      maybe = 1;
+  }
+  if (!n[OWED] && !n[NOT_APPLIED])
+    return 0; /* its owed copies completed meanwhile: applied everywhere */
+  if (n[OWED] && !n[APPLIED] && !maybe) { /* no server can have it */
+    for (uint32_t i = 0; i < t->n_parts; i++) {
+      part_t *q = t->parts[i].orphan;
+      if (q) {
+        conn_t *k = &c->conns[q->server];
+        unlink_part(k, q);
+        owed_free(k, q, 0);
+      }
+    }
+    n[NOT_APPLIED] += n[OWED];
+    n[OWED] = 0;
+  }
+  if (!n[APPLIED] && !n[OWED])
+    return code_retryable(rc)
+               ? embps_client_error_(c, rc, "%s; no server applied push seq "
+                                     "%llu (pushing it again applies it "
+                                     "once)", t->error,
+                                     (unsigned long long)t->seq)
+               : embps_client_error_(c, rc, "%s", t->error);
+  char applied[240], owed[240], refused[240];
+  name_parts(c, t, APPLIED, applied, sizeof applied);
+  name_parts(c, t, OWED, owed, sizeof owed);
+  name_parts(c, t, NOT_APPLIED, refused, sizeof refused);
+  char tail[512] = "";
+  if (n[OWED])
+    snprintf(tail, sizeof tail, "; owed to %s: the client sends it there "
+             "again under the same sequence, exactly once, before anything "
+             "else it sends there (or at embps_push_resume()): do not push "
+             "it again", owed);
+  if (!n[APPLIED])
+    return embps_client_error_(c, rc, "push seq %llu may have been applied "
+                               "(sent whole, not acknowledged): %.200s%s",
+                               (unsigned long long)t->seq, t->error, tail);
+  return embps_client_error_(c, EMBPS_EPARTIAL, "push seq %llu applied on "
+                             "%s%s%s only: %.200s%s",
+                             (unsigned long long)t->seq, applied,
+                             n[NOT_APPLIED] ? ", not on " : "",
+                             n[NOT_APPLIED] ? refused : "", t->error, tail);
+}
+
+/* The oldest time an owed copy on connected k was sent, or UINT64_MAX. */
+static uint64_t owed_sent_ns(const conn_t *k) {
+  uint64_t t = UINT64_MAX;
+  for (const part_t *p = k->pending_head; p; p = p->next)
+    if (p->t->op == OP_OWED && p->t->sent_ns < t)
+      t = p->t->sent_ns;
+  return t;
+}
+
+int embps_push_resume(embps_client_t *c) {
+  const uint64_t attempt_ns = (uint64_t)c->timeout_ms * 1000000ULL;
+  const uint64_t give_up =
+      embps_now_ns() +
+      (c->retry_ms > 0 ? (uint64_t)c->retry_ms * 1000000ULL : 0);
+  for (int first = 1; c->n_owed; first = 0) {
+    uint64_t now = embps_now_ns(), wake = UINT64_MAX;
+    for (uint32_t i = 0; i < c->n; i++) {
+      conn_t *k = &c->conns[i];
+      if (!k->n_owed)
+        continue;
+      if (k->fd < 0 && (first || (now < give_up && now >= k->retry_at_ns)))
+        embps_client_connect_(c, i); /* sends the owed copies first */
+      if (k->fd >= 0) {
+        uint64_t until = owed_sent_ns(k) + attempt_ns;
+        if (now >= until)
+          conn_fail(k, EMBPS_ETIMEDOUT, "no reply in time; connection "
+                    "dropped");
+        else if (until < wake)
+          wake = until;
+      }
+      if (k->fd < 0 && now < give_up) {
+        uint64_t at = k->retry_at_ns > now ? k->retry_at_ns : now;
+        if (at < wake)
+          wake = at;
+      }
+    }
+    if (wake == UINT64_MAX)
+      break; /* every owed server down, and the retry time over */
+    int ms = wake > now ? (int)((wake - now + 999999) / 1000000) : 0;
+    int rc = progress(c, NULL, ms);
+    if (rc)
+      return embps_client_error_(c, rc, "%s", embps_strerror(rc));
+  }
+  if (c->n_owed) {
+    const part_t *q = &c->owed_head->parts[0];
+    const conn_t *k = &c->conns[q->server];
+    return embps_client_error_(c, k->down_code ? k->down_code : EMBPS_ECONN,
+                               "%u push(es) still owed; the oldest, seq "
+                               "%llu, to %.400s: each is sent again before "
+                               "anything else the client sends to its "
+                               "server, or at the next embps_push_resume()",
+                               c->n_owed, (unsigned long long)q->t->seq,
+                               k->down_why);
+  }
+  if (c->owed_lost_code) {
+    c->owed_lost_code = 0;
+    return embps_client_error_(c, EMBPS_EPARTIAL, "%s", c->owed_lost);
+  }
+  return 0;
+}
+
+size_t embps_push_owed(const embps_client_t *c) { return c ? c->n_owed : 0; }
+
 /* Refuses a frame larger than server s accepts, before sending it. */
 int embps_client_frame_fits_(embps_client_t *c, uint32_t s,
                              size_t frame_len) {
@@ -763,8 +1205,9 @@ void embps_part_submit_(embps_client_t *c, uint32_t s, part_t *p) {
              code_retryable(rc ? rc : k->down_code)) {
     pending_append(k, p);
   } else {
-    embps_ticket_fail_(p->t, rc ? rc : k->down_code, "%s", c->last_error);
-    embps_part_done_(p);
+    part_t *q = part_give_up(k, p, rc ? rc : k->down_code, c->last_error, 1);
+    if (q)
+      pending_append(k, q);
   }
 }
 
@@ -783,4 +1226,52 @@ int embps_part_send_msg_(embps_client_t *c, uint32_t s, part_t *p,
     return rc;
   embps_part_submit_(c, s, p);
   return 0;
+}
+
+/* ------------------------------------------------- a request of any kind */
+
+int embps_client_request_(embps_client_t *c, uint32_t server,
+                          const embps_msg_t *m, uint8_t *dst, size_t dst_cap,
+                          embps_ticket_t **out) {
+  *out = NULL;
+  if (server >= c->n)
+    return embps_client_error_(c, EMBPS_EINVAL, "server %u of a cluster of "
+                               "%u", server, c->n);
+  embps_ticket_t *t = embps_ticket_new_(OP_SIMPLE, 1);
+  if (!t)
+    return embps_client_error_(c, -ENOMEM, "out of memory");
+  t->parts[0].rdst = dst;
+  t->parts[0].rdst_cap = dst ? dst_cap : 0;
+  /* no reply larger than its meta and the room the caller gave */
+  t->parts[0].max_reply = SMALL_REPLY_MAX + t->parts[0].rdst_cap;
+  int rc = embps_part_send_msg_(c, server, &t->parts[0], m);
+  if (rc) {
+    embps_ticket_free_(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+int embps_client_reply_(embps_client_t *c, embps_ticket_t *t,
+                        embps_msg_t *reply, size_t *bulk_len) {
+  memset(reply, 0, sizeof *reply);
+  *bulk_len = 0;
+  int rc = embps_ticket_run_(c, t);
+  part_t *p = &t->parts[0];
+  if (!rc && (!p->has_reply || p->rbulk))
+    rc = embps_client_error_(c, EMBPS_EPROTO, "server %u (%s): a reply of "
+                             "%zu bulk bytes where at most %zu were asked "
+                             "for", p->server, c->conns[p->server].addr,
+                             p->rbulk_len, p->rdst_cap);
+  else if (rc)
+    embps_client_error_(c, rc, "%s",
+                        t->error[0] ? t->error : embps_strerror(rc));
+  if (!rc) {
+    *reply = p->reply;
+    p->has_reply = 0;
+    *bulk_len = p->rbulk_len;
+  }
+  embps_ticket_free_(t);
+  return rc;
 }

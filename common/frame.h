@@ -32,6 +32,10 @@ enum embps_kind {
   EMBPS_KIND_WRITE_ROWS = 11, /* import: set rows (and state) */
   EMBPS_KIND_ALTER = 12,
   EMBPS_KIND_EVICT = 13, /* issue 12: a table's TTL and L2-norm eviction */
+  /* snapshot sessions (server/snapshot.h): a copy of the tables */
+  EMBPS_KIND_SNAPSHOT_BEGIN = 20,
+  EMBPS_KIND_SNAPSHOT_READ = 21,
+  EMBPS_KIND_SNAPSHOT_END = 22,
   EMBPS_KIND_REPLY = 0x80, /* reply kind = request kind | EMBPS_KIND_REPLY */
   EMBPS_KIND_ERROR = 0xff,
 };

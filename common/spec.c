@@ -1,5 +1,6 @@
 /* spec.c - table specs: defaults, validation, optimizer and dtype names. The server
  * runs embps_table_spec_check() on every create, the client before sending. */
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -110,6 +111,41 @@ static int refuse(char *why, size_t why_len, const char *fmt, ...) {
   return EMBPS_EPARAM;
 }
 
+/* The largest finite value of a dtype (every row is stored in it). */
+static double dtype_max(embps_dtype_t dtype) {
+  switch (dtype) {
+  case EMBPS_DTYPE_F16:
+    return 65504.0;
+  case EMBPS_DTYPE_BF16:
+    return 3.3895313892515355e38; /* 0x7f7f */
+  default:
+    return FLT_MAX;
+  }
+}
+
+/* The largest |z| init.c's normal draws can give: the Box-Muller radius
+ * sqrt(-2 ln u) at its smallest uniform, u = 2^-54. */
+#define NORMAL_Z_MAX 8.66
+
+/* Initial rows must be finite in the table's dtype: a bound on
+ * init_value for each init (after the dtype is known good). */
+static int spec_check_init(const embps_table_spec_t *s, char *why,
+                           size_t why_len) {
+  const double max = dtype_max(s->dtype), v = fabs(s->init_value);
+  const char *dt = embps_dtype_name(s->dtype);
+  if (s->init == EMBPS_INIT_NORMAL && v * NORMAL_Z_MAX > max)
+    return refuse(why, why_len, "init normal std %g too large for %s: draws "
+                  "reach %.2f std, past %s's largest value %g (max std %g)",
+                  s->init_value, dt, NORMAL_Z_MAX, dt, max,
+                  max / NORMAL_Z_MAX);
+  if ((s->init == EMBPS_INIT_UNIFORM || s->init == EMBPS_INIT_CONSTANT) &&
+      v > max)
+    return refuse(why, why_len, "init %s value %g does not fit %s (largest "
+                  "%g)", s->init == EMBPS_INIT_UNIFORM ? "uniform" : "constant",
+                  s->init_value, dt, max);
+  return 0;
+}
+
 static int name_ok(const char *name) {
   size_t n = strnlen(name, EMBPS_TABLE_NAME_MAX);
   if (n == 0 || n >= EMBPS_TABLE_NAME_MAX)
@@ -176,6 +212,12 @@ int embps_table_spec_check(const embps_table_spec_t *s, char *why,
   for (size_t i = 0; i < sizeof params / sizeof *params; i++)
     if (!isfinite(params[i]))
       return refuse(why, why_len, "table parameters must be finite");
+  /* the optimizers keep them as float32: a larger one would be inf
+   * (init_value, the last, is bounded for its init below) */
+  for (size_t i = 0; i + 1 < sizeof params / sizeof *params; i++)
+    if (fabs(params[i]) > FLT_MAX)
+      return refuse(why, why_len, "table parameter %g does not fit a "
+                    "float32 (largest %g)", params[i], (double)FLT_MAX);
   if (s->lr <= 0)
     return refuse(why, why_len, "lr must be > 0 (got %g)", s->lr);
   if (s->eps < 0)
@@ -204,6 +246,8 @@ int embps_table_spec_check(const embps_table_spec_t *s, char *why,
     return refuse(why, why_len, "init scale must be >= 0");
   if ((unsigned)s->dtype > EMBPS_DTYPE_BF16)
     return refuse(why, why_len, "unknown dtype %u", (unsigned)s->dtype);
+  if (spec_check_init(s, why, why_len))
+    return EMBPS_EPARAM;
   if (s->sync_workers > 4096)
     return refuse(why, why_len, "sync-workers %u too large (max 4096)",
                   s->sync_workers);

@@ -347,12 +347,61 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     r = RUN_(write_rows, p);
     break;
   }
+  case EMBPS_KIND_SNAPSHOT_BEGIN: {
+    Embps__SnapshotBegin p = EMBPS__SNAPSHOT_BEGIN__INIT;
+    const embps_snapshot_begin_t *q = &m->u.snap_begin;
+    p.has_with_log = p.has_max_chunk_bytes = p.has_idle_ms = 1;
+    p.with_log = q->with_log != 0;
+    p.max_chunk_bytes = q->max_chunk_bytes;
+    p.idle_ms = q->idle_ms;
+    r = RUN_(snapshot_begin, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_BEGIN | EMBPS_KIND_REPLY: {
+    Embps__SnapshotBeginReply p = EMBPS__SNAPSHOT_BEGIN_REPLY__INIT;
+    const embps_snapshot_begin_reply_t *q = &m->u.snap_begin_reply;
+    p.session = q->session;
+    p.has_lsn = p.has_chunk_bytes = p.has_cluster_size = 1;
+    p.has_cluster_index = p.has_shards = p.has_tables = p.has_idle_ms = 1;
+    p.lsn = q->lsn;
+    p.chunk_bytes = q->chunk_bytes;
+    p.cluster_size = q->cluster_size;
+    p.cluster_index = q->cluster_index;
+    p.shards = q->shards;
+    p.tables = q->tables;
+    p.idle_ms = q->idle_ms;
+    r = RUN_(snapshot_begin_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ: {
+    Embps__SnapshotRead p = EMBPS__SNAPSHOT_READ__INIT;
+    p.session = m->u.snap_read.session;
+    p.seq = m->u.snap_read.seq;
+    p.max_bytes = m->u.snap_read.max_bytes;
+    r = RUN_(snapshot_read, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ | EMBPS_KIND_REPLY: {
+    Embps__SnapshotReadReply p = EMBPS__SNAPSHOT_READ_REPLY__INIT;
+    p.seq = m->u.snap_read_reply.seq;
+    p.offset = m->u.snap_read_reply.offset;
+    p.done = m->u.snap_read_reply.done != 0;
+    r = RUN_(snapshot_read_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_END: {
+    Embps__SnapshotEnd p = EMBPS__SNAPSHOT_END__INIT;
+    p.session = m->u.snap_session;
+    r = RUN_(snapshot_end, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
-  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY: {
+  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_SNAPSHOT_END | EMBPS_KIND_REPLY: {
     Embps__Ack p = EMBPS__ACK__INIT;
     r = RUN_(ack, p);
     break;
@@ -385,50 +434,72 @@ static int varint(const uint8_t *p, size_t len, size_t *i, uint64_t *out) {
   return 0;
 }
 
-/* 0 if a string field of the message in p (of type d, nested messages
- * included) holds a NUL byte: protobuf-c would hand it over cut at the
- * NUL, so "t\0x" would name table "t". Bytes that are not a well-formed
- * message return 1: the unpacker refuses them. */
-static int strings_clean(const ProtobufCMessageDescriptor *d, const uint8_t *p,
-                         size_t len, int depth) {
+/* The checks protobuf-c's unpacker does not make, on the wire bytes of a
+ * message of type d (nested messages included): a string field holding a
+ * NUL byte (protobuf-c would hand it over cut at the NUL, so "t\0x" would
+ * name table "t"), and a 32-bit integer field whose varint holds more than
+ * 32 bits (protobuf-c keeps the low 32: a dim of 2^32 + 4 would be 4).
+ * Returns 0, or -1 with the problem in why (may be NULL). Bytes that are
+ * not a well-formed message return 0: the unpacker refuses them. */
+static int wire_check(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                      size_t len, int depth, char *why, size_t why_len) {
   size_t i = 0;
   uint64_t key, v;
   while (i < len) {
     if (!varint(p, len, &i, &key))
-      return 1;
+      return 0;
+    const ProtobufCFieldDescriptor *f =
+        key >> 3 <= UINT32_MAX
+            ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3))
+            : NULL;
     switch (key & 7) {
-    case 0:
+    case 0: {
       if (!varint(p, len, &i, &v))
-        return 1;
+        return 0;
+      int fits = 1;
+      if (f && (f->type == PROTOBUF_C_TYPE_UINT32 ||
+                f->type == PROTOBUF_C_TYPE_SINT32)) /* zigzag: 32 bits too */
+        fits = v <= UINT32_MAX;
+      else if (f && (f->type == PROTOBUF_C_TYPE_INT32 ||
+                     f->type == PROTOBUF_C_TYPE_ENUM)) /* sign-extended */
+        fits = v <= INT32_MAX || v >= (uint64_t)INT32_MIN;
+      if (!fits) {
+        if (why)
+          snprintf(why, why_len, "field %s of %s is %llu, more than its 32 "
+                   "bits hold", f->name, d->short_name,
+                   (unsigned long long)v);
+        return -1;
+      }
       break;
+    }
     case 1:
     case 5: {
       size_t n = (key & 7) == 1 ? 8 : 4;
       if (len - i < n)
-        return 1;
+        return 0;
       i += n;
       break;
     }
     case 2: {
       if (!varint(p, len, &i, &v) || v > len - i)
-        return 1;
-      const ProtobufCFieldDescriptor *f =
-          key >> 3 <= UINT32_MAX
-              ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3))
-              : NULL;
-      if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p + i, 0, v))
         return 0;
+      if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p + i, 0, v)) {
+        if (why)
+          snprintf(why, why_len, "field %s of %s holds a NUL byte", f->name,
+                   d->short_name);
+        return -1;
+      }
       if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
-          !strings_clean(f->descriptor, p + i, v, depth + 1))
-        return 0;
+          wire_check(f->descriptor, p + i, v, depth + 1, why, why_len))
+        return -1;
       i += v;
       break;
     }
     default:
-      return 1;
+      return 0;
     }
   }
-  return 1;
+  return 0;
 }
 
 static int bounded_copy(char *dst, size_t cap, const char *src) {
@@ -441,11 +512,18 @@ static int bounded_copy(char *dst, size_t cap, const char *src) {
 
 int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
                      embps_msg_t *m) {
+  return embps_msg_unpack_why(kind, meta, len, m, NULL, 0);
+}
+
+int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
+                         embps_msg_t *m, char *why, size_t why_len) {
   memset(m, 0, sizeof *m);
   m->kind = kind;
   int rc = EMBPS_EPROTO;
+  if (why && why_len)
+    why[0] = 0;
 #define UNPACK_(type, var)                                                     \
-  if (!strings_clean(&embps__##type##__descriptor, meta, len, 0))              \
+  if (wire_check(&embps__##type##__descriptor, meta, len, 0, why, why_len))    \
     return EMBPS_EPROTO;                                                       \
   __typeof__(embps__##type##__unpack(NULL, 0, NULL)) var =                    \
       embps__##type##__unpack(NULL, len, meta);                                \
@@ -644,12 +722,62 @@ int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
     FREE_(write_rows, p);
     break;
   }
+  case EMBPS_KIND_SNAPSHOT_BEGIN: {
+    UNPACK_(snapshot_begin, p);
+    m->u.snap_begin.with_log = p->with_log;
+    m->u.snap_begin.max_chunk_bytes = p->max_chunk_bytes;
+    m->u.snap_begin.idle_ms = p->idle_ms;
+    rc = 0;
+    FREE_(snapshot_begin, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_BEGIN | EMBPS_KIND_REPLY: {
+    UNPACK_(snapshot_begin_reply, p);
+    embps_snapshot_begin_reply_t *q = &m->u.snap_begin_reply;
+    q->session = p->session;
+    q->lsn = p->lsn;
+    q->chunk_bytes = p->chunk_bytes;
+    q->cluster_size = p->cluster_size;
+    q->cluster_index = p->cluster_index;
+    q->shards = p->shards;
+    q->tables = p->tables;
+    q->idle_ms = p->idle_ms;
+    rc = 0;
+    FREE_(snapshot_begin_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ: {
+    UNPACK_(snapshot_read, p);
+    m->u.snap_read.session = p->session;
+    m->u.snap_read.seq = p->seq;
+    m->u.snap_read.max_bytes = p->max_bytes;
+    rc = 0;
+    FREE_(snapshot_read, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_READ | EMBPS_KIND_REPLY: {
+    UNPACK_(snapshot_read_reply, p);
+    m->u.snap_read_reply.seq = p->seq;
+    m->u.snap_read_reply.offset = p->offset;
+    m->u.snap_read_reply.done = p->done;
+    rc = 0;
+    FREE_(snapshot_read_reply, p);
+    break;
+  }
+  case EMBPS_KIND_SNAPSHOT_END: {
+    UNPACK_(snapshot_end, p);
+    m->u.snap_session = p->session;
+    rc = 0;
+    FREE_(snapshot_end, p);
+    break;
+  }
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
-  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY: {
+  case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY:
+  case EMBPS_KIND_SNAPSHOT_END | EMBPS_KIND_REPLY: {
     UNPACK_(ack, p);
     rc = 0;
     FREE_(ack, p);

@@ -8,6 +8,7 @@
  *   PUSH        n x int64 indices, then n x dim x float32 values
  *   SCAN reply  n x int64 ids, n x dim x float32, n x k x dim float32 state
  *   WRITE_ROWS  the same as a SCAN reply
+ *   SNAPSHOT_READ reply  the chunk's bytes of the snapshot stream
  */
 #ifndef EMBPS_WIRE_H
 #define EMBPS_WIRE_H
@@ -78,6 +79,26 @@ typedef struct {
 } embps_write_rows_t;
 
 typedef struct {
+  int with_log;
+  uint32_t max_chunk_bytes, idle_ms;
+} embps_snapshot_begin_t;
+
+typedef struct {
+  uint64_t session, lsn;
+  uint32_t chunk_bytes, cluster_size, cluster_index, shards, tables, idle_ms;
+} embps_snapshot_begin_reply_t;
+
+typedef struct {
+  uint64_t session, seq;
+  uint32_t max_bytes;
+} embps_snapshot_read_t;
+
+typedef struct {
+  uint64_t seq, offset;
+  int done;
+} embps_snapshot_read_reply_t;
+
+typedef struct {
   uint16_t kind; /* enum embps_kind, with EMBPS_KIND_REPLY for replies */
   union {
     embps_hello_t hello;             /* HELLO */
@@ -104,6 +125,11 @@ typedef struct {
     embps_scan_reply_t scan_reply;   /* SCAN | REPLY */
     embps_write_rows_t write_rows;   /* WRITE_ROWS; its reply: none */
     uint64_t evicted;                /* EVICT | REPLY (EVICT: name) */
+    embps_snapshot_begin_t snap_begin;             /* SNAPSHOT_BEGIN */
+    embps_snapshot_begin_reply_t snap_begin_reply; /* ... | REPLY */
+    embps_snapshot_read_t snap_read;               /* SNAPSHOT_READ */
+    embps_snapshot_read_reply_t snap_read_reply;   /* ... | REPLY */
+    uint64_t snap_session; /* SNAPSHOT_END (its reply: none) */
   } u;                               /* CREATE|DROP|LIST|STATS replies: none */
 } embps_msg_t;
 
@@ -116,6 +142,10 @@ void embps_msg_pack(const embps_msg_t *m, uint8_t *out);
  * fields out of their bounds. On success release m with embps_msg_free. */
 int embps_msg_unpack(uint16_t kind, const uint8_t *meta, size_t len,
                      embps_msg_t *m);
+/* The same; on EMBPS_EPROTO why says which field is wrong when it knows
+ * ("" when the bytes do not decode at all). why may be NULL. */
+int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
+                         embps_msg_t *m, char *why, size_t why_len);
 void embps_msg_free(embps_msg_t *m);
 
 /* Allocates a whole frame for m with room for bulk_len bulk bytes:

@@ -76,6 +76,7 @@ static void *apply_main(void *arg) {
     pthread_mutex_unlock(&a->mu);
     embps_watch_busy(watch, 1);
     embps_metrics_queue(-1);
+    a->ctx.runs++;
     req->run(&a->ctx, req);
     embps_watch_busy(watch, 0);
     pthread_mutex_lock(&a->mu);

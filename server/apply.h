@@ -32,6 +32,9 @@ typedef struct embps_apply_ctx {
   embps_table_scratch_t scratch; /* for embps_table_prepare and _commit */
   embps_seen_t seen;             /* exactly once: (client, seq) applied */
   embps_sync_t sync;             /* synchronous steps being gathered */
+  /* Requests run so far, the one running included: two runs that see
+   * runs differ by one had nothing run between them (snapshot.c). */
+  uint64_t runs;
 } embps_apply_ctx_t;
 
 /* A record was logged at lsn, the one after ctx->lsn: it is the last LSN

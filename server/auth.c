@@ -1,6 +1,6 @@
 /* auth.c - see auth.h. A hello is rare (once per connection), so a mutex
  * guards the tokens; the comparison visits every byte of every token
- * whatever the hello carries. */
+ * whatever the hello carries (embps_token_equal). */
 #include "auth.h"
 
 #include <string.h>
@@ -20,21 +20,12 @@ void embps_auth_set(embps_auth_t *a, const embps_tokens_t *t) {
   pthread_mutex_unlock(&a->mu);
 }
 
-/* 0 when token equals want (constant time over want's bytes). */
-static unsigned differs(const char *want, size_t want_len, const char *token,
-                        size_t len) {
-  unsigned diff = len != want_len;
-  for (size_t i = 0; i < want_len; i++)
-    diff |= (unsigned char)(want[i] ^ (i < len ? token[i] : 0));
-  return diff;
-}
-
 int embps_auth_check(embps_auth_t *a, const char *token, size_t len) {
   pthread_mutex_lock(&a->mu);
   const embps_tokens_t *t = &a->tokens;
   int ok = t->n == 0;
   for (int i = 0; i < t->n; i++)
-    ok |= !differs(t->token[i], t->len[i], token, len);
+    ok |= embps_token_equal(t->token[i], t->len[i], token, len);
   pthread_mutex_unlock(&a->mu);
   return ok;
 }

@@ -416,8 +416,9 @@ static int readiness_locked(FILE *f) {
               cl.peer[i].addr, cl.peer[i].why);
   if (missing)
     fprintf(f, "not ready: %zu table(s) the cluster holds are missing here "
-            "(create them with the same spec, e.g. embps create-table "
-            "--exist-ok)\n", missing);
+            "(restore this server's data dir, or complete them: embps "
+            "complete-table NAME, their rows here starting from the "
+            "initializer)\n", missing);
   else
     fprintf(f, "ready\n");
   return missing == 0;

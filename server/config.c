@@ -201,7 +201,7 @@ static const embps_flag_t server_flags[] = {
     SIZE_("max-tables", "N", max_tables, 1, 1000000,
           "tables per server (default 1024)"),
     SIZE_("idle-timeout", "SECONDS", idle_timeout_s, 0, 86400 * 365,
-          "close idle connections (default 0: never)"),
+          "close idle connections (default 600; 0: never)"),
     SIZE_("hello-timeout", "SECONDS", hello_timeout_s, 1, 3600,
           "close connections with no hello by then (default 5)"),
     SIZE_("stall-timeout", "SECONDS", stall_timeout_s, 0, 86400,
@@ -328,6 +328,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->hello_timeout_s = 5;
   d->stall_timeout_s = 60;
   d->checkpoint_log_bytes = EMBPS_CHECKPOINT_LOG_AUTO;
+  d->idle_timeout_s = 600; /* idle workers reconnect on their next call */
 
   embps_flags_t p;
   int rc = embps_flags_parse(&p, groups, &a, argc, argv, NULL, err, err_len);

@@ -7,7 +7,8 @@
  * req->run: a push, merged in place first (duplicates summed inside the
  * frame buffer it arrived in, so it costs no allocation), runs push.c's
  * step; an import rows.c's; CREATE, DROP and ALTER ddl.c's; EVICT
- * evict.c's. CHECKPOINT goes to the checkpoint thread (durable.c). Those
+ * evict.c's. CHECKPOINT goes to the checkpoint thread (durable.c); the
+ * SNAPSHOT kinds to snapshot.c (BEGIN's marker to the apply thread). Those
  * are answered later (DEFERRED), through req->complete. The connection
  * (conn.c) runs a request only once its earlier pushes are applied, so a
  * read sees the pushes sent before it. */
@@ -21,6 +22,8 @@
 #include "push.h"
 #include "rows.h"
 #include "server.h"
+#include "snapshot.h"
+#include "token.h"
 
 /* Hands req to the apply thread, where run will answer it. */
 static embps_dispatch_t defer(embps_server_t *srv, embps_request_t *req,
@@ -167,6 +170,7 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
   req->idx = idx;
   req->vals = vals;
   req->n_unique = (size_t)k;
+  req->vals_small = embps_table_g_small(vals, (size_t)k * p->dim);
   return defer(srv, req, embps_push_run);
 refuse:
   embps_table_unref(t);
@@ -206,8 +210,9 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                                 int *authed, embps_scratch_t *scratch) {
   atomic_fetch_add_explicit(&srv->counters.requests, 1, memory_order_relaxed);
   req->start_ns = embps_metrics_request(req->hdr.kind);
-  int rc = embps_msg_unpack(req->hdr.kind, req->body, req->hdr.meta_len,
-                            &req->msg);
+  char why[160];
+  int rc = embps_msg_unpack_why(req->hdr.kind, req->body, req->hdr.meta_len,
+                                &req->msg, why, sizeof why);
   if (rc == EMBPS_EKIND || (req->hdr.kind & EMBPS_KIND_REPLY)) {
     embps_request_fail(srv, req, EMBPS_EKIND, "unknown request kind %u",
                        req->hdr.kind);
@@ -215,7 +220,7 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
   }
   if (rc) {
     embps_request_fail(srv, req, EMBPS_EPROTO, "request of kind %u does not "
-                       "decode", req->hdr.kind);
+                       "decode%s%s", req->hdr.kind, why[0] ? ": " : "", why);
     return *authed ? EMBPS_DISPATCH_REPLY : EMBPS_DISPATCH_CLOSE;
   }
   if (req->hdr.kind == EMBPS_KIND_HELLO)
@@ -279,6 +284,10 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     if (embps_rows_write_check(srv, req))
       break;
     return defer(srv, req, embps_rows_run);
+  case EMBPS_KIND_SNAPSHOT_BEGIN: /* snapshot.h */
+  case EMBPS_KIND_SNAPSHOT_READ:
+  case EMBPS_KIND_SNAPSHOT_END:
+    return embps_snapshot_dispatch(srv, req);
   default:
     embps_request_fail(srv, req, EMBPS_EKIND, "kind %u is not a request",
                        req->hdr.kind);

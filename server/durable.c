@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "failpoint.h"
+#include "marker.h"
 #include "optim.h"
 #include "redo.h"
 #include "space.h"
@@ -54,6 +55,11 @@ struct embps_durable {
   uint64_t retry_ns, backoff_ns;
   const char *why;          /* what the checkpoint being taken is for */
   embps_log_limit_t refusals; /* one ERROR line a second for refused logs */
+  /* snapshot sessions keep the records after their marker (mu) */
+  struct {
+    uint64_t id, lsn; /* id 0: a free slot */
+  } pins[EMBPS_DURABLE_PINS];
+  uint64_t next_pin;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -279,44 +285,14 @@ static void marker_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
       (embps_durable_t *)((char *)req - offsetof(embps_durable_t, marker));
   if (d->hooks.at_marker)
     d->hooks.at_marker(ctx);
-  const uint64_t lsn = ctx->lsn;
-  size_t n_seen;
-  embps_ckpt_seen_t *seen = embps_seen_copy(&ctx->seen, &n_seen);
-  if (!seen)
-    LOG_WARN("no memory to copy the exactly-once table: the checkpoint "
-             "holds none");
-  embps_ckpt_t *c = &d->snap;
-  memset(c, 0, sizeof *c);
-  c->lsn = lsn;
-  c->cluster_size = d->srv->cfg.cluster_size;
-  c->cluster_index = d->srv->cfg.cluster_index;
-  c->shards = d->srv->cfg.shards;
-  c->seen = seen;
-  c->n_seen = n_seen;
-  c->log_sync = log_sync;
-  c->log_ctx = d;
   d->marker_err[0] = 0;
-  embps_table_t **tables = NULL;
-  size_t n = 0;
-  if (embps_registry_refs(&d->srv->registry, &tables, &n) ||
-      !(c->tables = calloc(n ? n : 1, sizeof *c->tables))) {
-    snprintf(d->marker_err, sizeof d->marker_err, "out of memory");
-    for (size_t i = 0; i < n; i++)
-      embps_table_unref(tables[i]);
-  } else {
-    for (size_t i = 0; i < n; i++) {
-      embps_table_info_t info;
-      embps_table_info(tables[i], &info);
-      c->tables[i].table = tables[i];
-      c->tables[i].incarnation = embps_table_incarnation(tables[i]);
-      c->tables[i].step = info.step;
-      c->tables[i].spec = info.spec;
-    }
-    c->n_tables = n;
+  if (!embps_marker_take(ctx, &d->snap, d->marker_err, sizeof d->marker_err)) {
     embps_space_marker(&d->space);
-    embps_wal_rotate(d->wal, lsn + 1, d->marker_err, sizeof d->marker_err);
+    embps_wal_rotate(d->wal, ctx->lsn + 1, d->marker_err,
+                     sizeof d->marker_err);
   }
-  free(tables);
+  d->snap.log_sync = log_sync;
+  d->snap.log_ctx = d;
   pthread_mutex_lock(&d->mu);
   d->marker_done = 1;
   pthread_cond_broadcast(&d->cv);
@@ -359,7 +335,13 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   embps_failpoint("ckpt-after-rename");
   embps_failpoint("ckpt-before-delete");
   embps_ckpt_delete_older(d->dir, lsn);
-  embps_wal_delete_upto(d->log_dir, lsn);
+  pthread_mutex_lock(&d->mu);
+  uint64_t keep = lsn; /* the log's records after a pin stay */
+  for (int i = 0; i < EMBPS_DURABLE_PINS; i++)
+    if (d->pins[i].id && d->pins[i].lsn < keep)
+      keep = d->pins[i].lsn;
+  pthread_mutex_unlock(&d->mu);
+  embps_wal_delete_upto(d->log_dir, keep);
   embps_space_checkpointed(&d->space, 1, bytes);
   uint64_t ms = (embps_now_ns() - t0) / 1000000;
   pthread_mutex_lock(&d->mu);
@@ -478,6 +460,48 @@ void embps_durable_space(embps_durable_t *d, embps_metrics_space_t *out) {
   out->reserve_bytes = embps_space_reserve(sp);
   out->log_limit_bytes = atomic_load(&sp->limit);
   out->refused_total = atomic_load(&sp->refused);
+}
+
+uint64_t embps_durable_stall_ms(embps_durable_t *d) {
+  return embps_wal_stall_ms(d->wal);
+}
+
+/* ------------------------------------------------------------ snapshots */
+
+uint64_t embps_durable_pin(embps_durable_t *d, uint64_t lsn, int rotate,
+                           char *err, size_t err_len) {
+  if (rotate && embps_wal_rotate(d->wal, lsn + 1, err, err_len))
+    return 0;
+  uint64_t id = 0;
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < EMBPS_DURABLE_PINS && !id; i++) {
+    if (!d->pins[i].id) {
+      d->pins[i].id = id = ++d->next_pin;
+      d->pins[i].lsn = lsn;
+    }
+  }
+  pthread_mutex_unlock(&d->mu);
+  if (!id)
+    snprintf(err, err_len, "the log has %d pins already",
+             EMBPS_DURABLE_PINS);
+  return id;
+}
+
+void embps_durable_unpin(embps_durable_t *d, uint64_t pin) {
+  pthread_mutex_lock(&d->mu);
+  for (int i = 0; i < EMBPS_DURABLE_PINS; i++)
+    if (pin && d->pins[i].id == pin)
+      d->pins[i].id = 0;
+  pthread_mutex_unlock(&d->mu);
+}
+
+int embps_durable_sync(embps_durable_t *d, uint64_t lsn, char *err,
+                       size_t err_len) {
+  return embps_wal_sync(d->wal, lsn, err, err_len);
+}
+
+const char *embps_durable_log_dir(const embps_durable_t *d) {
+  return d->log_dir;
 }
 
 /* ------------------------------------------------------------ restore */

@@ -56,6 +56,25 @@ int embps_durable_shutdown(embps_server_t *srv);
 /* After the apply thread stopped: syncs and closes the log, unlocks. */
 void embps_durable_close(embps_server_t *srv);
 
+/* ---- snapshot sessions (snapshot.c) ---- */
+#define EMBPS_DURABLE_PINS 32
+/* Keeps the log's records after lsn: no checkpoint deletes a segment
+ * holding one until embps_durable_unpin. With rotate the log starts a new
+ * segment at lsn + 1 first (the LSN after the last one logged), so the
+ * records after lsn begin a segment. Apply thread, at a session's marker.
+ * Returns the pin (> 0), or 0 with err (the log cannot rotate, or
+ * EMBPS_DURABLE_PINS pins are held). */
+uint64_t embps_durable_pin(embps_durable_t *d, uint64_t lsn, int rotate,
+                           char *err, size_t err_len);
+/* Lets go of a pin (0: none); any thread. */
+void embps_durable_unpin(embps_durable_t *d, uint64_t pin);
+/* Blocks until the log is durable up to lsn. 0, or -1 with err. Any
+ * thread but the apply thread. */
+int embps_durable_sync(embps_durable_t *d, uint64_t lsn, char *err,
+                       size_t err_len);
+/* The log's directory, DIR/log. */
+const char *embps_durable_log_dir(const embps_durable_t *d);
+
 /* I/O thread: queues a CHECKPOINT request; replied once a checkpoint that
  * began after it arrived is durable. */
 void embps_durable_checkpoint_request(embps_durable_t *d,
@@ -66,6 +85,10 @@ void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s);
  * the room kept for the next checkpoint, the log size that starts one,
  * the log writes refused for space (any thread; space.h). */
 void embps_durable_space(embps_durable_t *d, embps_metrics_space_t *out);
+/* How long the log's oldest write or sync in progress has taken, in ms
+ * (0: none); past EMBPS_WAL_STALL_MS the disk is not taking writes. Any
+ * thread. */
+uint64_t embps_durable_stall_ms(embps_durable_t *d);
 
 /* ---- apply thread ---- */
 /* The reason pushes are refused for good, or NULL. */

@@ -1,8 +1,11 @@
 /* metrics.c - see metrics.h. Exposition format: Prometheus text 0.0.4. */
 #include "metrics.h"
 
+#include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -10,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -17,6 +21,7 @@
 #include "procstat.h"
 #include "server.h"
 #include "watchdog.h"
+#include "token.h"
 
 /* ------------------------------------------------------------ figures */
 
@@ -240,16 +245,28 @@ static size_t used_slots(table_slot_t **out) {
   return n;
 }
 
+/* The label of slot s's table: its name, or with named 0 "#" and the
+ * slot's number (the same in every series of a scrape; "" stays ""). */
+static const char *slot_label(const table_slot_t *s, int named, char *buf,
+                              size_t len) {
+  if (named || s == &m.none)
+    return s->name;
+  snprintf(buf, len, "#%u", (unsigned)(s - m.slot));
+  return buf;
+}
+
 /* One line per used slot for the counter at `offset` in table_slot_t (the
  * catch-all only when non-zero). */
 static void put_per_table(text_t *t, table_slot_t **slots, size_t n,
-                          const char *metric, const char *op, size_t offset) {
+                          const char *metric, const char *op, size_t offset,
+                          int named) {
+  char buf[16];
   for (size_t i = 0; i < n; i++) {
     uint64_t v = get((const counter_t *)((const char *)slots[i] + offset));
     if (v || slots[i] != &m.none)
-      put(t, "%s{table=\"%s\"%s%s%s} %llu\n", metric, slots[i]->name,
-          op ? ",op=\"" : "", op ? op : "", op ? "\"" : "",
-          (unsigned long long)v);
+      put(t, "%s{table=\"%s\"%s%s%s} %llu\n", metric,
+          slot_label(slots[i], named, buf, sizeof buf), op ? ",op=\"" : "",
+          op ? op : "", op ? "\"" : "", (unsigned long long)v);
   }
 }
 
@@ -295,7 +312,7 @@ static void put_dynamic(text_t *t, const embps_table_info_t *info, size_t n) {
         info[i].spec.name, (double)info[i].evict_stall_max_us / 1e6);
 }
 
-static void put_tables(text_t *t, embps_server_t *srv) {
+static void put_tables(text_t *t, embps_server_t *srv, int named) {
   table_slot_t *slots[TABLE_SLOTS + 1];
   size_t n = used_slots(slots);
   static const struct {
@@ -320,8 +337,9 @@ static void put_tables(text_t *t, embps_server_t *srv) {
     if (counters[k].help) /* the first series of a metric */
       head(t, counters[k].metric, "counter", counters[k].help);
     put_per_table(t, slots, n, counters[k].metric, counters[k].op,
-                  counters[k].offset);
+                  counters[k].offset, named);
   }
+  char buf[16];
   head(t, "embps_errors_total", "counter",
        "Refused requests by error code and table (table=\"\": none named).");
   for (size_t i = 0; i < n; i++)
@@ -329,12 +347,16 @@ static void put_tables(text_t *t, embps_server_t *srv) {
       if (get(&slots[i]->errors[c]))
         put(t, "embps_errors_total{code=\"%s\",table=\"%s\"} %llu\n",
             c < N_CODES ? embps_err_name(EMBPS_EINVAL - c) : "system",
-            slots[i]->name, (unsigned long long)get(&slots[i]->errors[c]));
+            slot_label(slots[i], named, buf, sizeof buf),
+            (unsigned long long)get(&slots[i]->errors[c]));
 
   embps_table_info_t *info = NULL;
   size_t n_info = 0;
   if (embps_registry_list(&srv->registry, &info, &n_info))
     n_info = 0;
+  for (size_t i = 0; !named && i < n_info; i++) /* this copy's names */
+    snprintf(info[i].spec.name, sizeof info[i].spec.name, "%s",
+             slot_label(slot_of(info[i].spec.name), 0, buf, sizeof buf));
   head(t, "embps_table_rows", "gauge", "Rows a table holds on this server.");
   for (size_t i = 0; i < n_info; i++)
     put(t, "embps_table_rows{table=\"%s\"} %llu\n", info[i].spec.name,
@@ -522,9 +544,170 @@ static void put_durability(text_t *t, embps_server_t *srv) {
   put(t, "embps_durability_failed %d\n", s.durability_failed[0] != 0);
   if (m.hooks.durable_space)
     put_space(t, srv);
+  if (m.hooks.durable_stall_ms) {
+    head(t, "embps_log_stall_seconds", "gauge",
+         "How long the log's oldest write or sync in progress has taken (0: "
+         "none); /readyz is 503 past 5 s.");
+    put(t, "embps_log_stall_seconds %.3f\n",
+        (double)m.hooks.durable_stall_ms(srv->dur) / 1e3);
+  }
+}
+
+/* /readyz's data dir part (the server is ready, so srv->dur is set when
+ * it has one): 1 when it takes pushes, else 0 with the reason in why. */
+static int durable_ready(char *why, size_t len) {
+  embps_server_t *srv = m.srv;
+  if (!srv->dur)
+    return 1;
+  if (m.hooks.durable_stats) {
+    embps_server_stats_t s;
+    memset(&s, 0, sizeof s);
+    m.hooks.durable_stats(srv->dur, &s);
+    if (s.durability_failed[0]) {
+      snprintf(why, len, "%s", s.durability_failed);
+      return 0;
+    }
+  }
+  uint64_t ms = m.hooks.durable_stall_ms ? m.hooks.durable_stall_ms(srv->dur)
+                                         : 0;
+  if (ms > EMBPS_WAL_STALL_MS) {
+    snprintf(why, len, "the log's write or sync has been in progress for %llu"
+             " ms (more than %d): the data dir's disk is not taking writes, "
+             "pushes wait", (unsigned long long)ms, EMBPS_WAL_STALL_MS);
+    return 0;
+  }
+  return 1;
 }
 
 /* ------------------------------------------------------------ HTTP */
+
+/* The listener answers probes whatever its peers do. It is
+ * libmicrohttpd on epoll, run by a thread of its own (the loop below), so
+ * one thread sees every connection: each is tracked from its accept, and
+ * one that has not sent a whole request within HTTP_REQUEST_MS is closed
+ * however it trickles bytes (HAProxy's `timeout http-request`, nginx's
+ * client_header_timeout), as is one still taking its answer after
+ * HTTP_ANSWER_MS; above HTTP_CONN_KEEP open connections the ones waiting
+ * longest for their request are closed to make room (then the ones
+ * taking their answer longest), so a probe, which sends its request at
+ * once, always gets in: slow connections from any number of addresses
+ * only ever displace each other. HTTP_CONN_MAX leaves room for the
+ * connections one turn of the loop accepts. */
+#define HTTP_CONN_MAX 64       /* libmicrohttpd's limit */
+#define HTTP_CONN_KEEP 48      /* above: the slowest connections closed */
+#define HTTP_REQUEST_MS 5000   /* a request must arrive whole within this */
+#define HTTP_ANSWER_MS 30000   /* and its answer be taken within this */
+#define HTTP_IDLE_S 10         /* libmicrohttpd's inactivity timeout */
+#define HTTP_LOOP_MS 100       /* the loop wakes at least this often */
+
+/* A connection of the listener (its socket context); HTTP thread only. */
+typedef struct hconn {
+  struct hconn *prev, *next; /* in its list, oldest first */
+  int list;                  /* 0 none, WAITING, ANSWERING */
+  int fd;
+  int doomed;                /* shut down, its close not seen yet */
+  uint64_t since_ns;         /* in its list since */
+} hconn_t;
+
+enum { WAITING = 1, ANSWERING = 2 }; /* for a request; taking the answer */
+
+static struct {
+  pthread_t thread;
+  atomic_int stopping;
+  struct {
+    hconn_t *head, *tail;
+  } list[3];
+  unsigned open, doomed;
+} hl;
+
+static void conn_unlink(hconn_t *h) {
+  if (!h->list)
+    return;
+  hconn_t **head = &hl.list[h->list].head, **tail = &hl.list[h->list].tail;
+  *(h->prev ? &h->prev->next : head) = h->next;
+  *(h->next ? &h->next->prev : tail) = h->prev;
+  h->prev = h->next = NULL;
+  h->list = 0;
+}
+
+/* h is in list from now on. */
+static void conn_move(hconn_t *h, int list) {
+  conn_unlink(h);
+  h->since_ns = embps_now_ns();
+  h->prev = hl.list[list].tail;
+  *(h->prev ? &h->prev->next : &hl.list[list].head) = h;
+  hl.list[list].tail = h;
+  h->list = list;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+  hconn_t *h = *socket_context;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci || !(h = calloc(1, sizeof *h)))
+      return; /* untracked: libmicrohttpd's timeout still closes it */
+    h->fd = ci->connect_fd;
+    *socket_context = h;
+    hl.open++;
+    conn_move(h, WAITING);
+  } else if (h) { /* closed */
+    conn_unlink(h);
+    hl.open--;
+    hl.doomed -= h->doomed;
+    free(h);
+    *socket_context = NULL;
+  }
+}
+
+static hconn_t *hconn_of(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
+}
+
+/* A request is done: a kept-alive connection waits for the next one. */
+static void on_completed(void *cls, struct MHD_Connection *conn,
+                         void **state, enum MHD_RequestTerminationCode toe) {
+  hconn_t *h = hconn_of(conn);
+  if (h && !h->doomed && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+    conn_move(h, WAITING);
+}
+
+/* Closes h (shutdown: libmicrohttpd sees the end on its next turn and
+ * closes the socket itself). */
+static void doom(hconn_t *h) {
+  conn_unlink(h);
+  h->doomed = 1;
+  hl.doomed++;
+  shutdown(h->fd, SHUT_RDWR);
+}
+
+/* Closes the connections past their time, then, above HTTP_CONN_KEEP,
+ * the slowest: waiting longest for a request, then taking an answer
+ * longest. */
+static void sweep(void) {
+  const uint64_t now = embps_now_ns();
+  const uint64_t limit[3] = {0, HTTP_REQUEST_MS * 1000000ull,
+                             HTTP_ANSWER_MS * 1000000ull};
+  for (int l = WAITING; l <= ANSWERING; l++)
+    while (hl.list[l].head && now - hl.list[l].head->since_ns > limit[l])
+      doom(hl.list[l].head);
+  for (int l = WAITING; l <= ANSWERING; l++)
+    while (hl.list[l].head && hl.open - hl.doomed > HTTP_CONN_KEEP)
+      doom(hl.list[l].head);
+}
+
+static void *http_main(void *arg) {
+  (void)arg;
+  while (!atomic_load(&hl.stopping)) {
+    MHD_run_wait(m.daemon, HTTP_LOOP_MS);
+    sweep();
+  }
+  return NULL;
+}
 
 /* owned: 0 body is static text, 1 the malloc'd exposition, 2 malloc'd
  * text. */
@@ -549,10 +732,57 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status,
 #define STATIC_(conn, status, text)                                            \
   respond((conn), (status), (char *)(text), sizeof(text) - 1, 0)
 
+/* Whether the request may see table names: always without a token; with
+ * one, when it carries "Authorization: Bearer TOKEN" (a token the server
+ * accepts now: either during a rotation, the new one after a reload). */
+static int names_allowed(struct MHD_Connection *conn) {
+  const embps_server_config_t *cfg = &m.srv->cfg;
+  if (!cfg->has_token)
+    return 1;
+  const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                              MHD_HTTP_HEADER_AUTHORIZATION);
+  if (!a || strncasecmp(a, "Bearer ", 7))
+    return 0;
+  return embps_auth_check(&m.srv->auth, a + 7, strlen(a + 7));
+}
+
+static enum MHD_Result readyz(struct MHD_Connection *conn) {
+  if (!atomic_load(&m.ready))
+    return STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+  char why[400];
+  if (!durable_ready(why, sizeof why)) {
+    char *body = malloc(sizeof why + 16);
+    if (!body)
+      return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    int n = snprintf(body, sizeof why + 16, "not ready: %s\n", why);
+    return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, body, (size_t)n, 2);
+  }
+  if (!m.hooks.cluster_ready)
+    return STATIC_(conn, MHD_HTTP_OK, "ready\n");
+  char *body;
+  size_t len;
+  int ready = m.hooks.cluster_ready(&body, &len);
+  if (!body)
+    return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+  if (!names_allowed(conn)) { /* the body names tables */
+    free(body);
+    return ready ? STATIC_(conn, MHD_HTTP_OK, "ready\n")
+                 : STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+                           "not ready: the cluster's tables are not all "
+                           "here (the body names them for a request with "
+                           "the token)\n");
+  }
+  return respond(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+                 body, len, 2);
+}
+
 static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
                                const char *url, const char *method,
                                const char *version, const char *upload,
                                size_t *upload_len, void **state) {
+  hconn_t *h = hconn_of(conn);
+  if (h && h->list == WAITING) /* a whole request: its answer comes */
+    conn_move(h, ANSWERING);
   if (strcmp(method, MHD_HTTP_METHOD_GET) &&
       strcmp(method, MHD_HTTP_METHOD_HEAD))
     return STATIC_(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "GET only\n");
@@ -571,19 +801,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
     }
     return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, t.p, t.len, 2);
   }
-  if (!strcmp(url, "/readyz")) {
-    if (!atomic_load(&m.ready))
-      return STATIC_(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
-    if (!m.hooks.cluster_ready)
-      return STATIC_(conn, MHD_HTTP_OK, "ready\n");
-    char *body;
-    size_t len;
-    int ready = m.hooks.cluster_ready(&body, &len);
-    if (!body)
-      return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
-    return respond(conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
-                   body, len, 2);
-  }
+  if (!strcmp(url, "/readyz"))
+    return readyz(conn);
   if (strcmp(url, "/metrics"))
     return STATIC_(conn, MHD_HTTP_NOT_FOUND,
                    "not found: try /metrics, /healthz, /readyz\n");
@@ -592,7 +811,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
   put_process(&t, m.srv);
   if (atomic_load(&m.ready)) /* srv->dur is set up once restored */
     put_durability(&t, m.srv);
-  put_tables(&t, m.srv);
+  put_tables(&t, m.srv, names_allowed(conn));
   if (t.failed) {
     free(t.p);
     return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
@@ -612,6 +831,16 @@ static int write_port_file(const char *path, unsigned port) {
     return -1;
   }
   return 0;
+}
+
+static int is_loopback(const struct sockaddr *a) {
+  if (a->sa_family == AF_INET)
+    return ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24 == 127;
+  if (a->sa_family != AF_INET6)
+    return 0;
+  const struct in6_addr *in6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(in6) ||
+         (IN6_IS_ADDR_V4MAPPED(in6) && in6->s6_addr[12] == 127);
 }
 
 int embps_metrics_start(embps_server_t *srv,
@@ -638,17 +867,35 @@ int embps_metrics_start(embps_server_t *srv,
               gai_strerror(rc));
     return -1;
   }
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  if (!cfg->has_token && !cfg->insecure && !is_loopback(res->ai_addr)) {
+    LOG_ERROR("--metrics-listen %s is not a loopback address and there is "
+              "no --auth-token-file: anyone who can reach it could read "
+              "every table's name and traffic (give a token: then only "
+              "requests carrying it see table names; or --insecure to serve "
+              "anyway; README, Security)", cfg->metrics_host);
+    freeaddrinfo(res);
+    return -1;
+  }
+  unsigned flags = MHD_USE_EPOLL; /* run by http_main */
   if (res->ai_family == AF_INET6)
     flags |= MHD_USE_IPv6;
+  memset(&hl, 0, sizeof hl);
   m.daemon = MHD_start_daemon(
       flags, 0, NULL, NULL, on_http, NULL, MHD_OPTION_SOCK_ADDR, res->ai_addr,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)10, MHD_OPTION_END);
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_MAX,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_S,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_END);
   freeaddrinfo(res);
   if (!m.daemon) {
     LOG_ERROR("--metrics-listen: cannot serve HTTP on %s:%d (address in "
               "use?)", cfg->metrics_host, cfg->metrics_port);
+    return -1;
+  }
+  if (pthread_create(&hl.thread, NULL, http_main, NULL)) {
+    LOG_ERROR("--metrics-listen: cannot start the HTTP thread");
+    MHD_stop_daemon(m.daemon);
+    m.daemon = NULL;
     return -1;
   }
   const union MHD_DaemonInfo *di =
@@ -666,7 +913,10 @@ int embps_metrics_start(embps_server_t *srv,
 }
 
 void embps_metrics_stop(void) {
-  if (m.daemon)
-    MHD_stop_daemon(m.daemon);
+  if (!m.daemon)
+    return;
+  atomic_store(&hl.stopping, 1);
+  pthread_join(hl.thread, NULL);
+  MHD_stop_daemon(m.daemon); /* closes the connections: hconns freed */
   m.daemon = NULL;
 }

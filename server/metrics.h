@@ -37,6 +37,9 @@ typedef struct {
   void (*durable_stats)(struct embps_durable *d, embps_server_stats_t *s);
   /* The data dir's disk, called as durable_stats is. */
   void (*durable_space)(struct embps_durable *d, embps_metrics_space_t *out);
+  /* How long the log's oldest write or sync in progress has taken (ms);
+   * with durable_stats, /readyz's durability part. */
+  uint64_t (*durable_stall_ms)(struct embps_durable *d);
   /* 0 without --cluster-servers, else 1 with the tables missing here, the
    * peers that could not be asked, and the peers. */
   int (*cluster_counts)(size_t *missing, size_t *unreachable,

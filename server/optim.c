@@ -4,6 +4,7 @@
  * computed with sqrtf when lr_power is -0.5 (the default), powf otherwise. */
 #include "optim.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -157,4 +158,42 @@ void embps_optim_apply_split(const embps_optim_t *o, float *w, float *state,
       ftrl_pow(w, state, state + dim, g, dim, o);
     break;
   }
+}
+
+/* The bounds, in double (they cannot overflow there): the weight moves by
+ * at most `step` and every state value stays below FLT_MAX / 2. */
+int embps_optim_bounded(const embps_optim_t *o, double w_max, double s_max,
+                        double g_max, double out_max) {
+  const double lr = o->lr, lim = FLT_MAX / 2, g2 = g_max * g_max;
+  double step = 0;
+  if (!(g_max <= 0x1p40)) /* NaN too */
+    return 0;
+  switch (o->kind) {
+  case EMBPS_OPT_SGD:
+    step = lr * g_max;
+    break;
+  case EMBPS_OPT_ADAGRAD: /* |g| / (sqrt(acc + g^2) + eps) <= 1 (acc >= 0) */
+    if (!(o->eps > 0 || o->initial_accumulator > 0) || s_max + g2 > lim)
+      return 0; /* 0 / 0 when acc, g and eps are 0 */
+    step = 2 * lr;
+    break;
+  case EMBPS_OPT_ADAM: { /* |m| <= max(s, g), v >= 0 */
+    const double m = s_max > g_max ? s_max : g_max;
+    if (!(o->eps > 0) || s_max + g2 > lim)
+      return 0;
+    step = (double)o->adam_step_size * m / o->eps +
+           lr * o->weight_decay * w_max;
+    break;
+  }
+  case EMBPS_OPT_FTRL: { /* n >= n0 > 0: the quadratic >= n0^p / lr */
+    const double p = -(double)o->lr_power;
+    const double pn = pow(s_max + g2, p), pn0 = pow(o->initial_accumulator, p);
+    const double z = s_max + g_max + pn / lr * w_max;
+    if (!(pn <= lim && pn0 > 0 && z <= lim))
+      return 0;
+    step = (o->l1 + z) * lr / pn0; /* |w'| <= (l1 + |z|) lr / n0^p */
+    break;
+  }
+  }
+  return w_max + step <= out_max;
 }

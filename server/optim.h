@@ -31,4 +31,11 @@ void embps_optim_apply(const embps_optim_t *o, float *row, const float *g,
  * store weights in f16/bf16 update a float32 copy of them). */
 void embps_optim_apply_split(const embps_optim_t *o, float *w, float *state,
                              const float *g, uint32_t dim);
+/* 1 if one update (o prepared for its step) of any row whose weights lie
+ * within w_max and state within s_max (FTRL's n at least its initial
+ * accumulator), with gradients within g_max, provably leaves every weight
+ * within out_max and every state value finite; 0 if that cannot be shown
+ * this way (the update may still be fine). */
+int embps_optim_bounded(const embps_optim_t *o, double w_max, double s_max,
+                        double g_max, double out_max);
 #endif

@@ -1,8 +1,11 @@
 /* push.c - see push.h. One step: prepare the table (rows made, memory
- * reserved; may refuse with nothing changed), log the merged gradient with
- * every request's (client, seq) at the next LSN, commit; then every
- * request of the step is recorded as applied (exactly once) and answered.
- * A refusal at any point leaves the table as it was. */
+ * reserved; may refuse with nothing changed), refuse it if a value it
+ * would write is not finite (a dry run of the update: PyTorch and
+ * TensorFlow do not check, and a row that overflowed stays inf or NaN for
+ * good), log the merged gradient with every request's (client, seq) at
+ * the next LSN, commit; then every request of the step is recorded as
+ * applied (exactly once) and answered. A refusal at any point leaves the
+ * table as it was. */
 #include "push.h"
 
 #include <stdio.h>
@@ -34,18 +37,35 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
                      const float *vals, size_t n) {
   embps_server_t *srv = ctx->srv;
   embps_durable_t *dur = srv->dur;
-  char msg[2048];
+  char msg[2048] = "";
   uint64_t lsn = 0;
   const char *failed = dur ? embps_durable_failed(dur) : NULL;
   int rc = failed ? EMBPS_EIO : 0;
   if (failed)
     snprintf(msg, sizeof msg, "%s", failed);
+  embps_table_info_t info;
+  embps_table_info(table, &info);
+  if (!rc && info.step >= EMBPS_STEP_MAX) {
+    rc = EMBPS_ELIMIT;
+    snprintf(msg, sizeof msg, "table \"%s\" is at step %llu, the largest "
+             "(EMBPS_STEP_MAX): push refused, nothing changed",
+             info.spec.name, (unsigned long long)info.step);
+  }
   if (!rc)
     rc = embps_table_prepare(table, &ctx->scratch, idx, n,
                              srv->cfg.max_memory);
+  size_t bad;
+  int small = 1; /* a step's average is within what its pushes are */
+  for (const embps_request_t *r = reqs; r; r = r->next)
+    small &= r->vals_small;
+  if (!rc && (rc = embps_table_check_finite(table, &ctx->scratch, idx, vals,
+                                            n, small, &bad)) ==
+                 EMBPS_ENONFINITE)
+    snprintf(msg, sizeof msg, "push refused, nothing changed: it would make "
+             "row %lld of table \"%s\" non-finite (a weight or its optimizer "
+             "state past float32%s)", (long long)idx[bad], info.spec.name,
+             info.spec.dtype == EMBPS_DTYPE_F32 ? "" : " or the table's dtype");
   if (!rc && dur) {
-    embps_table_info_t info;
-    embps_table_info(table, &info);
     rc = embps_durable_log_push(dur, ctx->lsn + 1, table, info.step + 1,
                                 reqs, idx, vals, n, msg, sizeof msg);
     if (!rc)
@@ -55,7 +75,8 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
     embps_table_commit(table, &ctx->scratch, idx, vals, n, lsn);
   for (embps_request_t *req = reqs; req; req = req->next) {
     const embps_push_t *p = &req->msg.u.push;
-    if (rc == EMBPS_EIO) {
+    if (rc == EMBPS_EIO || ((rc == EMBPS_ELIMIT || rc == EMBPS_ENONFINITE) &&
+                            msg[0])) {
       embps_request_fail(srv, req, rc, "%s", msg);
     } else if (rc == EMBPS_ELIMIT) {
       embps_request_fail(srv, req, rc, "--max-memory %llu bytes reached; "

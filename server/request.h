@@ -37,6 +37,7 @@ typedef struct embps_request {
   int64_t *idx;         /* merged, in place in body */
   float *vals;
   size_t n_unique;
+  int vals_small; /* every value of vals within EMBPS_TABLE_G_SCREEN */
   uint64_t start_ns; /* when dispatch began (latency metrics) */
   struct embps_request *next;
   /* Set by whoever submits it to the apply thread: run there, with the

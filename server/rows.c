@@ -172,6 +172,13 @@ int embps_rows_write_check(embps_server_t *srv, embps_request_t *req) {
   int rc;
   if (embps_request_check_dim(srv, req, t, q->dim))
     goto refuse;
+  if (q->has_step && q->step > EMBPS_STEP_MAX) {
+    embps_request_fail(srv, req, EMBPS_EINVAL, "step %llu of table \"%s\" "
+                       "is past the largest a table reaches, 2^53 "
+                       "(EMBPS_STEP_MAX)", (unsigned long long)q->step,
+                       s->name);
+    goto refuse;
+  }
   if (q->state_floats && q->state_floats != k) {
     embps_request_fail(srv, req, EMBPS_EDIM, "table \"%s\" (%s) keeps %u "
                        "optimizer state slots per weight, the request "

@@ -47,6 +47,7 @@
 #include "evict.h"
 #include "notify.h"
 #include "server.h"
+#include "snapshot.h"
 
 #define ACCEPT_RETRY_MS 100
 #define LOG_EVERY_MS 1000
@@ -219,6 +220,7 @@ static void begin_stop(net_t *net) {
   /* the signal handles stay (unreferenced: they keep no loop alive), so a
    * second SIGTERM or a SIGHUP while stopping neither kills nor reloads */
   embps_apply_drain(net->srv.apply);
+  embps_snapshots_drain(net->srv.snap);
   io_drain_all(net);
 }
 
@@ -400,6 +402,7 @@ static net_t *net_of(embps_server_t *srv) {
 static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stats = embps_durable_stats,
     .durable_space = embps_durable_space,
+    .durable_stall_ms = embps_durable_stall_ms,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
 };
@@ -424,6 +427,8 @@ static int net_start(net_t *net) {
     LOG_ERROR("cannot start the apply thread");
     return rc;
   }
+  if ((rc = embps_snapshots_create(srv, &srv->snap)))
+    return rc;
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;
@@ -494,6 +499,8 @@ static int net_stop_threads(net_t *net) {
     io_drain_all(net);
   for (uint32_t i = 0; i < net->n_io; i++)
     embps_io_join(net->io[i]);
+  embps_snapshots_destroy(srv->snap); /* no READ can come any more */
+  srv->snap = NULL;
   int status = 0;
   if (srv->apply) {
     status = embps_durable_shutdown(srv) ? 1 : 0; /* final checkpoint */

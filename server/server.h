@@ -29,10 +29,12 @@
  *   dispatch.c     each request kind on its I/O thread
  *   apply.c        the apply thread: runs req->run, in order
  *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
+ *   snapshot.c     snapshot sessions: the tables as a checkpoint stream
  *   durable.c      --data-dir: log records, acks, checkpoints, restore
  *   space.c        the data dir's disk: log-size trigger, checkpoint room
  *   redo.c         one log record applied to the tables
  *   ckpt.c dio.c wal.c   checkpoint directories; the log's segments
+ *   marker.c       the state a checkpoint or a snapshot starts from
  *   sync.c request.c metrics.c seen.c cluster.c auth.c   helpers of the
  *                  above; procstat.c cgroup.c watchdog.c below metrics.c
  *   registry.c table_io.c table.c policy.c hstore.c ...   the tables */
@@ -136,6 +138,7 @@ struct embps_server {
   embps_auth_t auth; /* the tokens hellos are checked against (reload) */
   struct embps_apply *apply;
   struct embps_durable *dur; /* NULL without --data-dir */
+  struct embps_snapshots *snap; /* snapshot sessions (snapshot.h) */
 };
 
 /* Per-thread scratch, reused by every request of that thread. */

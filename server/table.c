@@ -16,6 +16,8 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,7 @@ void embps_table_scratch_close(embps_table_scratch_t *s) {
   free(s->wide);
   free(s->what);
   free(s->slot);
+  free(s->check);
   embps_table_scratch_init(s);
 }
 
@@ -194,19 +197,63 @@ static void init_record(const embps_table_t *t, int64_t id,
   embps_optim_init_state(&t->optim, (float *)(rec + t->state_off), t->dim);
 }
 
+/* ------------------------------------------------------------ envelope */
+
+/* A push can only overflow a value through large ones. While every weight
+ * lies within envelope_w (f16: 256, else 2^40), every state value within
+ * ENVELOPE_S and FTRL's n at or above its initial accumulator, and the
+ * push's gradients are bounded, embps_optim_bounded proves the update
+ * finite without reading a row, so embps_table_check_finite needs no dry
+ * run. Commit and place_rows note every row they leave outside
+ * (t->unbounded, never cleared): from then on each push takes the dry run
+ * (its cost, a second pass over the push's rows, is in README,
+ * "Semantics"). */
+#define ENVELOPE_S 0x1p40f
+
+static float envelope_w(const embps_table_t *t) {
+  return t->dtype == EMBPS_DTYPE_F16 ? 256.0f : 0x1p40f;
+}
+
+/* 1 if some |x[i]| of x[0..n) is above bound or NaN (a compare and an
+ * or per value: it vectorises). */
+static int any_above(const float *x, size_t n, float bound) {
+  int above = 0;
+  for (size_t i = 0; i < n; i++)
+    above |= !(fabsf(x[i]) <= bound);
+  return above;
+}
+
+int embps_table_g_small(const float *g, size_t n) {
+  return !any_above(g, n, EMBPS_TABLE_G_SCREEN);
+}
+
+/* Notes a row (float32 weights w, its state) outside the envelope. */
+static void note_envelope(embps_table_t *t, const float *w,
+                          const float *state) {
+  const uint32_t dim = t->dim, k = embps_optim_state_per_weight(t->optim.kind);
+  int out = any_above(w, dim, envelope_w(t)) |
+            any_above(state, (size_t)k * dim, ENVELOPE_S);
+  for (uint32_t j = 0; !out && t->optim.kind == EMBPS_OPT_FTRL && j < dim; j++)
+    out = !(state[j] >= t->optim.initial_accumulator);
+  if (out && !atomic_load_explicit(&t->unbounded, memory_order_relaxed))
+    atomic_store(&t->unbounded, 1);
+}
+
 /* One optimizer step on rec with gradient g. The f32 path runs the kernel
  * in place; f16/bf16 widen the weights into wide, run the same kernel and
  * round back to nearest even. */
-static inline void apply_record(const embps_table_t *t, unsigned char *rec,
+static inline void apply_record(embps_table_t *t, unsigned char *rec,
                                 const float *g, float *wide) {
   void *w = rec + t->w_off;
+  float *state = (float *)(rec + t->state_off);
   if (t->dtype == EMBPS_DTYPE_F32) {
     embps_optim_apply(&t->optim, w, g, t->dim); /* state follows w */
+    note_envelope(t, w, state);
     return;
   }
   embps_dtype_to_f32(t->dtype, w, wide, t->dim);
-  embps_optim_apply_split(&t->optim, wide, (float *)(rec + t->state_off), g,
-                          t->dim);
+  embps_optim_apply_split(&t->optim, wide, state, g, t->dim);
+  note_envelope(t, wide, state);
   embps_dtype_from_f32(t->dtype, wide, w, t->dim);
 }
 
@@ -307,6 +354,11 @@ int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
   t->hashed = spec->dynamic || cluster_size > 1;
   record_layout(t);
   atomic_init(&t->refs, 1);
+  const double init = fabs(spec->init_value) *
+                      (spec->init == EMBPS_INIT_NORMAL ? 8.66 : 1.0);
+  atomic_init(&t->unbounded,
+              (spec->init != EMBPS_INIT_ZEROS && init > envelope_w(t)) ||
+                  spec->initial_accumulator > ENVELOPE_S);
   t->shards = calloc(t->n_shards, sizeof *t->shards);
   if (!t->shards)
     goto fail;
@@ -685,6 +737,91 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
     embps_policy_after_push_locked(t, sh, now, b - s->start[k], c);
 }
 
+/* ------------------------------------------------------------ finite */
+
+/* Updates a copy of the row at order position p (tmp: weights, then state)
+ * as commit would; 1 if every value written would be finite, 0 if not,
+ * -1 for a position commit leaves alone. o: the optimizer at the step. */
+static int row_finite(const embps_table_t *t, const embps_table_scratch_t *s,
+                      const embps_optim_t *o, const int64_t *ids,
+                      const float *g, uint32_t p, float *tmp) {
+  const uint32_t dim = t->dim, k = embps_optim_state_per_weight(o->kind);
+  const int64_t id = ids[s->order[p]];
+  const unsigned char *rec = NULL;
+  if (is_padding(t, id))
+    return -1;
+  if (t->policy) {
+    const int what = s->what[p];
+    if (what != W_LIVE && what != W_NEW && what != W_RESET)
+      return -1;
+    rec = what == W_LIVE ? s->rec[p] : NULL;
+  } else if (t->hashed) {
+    rec = s->rec[p];
+  } else if (array_live(t, id)) {
+    rec = array_rec(t, id);
+  }
+  float *w = tmp, *state = tmp + dim;
+  if (rec) {
+    read_weights(t, rec, w);
+    memcpy(state, rec + t->state_off, (size_t)k * dim * sizeof *state);
+  } else {
+    initial_weights(t, id, w);
+    embps_optim_init_state(o, state, dim);
+  }
+  embps_optim_apply_split(o, w, state, g + (size_t)s->order[p] * dim, dim);
+  if (t->dtype != EMBPS_DTYPE_F32) /* stored rounded: f16 overflows early */
+    embps_dtype_round(t->dtype, w, dim);
+  int ok = 1;
+  for (size_t j = 0; j < (size_t)(1 + k) * dim; j++)
+    ok &= isfinite(tmp[j]) != 0;
+  return ok;
+}
+
+int embps_table_check_finite(const embps_table_t *t, embps_table_scratch_t *s,
+                             const int64_t *ids, const float *g, size_t n,
+                             int g_small, size_t *bad) {
+  embps_optim_t o = t->optim; /* commit's step: one past the table's */
+  embps_optim_begin_step(&o, atomic_load(&t->step) + 1);
+  if (g_small && !atomic_load(&t->unbounded)) {
+    const double out = t->dtype == EMBPS_DTYPE_F16    ? 65504.0 / 2
+                       : t->dtype == EMBPS_DTYPE_BF16 ? 3.38e38 / 2
+                                                      : FLT_MAX / 2;
+    if (embps_optim_bounded(&o, envelope_w(t), ENVELOPE_S,
+                            EMBPS_TABLE_G_SCREEN, out))
+      return 0;
+  }
+  const uint32_t S = t->n_shards;
+  const size_t per = ((size_t)(1 + embps_optim_state_per_weight(
+                                       t->optim.kind)) * t->dim + 15) &
+                     ~(size_t)15;
+  const size_t need = (size_t)omp_get_max_threads() * per;
+  if (need > s->check_floats) {
+    float *c = aligned_alloc(64, need * sizeof *c);
+    if (!c)
+      return -ENOMEM;
+    free(s->check);
+    s->check = c;
+    s->check_floats = need;
+  }
+  size_t first = n; /* the first position found, in request order */
+#pragma omp parallel for schedule(dynamic, 1) reduction(min : first) \
+    if (n >= PARALLEL_MIN_ROWS && S > 1)
+  for (uint32_t k = 0; k < S; k++) {
+    float *tmp = s->check + (size_t)omp_get_thread_num() * per;
+    const uint32_t b = s->start[k + 1];
+    for (uint32_t p = s->start[k]; p < b; p++) {
+      if (p + PREFETCH_AHEAD < b)
+        prefetch_known(t, s, ids, p + PREFETCH_AHEAD);
+      if (row_finite(t, s, &o, ids, g, p, tmp) == 0 && s->order[p] < first)
+        first = s->order[p];
+    }
+  }
+  if (first == n)
+    return 0;
+  *bad = first;
+  return EMBPS_ENONFINITE;
+}
+
 int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, size_t n, uint64_t max_bytes) {
   int rc = group_by_shard(t, s, ids, n);
@@ -807,6 +944,13 @@ void embps_table_place_rows(embps_table_t *t, embps_table_scratch_t *s,
             s->what[p] == W_RESET || s->what[p] == W_DROP);
       }
       fill(ctx, t, rec, i, wide);
+      if (t->dtype == EMBPS_DTYPE_F32) {
+        note_envelope(t, (const float *)(rec + t->w_off),
+                      (const float *)(rec + t->state_off));
+      } else {
+        read_weights(t, rec, wide);
+        note_envelope(t, wide, (const float *)(rec + t->state_off));
+      }
     }
     if (lsn)
       sh->lsn = lsn;

@@ -50,6 +50,8 @@ typedef struct {
   uint32_t *start;      /* n_shards + 1 bucket starts */
   uint32_t *fresh;      /* apply: new rows per shard */
   float *wide;          /* apply: a float32 row per OpenMP thread */
+  float *check;         /* check_finite: a row and its state per thread */
+  size_t check_floats;
   unsigned char *what;  /* apply, tables with a policy: fate of each position */
   uint32_t *slot;       /* ... and its slot */
   int raw;              /* restore: no admission, no expiry */
@@ -116,6 +118,21 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
 void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, const float *g, size_t n,
                         uint64_t lsn);
+/* After prepare, before commit: whether commit would leave every value it
+ * writes finite (weights rounded to the table's dtype, and the optimizer
+ * state). Proved from bounds when the table's values and the gradients
+ * are moderate (g_small: every |g| is within EMBPS_TABLE_G_SCREEN, which
+ * embps_table_g_small tells; table.c, "envelope"), else each row the push
+ * updates is updated in a scratch copy, nothing written. 0,
+ * EMBPS_ENONFINITE with *bad the position in ids of the first row that
+ * would not be, or -ENOMEM. */
+int embps_table_check_finite(const embps_table_t *t, embps_table_scratch_t *s,
+                             const int64_t *ids, const float *g, size_t n,
+                             int g_small, size_t *bad);
+#define EMBPS_TABLE_G_SCREEN 0x1p20f
+/* 1 if every |g[i]| of g[0..n) is within EMBPS_TABLE_G_SCREEN (any
+ * thread). */
+int embps_table_g_small(const float *g, size_t n);
 /* Replay: the table's step counter (the next commit makes it step + 1). */
 void embps_table_set_step(embps_table_t *t, uint64_t step);
 /* A number naming this table's life across restarts (its CREATE's LSN). */
@@ -127,21 +144,35 @@ uint32_t embps_table_n_shards(const embps_table_t *t);
  * int64 id, weights, zeros to 4 bytes, float32 state, zeros to 16 bytes;
  * this is its size. */
 size_t embps_table_file_record_bytes(const embps_table_t *t);
-/* Copies the rows of shard k as file records into *buf (*cap records,
- * grown with realloc as needed: reuse it for every shard, free() it at the
- * end), *rows of them, under the shard's read lock, with the shard's log
- * position in *lsn; state != NULL: the shard's admission and eviction
- * state too, under the same lock, into *state (malloc'd; NULL and 0 for a
- * table without a policy): each record's recency and pushes, in the order
- * of the records (least recently pushed first), and the admission sketch.
- * *held_ns = how long the lock was held. Pulls go on until a push to that
- * shard comes: the push waits for the copy, and pulls that come after it
- * wait for the push. 0, -ENOMEM. */
-int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
-                                     unsigned char **buf, size_t *cap,
-                                     size_t *rows, uint64_t *lsn,
-                                     unsigned char **state,
-                                     size_t *state_bytes, uint64_t *held_ns);
+/* A shard's snapshot: its file records in blocks of `per` records (every
+ * block full but the last), each block a malloc'd buffer with `room` bytes
+ * free in front of its records, for whoever takes it (a checkpoint sink may
+ * send it as it is). The caller sets per and room, takes or frees each
+ * buf[i] (i < n), and reuses the struct shard after shard; release the
+ * arrays with embps_table_blocks_close. */
+typedef struct {
+  size_t per, room;
+  unsigned char **buf; /* n blocks holding rows[i] records each */
+  size_t *rows;
+  size_t n, cap;
+} embps_table_blocks_t;
+
+void embps_table_blocks_close(embps_table_blocks_t *b);
+/* Copies the rows of shard k as file records into b (emptied first: its
+ * earlier blocks must have been taken), under the shard's read lock, with
+ * the shard's log position in *lsn; state != NULL: the shard's admission
+ * and eviction state too, under the same lock, into *state (malloc'd;
+ * NULL and 0 for a table without a policy): each record's recency and
+ * pushes, in the order of the records (least recently pushed first), and
+ * the admission sketch. The blocks are allocated, and their pages touched,
+ * before the lock, from the shard's share of the rows. *held_ns = how long
+ * the lock was held. Pulls go on until a push to that shard comes: the
+ * push waits for the copy, and pulls that come after it wait for the push.
+ * 0, -ENOMEM. */
+int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
+                               embps_table_blocks_t *b, uint64_t *lsn,
+                               unsigned char **state, size_t *state_bytes,
+                               uint64_t *held_ns);
 /* Restore of that state, of checkpoint format `format` (2: no counters,
  * the sketch in its old layout; 3): the counters of file shard file_k
  * (added to the table's) and its admission sketch (into the same shard,

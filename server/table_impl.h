@@ -92,6 +92,8 @@ struct embps_table {
   atomic_uint_fast64_t visible_step; /* step pulls judge ttl by */
   atomic_uint_fast64_t admitted, pending, ev_ttl, ev_cap, ev_l2, stall_ns;
   atomic_int refs;
+  atomic_int unbounded; /* a stored value may lie outside the envelope
+                           (table.c, "finite"): set for good */
 };
 
 /* The fate of each position of a push to a table with a policy

@@ -35,28 +35,38 @@ size_t embps_table_file_record_bytes(const embps_table_t *t) {
   return (ID_BYTES + body_bytes(t) + 15) & ~(size_t)15;
 }
 
-/* Writes the file record of id from the memory record rec into out. */
-static void to_file_record(const embps_table_t *t, int64_t id,
-                           const unsigned char *rec, unsigned char *out) {
-  const size_t fr = embps_table_file_record_bytes(t);
-  const size_t state = body_bytes(t) - (t->state_off - t->w_off);
-  const size_t state_at = ID_BYTES + (t->state_off - t->w_off);
-  memcpy(out, &id, sizeof id);
-  memcpy(out + ID_BYTES, rec + t->w_off, t->w_bytes);
-  memset(out + ID_BYTES + t->w_bytes, 0, state_at - ID_BYTES - t->w_bytes);
-  memcpy(out + state_at, rec + t->state_off, state);
-  memset(out + state_at + state, 0, fr - state_at - state); /* padding */
+/* Where a memory record's parts go in a file record: computed once per
+ * shard copy, not per row. */
+typedef struct {
+  size_t fr;       /* file record bytes */
+  size_t w_bytes;  /* stored weights */
+  size_t state_at; /* the state's offset in the file record */
+  size_t state;    /* its bytes */
+  int joined;      /* no pad between weights and state: one copy */
+} rec_layout_t;
+
+static void rec_layout(const embps_table_t *t, rec_layout_t *l) {
+  l->fr = embps_table_file_record_bytes(t);
+  l->w_bytes = t->w_bytes;
+  l->state = body_bytes(t) - (t->state_off - t->w_off);
+  l->state_at = ID_BYTES + (t->state_off - t->w_off);
+  l->joined = t->state_off == t->w_off + t->w_bytes;
 }
 
-/* Grows a snapshot buffer to hold `want` file records. 0 or -ENOMEM. */
-static int snap_reserve(const embps_table_t *t, unsigned char **buf,
-                        size_t *cap, size_t want) {
-  unsigned char *v = realloc(*buf, want * embps_table_file_record_bytes(t));
-  if (!v)
-    return -ENOMEM;
-  *buf = v;
-  *cap = want;
-  return 0;
+/* Writes the file record of id from the memory record rec into out. */
+static void to_file_record(const embps_table_t *t, const rec_layout_t *l,
+                           int64_t id, const unsigned char *rec,
+                           unsigned char *out) {
+  memcpy(out, &id, sizeof id);
+  if (l->joined) {
+    memcpy(out + ID_BYTES, rec + t->w_off, l->w_bytes + l->state);
+  } else {
+    memcpy(out + ID_BYTES, rec + t->w_off, l->w_bytes);
+    memset(out + ID_BYTES + l->w_bytes, 0, l->state_at - ID_BYTES -
+                                               l->w_bytes);
+    memcpy(out + l->state_at, rec + t->state_off, l->state);
+  }
+  memset(out + l->state_at + l->state, 0, l->fr - l->state_at - l->state);
 }
 
 /* Called for each row a shard walk visits; non-zero stops the walk. */
@@ -114,20 +124,62 @@ static int visit_shard_locked(const embps_table_t *t, uint32_t k,
   return 1;
 }
 
-typedef struct {
-  unsigned char *buf;
-  size_t n, cap;
-} snap_t;
+void embps_table_blocks_close(embps_table_blocks_t *b) {
+  for (size_t i = 0; i < b->n; i++)
+    free(b->buf[i]);
+  free(b->buf);
+  free(b->rows);
+  b->buf = NULL;
+  b->rows = NULL;
+  b->n = b->cap = 0;
+}
 
-/* visit_fn: appends one file record to a growing buffer (-ENOMEM). */
-static int snap_push(void *ctx, const embps_table_t *t, int64_t id,
-                     const unsigned char *rec) {
-  snap_t *b = ctx;
-  const size_t fr = embps_table_file_record_bytes(t);
-  if (b->n == b->cap && snap_reserve(t, &b->buf, &b->cap, 2 * b->cap + 1024))
+/* Adds an empty block of t's records to b (its pages touched when
+ * `touch`). 0 or -ENOMEM. */
+static int block_add(const embps_table_t *t, embps_table_blocks_t *b,
+                     int touch) {
+  if (b->n == b->cap) {
+    size_t cap = b->cap ? 2 * b->cap : 16;
+    unsigned char **buf = realloc(b->buf, cap * sizeof *buf);
+    if (buf)
+      b->buf = buf;
+    size_t *rows = buf ? realloc(b->rows, cap * sizeof *rows) : NULL;
+    if (!rows)
+      return -ENOMEM;
+    b->rows = rows;
+    b->cap = cap;
+  }
+  const size_t bytes = b->room + b->per * embps_table_file_record_bytes(t);
+  unsigned char *p = malloc(bytes);
+  if (!p)
     return -ENOMEM;
-  to_file_record(t, id, rec, b->buf + b->n * fr);
-  b->n++;
+  for (size_t i = 0; touch && i < bytes; i += 4096)
+    p[i] = 0; /* fault it in now, not during the copy under the lock */
+  b->buf[b->n] = p;
+  b->rows[b->n++] = 0;
+  return 0;
+}
+
+typedef struct {
+  embps_table_blocks_t *b;
+  size_t used; /* blocks written to (the others: spares) */
+  rec_layout_t l;
+} blocks_fill_t;
+
+/* visit_fn: appends one file record to the blocks (-ENOMEM). */
+static int block_push(void *ctx, const embps_table_t *t, int64_t id,
+                      const unsigned char *rec) {
+  blocks_fill_t *f = ctx;
+  embps_table_blocks_t *b = f->b;
+  if (!f->used || b->rows[f->used - 1] == b->per) {
+    if (f->used == b->n && block_add(t, b, 0)) /* no spare left */
+      return -ENOMEM;
+    f->used++;
+  }
+  to_file_record(t, &f->l, id, rec,
+                 b->buf[f->used - 1] + b->room +
+                     b->rows[f->used - 1] * f->l.fr);
+  b->rows[f->used - 1]++;
   return 0;
 }
 
@@ -186,49 +238,45 @@ static int snap_state(const embps_table_t *t, const shard_t *sh,
   return 0;
 }
 
-int embps_table_snapshot_shard_state(embps_table_t *t, uint32_t k,
-                                     unsigned char **buf, size_t *cap,
-                                     size_t *rows, uint64_t *lsn,
-                                     unsigned char **state,
-                                     size_t *state_bytes, uint64_t *held_ns) {
+int embps_table_snapshot_shard(embps_table_t *t, uint32_t k,
+                               embps_table_blocks_t *b, uint64_t *lsn,
+                               unsigned char **state, size_t *state_bytes,
+                               uint64_t *held_ns) {
   shard_t *sh = &t->shards[k];
-  /* sized before the lock from the row count (dense: the shard's share,
-   * plus slack), so the copy under the lock rarely grows the buffer */
-  size_t want = t->hashed ? 0 : atomic_load(&t->rows_allocated) / t->n_shards;
-  want += want / 8 + 1024;
-  if (want > *cap) {
-    const size_t fr = embps_table_file_record_bytes(t), had = *cap * fr;
-    if (snap_reserve(t, buf, cap, want))
-      return -ENOMEM;
-    /* fault the new pages in now, not during the copy under the lock */
-    for (size_t i = had; i < want * fr; i += 4096)
-      (*buf)[i] = 0;
-  }
-  snap_t b = {*buf, 0, *cap};
+  for (size_t i = 0; i < b->n; i++)
+    free(b->buf[i]); /* none, when the caller took them */
+  b->n = 0;
+  /* sized before the lock from the shard's share of the rows, plus slack,
+   * so the copy under the lock rarely allocates */
+  size_t want = atomic_load(&t->rows_allocated) / t->n_shards;
+  want += want / 8 + 64;
+  int rc = 0;
+  for (size_t i = 0; !rc && i < (want + b->per - 1) / b->per; i++)
+    rc = block_add(t, b, 1);
+  blocks_fill_t f = {b, 0, {0}};
+  rec_layout(t, &f.l);
   uint64_t pos = 0;
   pthread_rwlock_rdlock(&sh->lock);
   const uint64_t t0 = embps_now_ns();
-  int rc = t->hashed && sh->hs.n_slots > b.cap
-               ? snap_reserve(t, &b.buf, &b.cap, sh->hs.n_slots)
-               : 0;
   if (!rc && state)
     rc = snap_state(t, sh, state, state_bytes);
   if (!rc && t->has_meta) /* live rows, least recently pushed first */
     for (uint32_t next = sh->lru_head; !rc && next;
          next = sh->meta[next - 1].next)
-      rc = snap_push(&b, t, sh->meta[next - 1].id, embps_hstore_rec(&sh->hs, next - 1));
+      rc = block_push(&f, t, sh->meta[next - 1].id,
+                      embps_hstore_rec(&sh->hs, next - 1));
   else if (!rc)
-    rc = visit_shard_locked(t, k, &pos, SIZE_MAX, SIZE_MAX, snap_push, &b);
+    rc = visit_shard_locked(t, k, &pos, SIZE_MAX, SIZE_MAX, block_push, &f);
   *lsn = sh->lsn;
   *held_ns = embps_now_ns() - t0;
   pthread_rwlock_unlock(&sh->lock);
+  for (size_t i = f.used; i < b->n; i++) /* spares */
+    free(b->buf[i]);
+  b->n = f.used;
   if (rc < 0 && state) {
     free(*state);
     *state = NULL;
   }
-  *buf = b.buf;
-  *cap = b.cap;
-  *rows = b.n;
   return rc < 0 ? rc : 0;
 }
 

@@ -210,3 +210,12 @@ int embps_tokens_read(const char *path, embps_tokens_t *out, char *err,
   *out = t;
   return 0;
 }
+
+int embps_token_equal(const char *token, size_t token_len, const void *given,
+                      size_t len) {
+  const unsigned char *g = given;
+  unsigned diff = len != token_len;
+  for (size_t i = 0; i < token_len; i++)
+    diff |= (unsigned)((unsigned char)token[i] ^ (i < len ? g[i] : 0));
+  return diff == 0;
+}

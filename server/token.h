@@ -54,4 +54,9 @@ int embps_token_read(const char *path, char *token, size_t cap, size_t *len,
  * then unchanged. */
 int embps_tokens_read(const char *path, embps_tokens_t *out, char *err,
                       size_t err_len);
+
+/* 1 if the len bytes at given are the token (token_len bytes), compared
+ * in a time that depends on token_len only. */
+int embps_token_equal(const char *token, size_t token_len, const void *given,
+                      size_t len);
 #endif

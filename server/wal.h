@@ -34,8 +34,20 @@ enum { EMBPS_WAL_ALTER = 5 };
  * table's evict_l2_below at that step */
 enum { EMBPS_WAL_EVICT = 6 };
 
+/* A record appended after a sync began starts at the next page (4 KiB)
+ * of the segment, the file extended over the gap (which reads as zeros;
+ * replay skips zeros up to a page boundary): no write ever touches a page
+ * holding a record a sync may have made durable (and acknowledged), so a
+ * failed write-back of a page (ext4 then reads it back as zeros) cannot
+ * take an acknowledged record with it. */
+#define EMBPS_WAL_PAGE 4096
+
+/* A sync or write in progress longer than this: the log is stalled
+ * (/readyz says so). */
+#define EMBPS_WAL_STALL_MS 5000
+
 /* The format of the log segments written and read (--version prints it). */
-#define EMBPS_WAL_FORMAT 1u
+#define EMBPS_WAL_FORMAT 2u
 
 /* How a file of the data dir whose header says a format newer than this
  * binary reads is refused (the format found, then the newest read). Every
@@ -75,9 +87,14 @@ typedef int (*embps_wal_visit_fn)(void *ctx, const embps_wal_rec_t *r,
 
 /* Reads every segment of log_dir in LSN order and calls visit for each
  * record with lsn > after (records must follow after + 1 without a gap).
- * A torn tail of the last segment is cut off with a WARN; anything else
- * wrong fails with a message naming the file and offset. *last = the
- * last LSN read (or after). 0, or -1 with err. */
+ * A torn tail of the last segment (a record cut short, or zeros to the
+ * end, or in a format-2 segment the last record failing its checksum
+ * with zeros from a page inside it to the end) is cut off with a WARN.
+ * Anything
+ * else wrong fails with a message naming the file and offset (for a
+ * damaged record at the end of the log, also the command that drops it,
+ * should it be the unacknowledged tail of a write or fsync error).
+ * *last = the last LSN read (or after). 0, or -1 with err. */
 int embps_wal_replay(const char *log_dir, uint64_t after,
                      embps_wal_visit_fn visit, void *ctx, uint64_t *last,
                      char *err, size_t err_len);
@@ -112,12 +129,30 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
                      size_t err_len);
 /* The failure message if the log can no longer be made durable, or NULL. */
 const char *embps_wal_failed(embps_wal_t *w);
+/* Milliseconds the oldest write or sync still in progress has taken (0:
+ * none): past EMBPS_WAL_STALL_MS the disk is not taking writes. Any
+ * thread. */
+uint64_t embps_wal_stall_ms(embps_wal_t *w);
 /* Deletes the segments whose records are all <= lsn (a later segment
  * starts at or below lsn + 1). */
 void embps_wal_delete_upto(const char *log_dir, uint64_t lsn);
 /* fsync of a directory (after a create, rename or unlink in it). 0 or
  * -errno. */
 int embps_fsync_dir(const char *dir);
+/* A copy of the records after..upto of a log being written (a snapshot
+ * of a backup): calls visit for each segment holding some of them, in
+ * order, with its first LSN, its path and the length of its prefix that
+ * ends with its last record <= upto (whole records, the segment header
+ * included). Reads record headers only and changes nothing; the caller
+ * keeps the segments from being deleted and has the records up to upto
+ * written. 0, or -1 with err (records missing, or a header that does not
+ * check), or visit's -1. */
+typedef int (*embps_wal_segment_fn)(void *ctx, uint64_t first,
+                                    const char *path, uint64_t bytes,
+                                    char *err, size_t err_len);
+int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
+                       embps_wal_segment_fn visit, void *ctx, char *err,
+                       size_t err_len);
 /* Bytes of all segments in log_dir. */
 uint64_t embps_wal_bytes(const char *log_dir);
 #endif

@@ -232,7 +232,7 @@ done
   ok "each member holds part of the users (${rows[0]} + ${rows[1]} rows)" ||
   bad "each member holds part of the users" "${rows[*]} $(cat "$TMP/err")"
 for m in "$M0" "$M1"; do
-  curl -s "$m/metrics" >"$TMP/metrics"
+  curl -s -H "Authorization: Bearer $(cat "$TMP/token")" "$m/metrics" >"$TMP/metrics"
   if command -v promtool >/dev/null && promtool check metrics <"$TMP/metrics" >"$TMP/out" 2>&1 &&
      grep -q '^embps_table_rows_total{table="users",op="push"} [1-9]' "$TMP/metrics"; then
     ok "$m/metrics: promtool passes, pushes counted"

@@ -8,6 +8,8 @@ int dur_scenario_corrupt(void);
 int dur_scenario_diskfull(const char *shim);
 int dur_scenario_faultfs(const char *shim);
 int dur_scenario_fsync(const char *shim);
+int dur_scenario_fsync_lost(const char *shim);
+int dur_scenario_frozen(const char *shim);
 int dur_scenario_retry(void);
 int dur_scenario_space(void);
 int dur_scenario_space_full(void);

@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,6 +63,64 @@ int it_send_full(int fd, const void *p, size_t n) {
     n -= (size_t)w;
   }
   return 0;
+}
+
+int it_http_get(const char *ip, int port, const char *path, int timeout_ms,
+                char *body, size_t body_cap) {
+  return it_http_request(ip, port, path, NULL, timeout_ms, body, body_cap);
+}
+
+int it_http_request(const char *ip, int port, const char *path,
+                    const char *headers, int timeout_ms, char *body,
+                    size_t body_cap) {
+  if (body_cap)
+    body[0] = 0;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port)};
+  double deadline = it_now_ms() + timeout_ms;
+  int status = -1;
+  if (inet_pton(AF_INET, ip, &a.sin_addr) != 1 ||
+      (connect(fd, (struct sockaddr *)&a, sizeof a) && errno != EINPROGRESS))
+    goto out;
+  struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+  int err = 0;
+  socklen_t el = sizeof err;
+  if (poll(&pfd, 1, timeout_ms) != 1 ||
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err)
+    goto out;
+  char req[1024];
+  static _Thread_local char resp[1 << 16];
+  int len = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\n"
+                     "%sConnection: close\r\n\r\n", path, ip,
+                     headers ? headers : "");
+  if (it_send_full(fd, req, (size_t)len))
+    goto out;
+  size_t got = 0;
+  for (;;) { /* to the end: the server closes */
+    int left = (int)(deadline - it_now_ms());
+    pfd = (struct pollfd){.fd = fd, .events = POLLIN};
+    if (left <= 0 || poll(&pfd, 1, left) != 1)
+      goto out;
+    ssize_t r = recv(fd, resp + got, sizeof resp - 1 - got, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN))
+      continue;
+    if (r <= 0 || (got += (size_t)r) == sizeof resp - 1)
+      break;
+  }
+  resp[got] = 0;
+  if (sscanf(resp, "HTTP/1.%*d %d", &status) != 1) {
+    status = -1;
+    goto out;
+  }
+  const char *b = strstr(resp, "\r\n\r\n");
+  if (b && body_cap)
+    snprintf(body, body_cap, "%s", b + 4);
+out:
+  close(fd);
+  return status;
 }
 
 void it_sleep_ms(double ms) {

@@ -93,4 +93,13 @@ int it_recv_full(int fd, void *p, size_t n, int timeout_ms);
 /* Writes all n bytes to the socket fd (no SIGPIPE): 0, or -1 once the peer
  * is gone. */
 int it_send_full(int fd, const void *p, size_t n);
+/* GET path from an HTTP server at ip:port (IPv4), the whole exchange
+ * within timeout_ms: the status code (the body, cut to body_cap, in
+ * body), or -1 when no whole answer came in time. */
+int it_http_get(const char *ip, int port, const char *path, int timeout_ms,
+                char *body, size_t body_cap);
+/* The same with more header lines (each ending in "\r\n"; may be NULL). */
+int it_http_request(const char *ip, int port, const char *path,
+                    const char *headers, int timeout_ms, char *body,
+                    size_t body_cap);
 #endif

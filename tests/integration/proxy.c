@@ -113,6 +113,10 @@ static void *up_main(void *arg) {
       } else {
         p->counts.faults_fired++;
       }
+      if (fault == IT_PROXY_DROP_REQUEST_THEN_DOWN) {
+        snprintf(p->upstream, sizeof p->upstream, "127.0.0.1:1");
+        fault = IT_PROXY_DROP_REQUEST;
+      }
     }
     pthread_mutex_unlock(&p->mu);
     size_t first = fault == IT_PROXY_DROP_REQUEST ? h.body_len / 2

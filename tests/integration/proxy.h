@@ -25,6 +25,10 @@ typedef enum {
   /* Forward the request's header and half its body, then close both
    * sides: the server never sees the whole request. */
   IT_PROXY_DROP_REQUEST = 2,
+  /* As DROP_REQUEST, and the server is down from then on: the proxy's
+   * upstream becomes "127.0.0.1:1" (nothing listens there), so a
+   * reconnection fails, until it_proxy_set_upstream. */
+  IT_PROXY_DROP_REQUEST_THEN_DOWN = 3,
 } it_proxy_fault_t;
 
 typedef struct {

@@ -8,6 +8,8 @@
  *   test_dur_faults faultfs SHIM  ENOSPC and fsync EIO via an LD_PRELOAD shim
  *   test_dur_faults fsync SHIM    --fsync always|everysec|never, the syncs
  *                                 counted through the shim
+ *   test_dur_faults fsync-lost SHIM  fsync EIO losing pages: the restart
+ *   test_dur_faults frozen SHIM   fsync hanging: /readyz
  *   test_dur_faults retry         retry through a dropped connection
  *   test_dur_faults space         a push storm on a 64 MiB tmpfs with the
  *                                 default flags never fills it
@@ -41,6 +43,10 @@ int main(int argc, char **argv) {
     return dur_scenario_faultfs(argv[2]);
   if (!strcmp(mode, "fsync") && argc > 2)
     return dur_scenario_fsync(argv[2]);
+  if (!strcmp(mode, "fsync-lost") && argc > 2)
+    return dur_scenario_fsync_lost(argv[2]);
+  if (!strcmp(mode, "frozen") && argc > 2)
+    return dur_scenario_frozen(argv[2]);
   if (!strcmp(mode, "retry"))
     return dur_scenario_retry();
   if (!strcmp(mode, "space"))
@@ -48,6 +54,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "space-full"))
     return dur_scenario_space_full();
   fprintf(stderr, "usage: test_dur_faults kill|kill-unsafe|ckpt|corrupt|"
-          "diskfull SHIM|faultfs SHIM|fsync SHIM|retry|space|space-full\n");
+          "diskfull SHIM|faultfs SHIM|fsync SHIM|fsync-lost SHIM|"
+          "frozen SHIM|retry|space|space-full\n");
   return 2;
 }

@@ -11,6 +11,7 @@
  * come from harness_raw.h. */
 #define _GNU_SOURCE /* prlimit */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -612,6 +613,247 @@ static void test_names_nul_and_escaped(void **state) {
   stop_ok(&s);
 }
 
+/* Appends v as a protobuf varint to b (at *n). */
+static void pb_varint(uint8_t *b, size_t *n, uint64_t v) {
+  while (v >= 0x80) {
+    b[(*n)++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  b[(*n)++] = (uint8_t)v;
+}
+
+/* Sends a frame of kind whose meta is the given protobuf bytes. */
+static void send_raw_meta(int fd, uint16_t kind, uint32_t req_id,
+                          const uint8_t *meta, size_t meta_len) {
+  uint8_t buf[256] = {0};
+  embps_frame_header_t h = {
+      .body_len = (uint32_t)embps_bulk_offset(meta_len),
+      .meta_len = (uint32_t)meta_len, .req_id = req_id, .kind = kind};
+  assert_true(EMBPS_FRAME_HEADER_LEN + h.body_len <= sizeof buf);
+  embps_frame_header_encode(&h, buf);
+  memcpy(buf + EMBPS_FRAME_HEADER_LEN, meta, meta_len);
+  size_t len = EMBPS_FRAME_HEADER_LEN + h.body_len;
+  assert_int_equal(it_raw_put(fd, buf, len, 2000), len);
+}
+
+/* Issue 18.3: sizes are refused, not cut. A CREATE whose dim varint is
+ * 2^32 + 4 is refused naming the field (protobuf-c alone hands over 4);
+ * a spec whose initial rows would not be finite (normal std 1e300) is
+ * refused by the server itself (the library checks before sending too);
+ * nothing is created either time. */
+static void test_sizes_refused_not_truncated(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  int fd = it_raw_connect(s.port);
+  it_raw_hello(fd, NULL, 1);
+  uint8_t spec[64], meta[80];
+  size_t ns = 0, nm = 0;
+  spec[ns++] = 1 << 3 | 2; /* name "big" */
+  spec[ns++] = 3;
+  memcpy(spec + ns, "big", 3);
+  ns += 3;
+  spec[ns++] = 2 << 3; /* dim */
+  pb_varint(spec, &ns, (1ULL << 32) + 4);
+  spec[ns++] = 3 << 3; /* rows */
+  pb_varint(spec, &ns, 8);
+  meta[nm++] = 1 << 3 | 2; /* CreateTable.spec */
+  pb_varint(meta, &nm, ns);
+  memcpy(meta + nm, spec, ns);
+  nm += ns;
+  send_raw_meta(fd, EMBPS_KIND_CREATE, 2, meta, nm);
+  it_raw_expect_error(fd, UINT32_MAX, EMBPS_EPROTO, "dim");
+  /* std 1e300: every row would be -inf/inf in float32 */
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  embps_table_spec_init(&m.u.spec, "huge", 4, EMBPS_OPT_SGD);
+  m.u.spec.rows = 8;
+  m.u.spec.init = EMBPS_INIT_NORMAL;
+  m.u.spec.init_value = 1e300;
+  assert_int_equal(it_raw_try_send(fd, EMBPS_KIND_CREATE, &m, 3, NULL, 0), 0);
+  it_raw_expect_error(fd, UINT32_MAX, EMBPS_EPARAM, "std");
+  close(fd);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
+  embps_table_info_t info;
+  assert_int_equal(embps_describe_table(c, "big", &info), EMBPS_ENOTABLE);
+  assert_int_equal(embps_describe_table(c, "huge", &info), EMBPS_ENOTABLE);
+  assert_int_equal(embps_create_table(c, &m.u.spec), EMBPS_EPARAM);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Writes text to DIR/spec.json. */
+static void write_spec_json(const char *dir, const char *text) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/spec.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_true(fputs(text, f) >= 0);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* Issue 18.3: a table's step stays at most EMBPS_STEP_MAX (2^53). A
+ * WRITE_ROWS setting 2^64 - 1 is refused (it wrapped to 0 at the next
+ * Adam push: NaN rows), the step unchanged; at the maximum a push is
+ * refused with nothing changed. An import's spec.json is held to the
+ * same bounds: "step" past the maximum, and a "dim" of 2^32 + 4 (once a
+ * dim-4 table), are refused before anything is created or written. */
+static void test_step_bounded(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "adam", 2, EMBPS_OPT_ADAM);
+  spec.rows = 4;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  assert_int_equal(embps_write_rows(c, "adam", NULL, 0, NULL, 2, NULL, 1,
+                                    UINT64_MAX), EMBPS_EINVAL);
+  assert_non_null(strstr(embps_client_last_error(c), "EMBPS_STEP_MAX"));
+  assert_int_equal(embps_write_rows(c, "adam", NULL, 0, NULL, 2, NULL, 1,
+                                    EMBPS_STEP_MAX + 1), EMBPS_EINVAL);
+  embps_table_info_t info;
+  assert_int_equal(embps_describe_table(c, "adam", &info), 0);
+  assert_true(info.step == 0);
+  /* one below the maximum: one push reaches it, the next is refused */
+  assert_int_equal(embps_write_rows(c, "adam", NULL, 0, NULL, 2, NULL, 1,
+                                    EMBPS_STEP_MAX - 1), 0);
+  int64_t id = 1;
+  float g[2] = {0.5f, -0.25f}, w[2], w2[2];
+  assert_int_equal(embps_push(c, "adam", &id, 1, g, 2, 0), 0);
+  assert_int_equal(embps_pull(c, "adam", &id, 1, w, 2), 0);
+  assert_true(isfinite(w[0]) && isfinite(w[1]) && w[0] != 0);
+  assert_int_equal(embps_push(c, "adam", &id, 1, g, 2, 0), EMBPS_ELIMIT);
+  assert_non_null(strstr(embps_client_last_error(c), "largest"));
+  assert_int_equal(embps_pull(c, "adam", &id, 1, w2, 2), 0);
+  assert_memory_equal(w, w2, sizeof w);
+  assert_int_equal(embps_describe_table(c, "adam", &info), 0);
+  assert_true(info.step == EMBPS_STEP_MAX);
+
+  /* spec.json: the client refuses what the server could not see */
+  char dir[sizeof s.dir + 8];
+  snprintf(dir, sizeof dir, "%s/imp", s.dir);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  write_spec_json(dir, "{\"dim\": 4294967300, \"optimizer\": \"sgd\", "
+                       "\"rows\": 8, \"step\": 0, \"n\": 0}\n");
+  uint64_t rows = 0;
+  assert_int_equal(embps_import_table(c, "wide", dir, EMBPS_IMPORT_CREATE,
+                                      &rows), EMBPS_EBADFILE);
+  assert_non_null(strstr(embps_client_last_error(c), "\"dim\""));
+  assert_int_equal(embps_describe_table(c, "wide", &info), EMBPS_ENOTABLE);
+  write_spec_json(dir, "{\"dim\": 2, \"optimizer\": \"adam\", \"rows\": 4, "
+                       "\"step\": 18446744073709551615, \"n\": 0}\n");
+  assert_int_equal(embps_import_table(c, "adam", dir, EMBPS_IMPORT_STATE,
+                                      &rows), EMBPS_EBADFILE);
+  assert_non_null(strstr(embps_client_last_error(c), "\"step\""));
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Issue 18.8: idle authenticated connections at --max-connections lock
+ * new clients out only until --idle-timeout (600 s by default; 1 s here)
+ * closes them; a library client whose idle connection was closed goes on
+ * as if nothing happened (it reconnects on its next call). */
+static void test_idle_connections_make_room(void **state) {
+  (void)state;
+  it_server_t s;
+  const char *args[] = {"--max-connections", "8", "--idle-timeout", "1",
+                        NULL};
+  assert_int_equal(it_server_start(&s, args), 0);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
+  create_dense(c, "t", 2, 8, 0);
+  int fds[7];
+  for (int i = 0; i < 7; i++) {
+    fds[i] = it_raw_connect(s.port);
+    it_raw_hello(fds[i], NULL, 1);
+  }
+  /* full, every connection authenticated: the next one is refused */
+  int fd = it_raw_connect(s.port);
+  it_raw_expect_error(fd, UINT32_MAX, EMBPS_ELIMIT, "max-connections");
+  close(fd);
+  /* a second on, they are idle: closed, and a new client gets in */
+  double t0 = it_now_ms();
+  embps_client_t *d = NULL;
+  while (!d && it_now_ms() - t0 < 10000) {
+    embps_client_options_t o;
+    embps_client_options_init(&o);
+    o.servers = s.addr;
+    char err[256];
+    if (embps_client_create(&o, &d, err, sizeof err))
+      it_sleep_ms(200);
+  }
+  if (!d)
+    fail_msg("no new client got in within 10 s of the idle timeout");
+  for (int i = 0; i < 7; i++) {
+    assert_int_equal(it_raw_closed(fds[i], 5000), 1);
+    close(fds[i]);
+  }
+  /* c's connection was closed too: its next calls reconnect */
+  int64_t id = 3;
+  float g[2] = {1, 1}, w[2];
+  assert_int_equal(embps_push(c, "t", &id, 1, g, 2, 0), 0);
+  assert_int_equal(embps_pull(d, "t", &id, 1, w, 2), 0);
+  assert_true(w[0] != 0);
+  embps_client_destroy(d);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
+/* Issue 18.8: a push whose update would make a value non-finite (finite
+ * gradients can overflow a weight, an accumulator, an f16 weight) is
+ * refused whole, naming the row, and changes nothing: not the other rows
+ * of the push, not the step; the next good push applies. */
+static void test_nonfinite_results_refused(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "sgd", 2, EMBPS_OPT_SGD);
+  spec.rows = 4;
+  spec.lr = 1;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  int64_t ids[2] = {1, 0};
+  float g[4] = {1, 1, -3e38f, -3e38f}, w[4], w2[4];
+  assert_int_equal(embps_push(c, "sgd", ids, 2, g, 2, 0), 0); /* 3e38 */
+  assert_int_equal(embps_pull(c, "sgd", ids, 2, w, 2), 0);
+  assert_true(w[2] == 3e38f && w[0] == -1);
+  /* 3e38 + 3e38 is inf in float32 */
+  assert_int_equal(embps_push(c, "sgd", ids, 2, g, 2, 0), EMBPS_ENONFINITE);
+  const char *msg = embps_client_last_error(c);
+  if (!strstr(msg, "row 0") || !strstr(msg, "nothing changed"))
+    fail_msg("the refusal does not name the row: %s", msg);
+  assert_int_equal(embps_pull(c, "sgd", ids, 2, w2, 2), 0);
+  assert_memory_equal(w, w2, sizeof w); /* row 1 unchanged too */
+  embps_table_info_t info;
+  assert_int_equal(embps_describe_table(c, "sgd", &info), 0);
+  assert_true(info.step == 1);
+  float back[4] = {0, 0, 1e38f, 1e38f};
+  assert_int_equal(embps_push(c, "sgd", ids, 2, back, 2, 0), 0);
+  assert_int_equal(embps_pull(c, "sgd", ids, 2, w2, 2), 0);
+  assert_true(w2[2] == 3e38f - 1e38f && w2[0] == -1);
+
+  /* Adagrad: g^2 past float32 in the accumulator */
+  embps_table_spec_init(&spec, "ada", 2, EMBPS_OPT_ADAGRAD);
+  spec.rows = 4;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  float big[2] = {1e20f, 1e20f};
+  assert_int_equal(embps_push(c, "ada", ids, 1, big, 2, 0), EMBPS_ENONFINITE);
+  /* f16: a weight past 65504, fine in float32 */
+  embps_table_spec_init(&spec, "half", 2, EMBPS_OPT_SGD);
+  spec.rows = 4;
+  spec.lr = 1;
+  spec.dtype = EMBPS_DTYPE_F16;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  float up[2] = {-60000, -60000};
+  assert_int_equal(embps_push(c, "half", ids, 1, up, 2, 0), 0);
+  assert_int_equal(embps_push(c, "half", ids, 1, up, 2, 0), EMBPS_ENONFINITE);
+  assert_int_equal(embps_pull(c, "half", ids, 1, w, 2), 0);
+  assert_true(w[0] == 60000);
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -627,6 +869,10 @@ int main(void) {
       cmocka_unit_test(test_empty_token_hello),
       cmocka_unit_test(test_shutdown_with_held_push_of_closed_conn),
       cmocka_unit_test(test_names_nul_and_escaped),
+      cmocka_unit_test(test_sizes_refused_not_truncated),
+      cmocka_unit_test(test_step_bounded),
+      cmocka_unit_test(test_idle_connections_make_room),
+      cmocka_unit_test(test_nonfinite_results_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
 # test_cluster_ready.sh SERVER CLI - /readyz with --cluster-servers: two
 # real servers with an auth token and data dirs; member 1 restarted without
 # its data dir is not ready (the body names the table and who holds it,
-# embps_cluster_missing_tables says 1) until `create-table --exist-ok`
+# embps_cluster_missing_tables says 1); `create-table --exist-ok` refuses
+# to refill it (naming it, creating nothing) until `complete-table`
 # completes it; a peer down does not make the other unready (said in the
 # body, logged once); --complete-tables creates the missing table itself;
 # inconsistent flags are refused.
@@ -37,8 +38,10 @@ member() {
     --metrics-listen 127.0.0.1:0 --metrics-port-file "$TMP/$name.mport" "$@"
   printf -v "${name}_M" 'http://127.0.0.1:%s' "$(cat "$TMP/$name.mport")"
 }
-# readyz URL: the status code; the body in $TMP/body
-readyz() { curl -s -o "$TMP/body" -w '%{http_code}' "$1/readyz"; }
+# readyz URL: the status code; the body (which names tables for a
+# request with the token only) in $TMP/body
+readyz() { curl -s -H "Authorization: Bearer cluster-secret" -o "$TMP/body" \
+             -w '%{http_code}' "$1/readyz"; }
 # wait_readyz URL CODE [PATTERN]: up to 15 s for that code (and a body
 # matching PATTERN); 0 when it came
 wait_readyz() {
@@ -67,14 +70,24 @@ member a1 1 "$TMP/d1-empty"
 want="missing table \"user\" held by server 0 (127.0.0.1:$P0)"
 wait_readyz "$a1_M" 503 "$want" && ok "restarted empty: /readyz 503 naming user" ||
   bad "restarted empty: /readyz 503 naming user" "$(cat "$TMP/body")"
+[ "$(curl -s -o "$TMP/body" -w '%{http_code}' "$a1_M/readyz")" = 503 ] &&
+  ! grep -q user "$TMP/body" && ok "without the token: 503 naming no table" ||
+  bad "without the token: 503 naming no table" "$(cat "$TMP/body")"
 [ "$(gauge "$a1_M" embps_cluster_missing_tables)" = 1 ] &&
   ok "embps_cluster_missing_tables 1" || bad "embps_cluster_missing_tables 1"
 curl -s "$a1_M/metrics" >"$TMP/metrics"
 check "promtool check metrics (--cluster-servers)" promtool check metrics <"$TMP/metrics"
 [ "$(readyz "$a0_M")" = 200 ] && ok "member 0 stays ready" ||
   bad "member 0 stays ready" "$(cat "$TMP/body")"
-check "create-table --exist-ok completes member 1" \
-  c create-table user --dim 4 --dynamic --optimizer adagrad --exist-ok
+c create-table user --dim 4 --dynamic --optimizer adagrad --exist-ok \
+  >"$TMP/out" 2>&1 && bad "create-table --exist-ok refuses" "exit 0" ||
+  { grep -q "missing on server 1 (127.0.0.1:$P1) but held by server 0" "$TMP/out" &&
+    grep -q "embps complete-table user" "$TMP/out" &&
+    ok "create-table --exist-ok refuses, naming member 1 and complete-table" ||
+    bad "create-table --exist-ok refuses" "$(cat "$TMP/out")"; }
+[ "$(readyz "$a1_M")" = 503 ] && ok "refused: member 1 still not ready" ||
+  bad "refused: member 1 still not ready" "$(cat "$TMP/body")"
+check "complete-table completes member 1" c complete-table user
 [ "$(readyz "$a1_M")" = 200 ] && ok "completed: /readyz 200 at once" ||
   bad "completed: /readyz 200 at once" "$(cat "$TMP/body")"
 [ "$(gauge "$a1_M" embps_cluster_missing_tables)" = 0 ] &&

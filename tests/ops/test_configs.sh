@@ -310,7 +310,7 @@ readyz_para() {
   $PY -c '
 import re, sys
 t = " ".join(open(sys.argv[1]).read().split())
-m = re.search(r"`/readyz` answers 200 when .*?same spec\)\.", t)
+m = re.search(r"`/readyz` answers 200 when .*?data dir restored\.", t)
 print(m.group(0) if m else "")' "$1"
 }
 readyz_para "$ROOT/README.md" >"$TMP/r1"

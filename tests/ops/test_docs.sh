@@ -78,7 +78,7 @@ expect "embps-server --log-level <TAB>" "debug error info warn" x embps-server -
 expect "embps-server --fsync e<TAB>" "everysec" x embps-server --fsync e
 expect "embps-server --data-dir <TAB> (directories)" "dumps" x embps-server --data-dir ""
 expect "embps-server --listen <TAB> (a value: nothing)" "" x embps-server --listen ""
-expect "embps c<TAB>: commands" "checkpoint create-table" x embps c
+expect "embps c<TAB>: commands" "checkpoint complete-table create-table" x embps c
 expect "embps --<TAB>: global flags" "--help --member --retry-ms --servers --timeout-ms --token-file --version" x embps --
 expect "embps --servers H:P cre<TAB>: past a global value" "create-table" x embps --servers h:1 cre
 expect "embps create-table t --opt<TAB>" "--optimizer" x embps create-table t --opt

@@ -1,7 +1,8 @@
 """The Python package's surface: one exception class per kind of failure
 (builtins where they fit), constants generated from the C header's error
-map (and kept current), type hints and docstrings on the public API, and
-dropped tickets that do not live until the client closes.
+map (and kept current), type hints and docstrings on the public API,
+dropped tickets that do not live until the client closes, and a server's
+text in an exception escaped (a lying server's ESC, CR and LF as \\xNN).
 """
 import errno
 import gc
@@ -13,6 +14,9 @@ import threading
 import typing
 import unittest
 import warnings
+
+import socket
+import struct
 
 import numpy as np
 
@@ -59,6 +63,70 @@ class ErrorMap(unittest.TestCase):
             embps.EMBPS_ERANGE, "index 9")))
         self.assertIsInstance(again, embps.OutOfRange)
         self.assertEqual(again.message, "index 9")
+
+
+def _varint(v):
+    out = bytearray()
+    while True:
+        b = v & 0x7f
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def _frame(kind, req_id, meta):
+    """A frame as frame.h lays it out: body_len, meta_len, req_id, kind,
+    magic "EP", then the meta padded to 8 bytes."""
+    body = meta + b"\0" * (-len(meta) % 8)
+    return struct.pack("<IIIH2s", len(body), len(meta), req_id, kind,
+                       b"EP") + body
+
+
+class LyingServer(threading.Thread):
+    """Answers the hello (a cluster of one), then every request with an
+    error whose text drives a terminal."""
+    NASTY = "\x1b[2J\x1b]0;owned\x07\r\nall good"
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+
+    def run(self):
+        conn, _ = self.sock.accept()
+        with conn:
+            while True:
+                head = conn.recv(16, socket.MSG_WAITALL)
+                if len(head) < 16:
+                    return
+                body_len, _, req_id, kind, _ = struct.unpack("<IIIH2s", head)
+                if body_len:
+                    conn.recv(body_len, socket.MSG_WAITALL)
+                if kind == 1:  # HELLO: version 1, cluster of 1, 64 MiB
+                    meta = (b"\x08\x01\x10\x01\x18\x00\x28"
+                            + _varint(1 << 26))
+                    conn.sendall(_frame(0x81, req_id, meta))
+                else:  # ERROR: code (zigzag), message
+                    text = self.NASTY.encode()
+                    meta = (b"\x08" + _varint(2 * 30002 - 1) + b"\x12"
+                            + _varint(len(text)) + text)
+                    conn.sendall(_frame(0xff, req_id, meta))
+
+
+class EscapedText(unittest.TestCase):
+
+    def test_server_text_is_escaped_in_exceptions(self):
+        liar = LyingServer()
+        liar.start()
+        with embps.Client(liar.address, timeout_ms=5000, retry_ms=-1) as c:
+            with self.assertRaises(embps.TableNotFound) as e:
+                c.drop_table("t")
+        msg = e.exception.message
+        self.assertIn("\\x1b[2J\\x1b]0;owned\\x07\\x0d\\x0aall good", msg)
+        self.assertFalse(any(ord(ch) < 0x20 for ch in str(e.exception)), msg)
 
 
 class FromTheServer(unittest.TestCase):

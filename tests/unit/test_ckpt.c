@@ -403,14 +403,26 @@ typedef struct {
 } shard_copy_t;
 
 /* Shard k of t as a checkpoint copies it: its file records in recency
- * order (least recently pushed first) and its policy state. */
+ * order (least recently pushed first; the blocks put end to end) and its
+ * policy state. */
 static void shard_copy(embps_table_t *t, uint32_t k, shard_copy_t *c) {
   uint64_t lsn, held;
   memset(c, 0, sizeof *c);
-  assert_int_equal(embps_table_snapshot_shard_state(
-                       t, k, &c->recs, &c->cap, &c->rows, &lsn, &c->state,
-                       &c->state_bytes, &held),
+  const size_t fr = embps_table_file_record_bytes(t);
+  embps_table_blocks_t b = {.per = 777, .room = 16};
+  assert_int_equal(embps_table_snapshot_shard(t, k, &b, &lsn, &c->state,
+                                              &c->state_bytes, &held),
                    0);
+  for (size_t i = 0; i < b.n; i++) {
+    assert_true(b.rows[i] == b.per || i + 1 == b.n);
+    c->rows += b.rows[i];
+  }
+  c->recs = malloc(c->rows * fr + 1);
+  assert_non_null(c->recs);
+  for (size_t i = 0, at = 0; i < b.n; at += b.rows[i++] * fr)
+    memcpy(c->recs + at, b.buf[i] + b.room, b.rows[i] * fr);
+  c->cap = c->rows;
+  embps_table_blocks_close(&b);
 }
 
 static void shard_copy_free(shard_copy_t *c) {

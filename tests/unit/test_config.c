@@ -47,7 +47,7 @@ static void test_defaults(void **state) {
   assert_true(c.max_frame_bytes == 64u << 20);
   assert_int_equal(c.max_connections, 1024);
   assert_int_equal(c.max_tables, 1024);
-  assert_int_equal(c.idle_timeout_s, 0);
+  assert_int_equal(c.idle_timeout_s, 600);
   assert_int_equal(c.hello_timeout_s, 5);
   assert_true(c.max_memory == 0);
   assert_int_equal(c.log_level, EMBPS_LOG_INFO);

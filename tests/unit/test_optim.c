@@ -368,6 +368,83 @@ static void test_ftrl_pow(void **state) {
   assert_true(ftrl_nonzeros > 100);
 }
 
+/* embps_optim_bounded is sound: where it says an update of rows within
+ * its bounds stays finite, the kernels' update of extreme such rows (the
+ * bounds themselves, signs mixed, gradients at the bound or zero, the
+ * smallest state) does; and it says nothing for settings that overflow. */
+static void test_bounded(void **state) {
+  (void)state;
+  const double W = 0x1p40, S = 0x1p40, G = 0x1p20, OUT = 3.4e38 / 2;
+  const float wv[] = {(float)W, -(float)W, 0, 1}, gv[] = {(float)G,
+                                                         -(float)G, 0, 1e-3f};
+  int proven = 0;
+  for (int opt = EMBPS_OPT_SGD; opt <= EMBPS_OPT_FTRL; opt++) {
+    for (int variant = 0; variant < 3; variant++) {
+      embps_table_spec_t spec;
+      embps_table_spec_init(&spec, "t", 4, (embps_optimizer_t)opt);
+      if (variant == 1) { spec.lr = 10; spec.weight_decay = 0.1; }
+      if (variant == 2) { spec.eps = 1e-3; spec.lr_power = -0.75; spec.l2 = 1; }
+      embps_optim_t o;
+      embps_optim_from_spec(&o, &spec);
+      for (uint64_t t = 1; t <= 1000; t *= 10) {
+        embps_optim_begin_step(&o, t);
+        if (!embps_optim_bounded(&o, W, S, G, OUT))
+          continue;
+        proven++;
+        const float s_lo = opt == EMBPS_OPT_FTRL ? o.initial_accumulator : 0;
+        const float sv[] = {(float)S, s_lo, -(float)S};
+        for (size_t a = 0; a < 4; a++)
+          for (size_t b = 0; b < 4; b++)
+            for (size_t c = 0; c < 3; c++) {
+              float w[4], st[8], g[4];
+              for (int j = 0; j < 4; j++) {
+                w[j] = wv[(a + j) % 4];
+                g[j] = gv[(b + j) % 4];
+                st[j] = sv[(c + j) % 3];
+                st[4 + j] = sv[(c + j + 1) % 3];
+                if (opt == EMBPS_OPT_ADAGRAD || opt == EMBPS_OPT_FTRL)
+                  st[j] = fabsf(st[j]) < s_lo ? s_lo : fabsf(st[j]);
+                if (opt == EMBPS_OPT_ADAM)
+                  st[4 + j] = fabsf(st[4 + j]); /* v >= 0 */
+              }
+              embps_optim_apply_split(&o, w, st, g, 4);
+              for (int j = 0; j < 4; j++) {
+                if (!(fabsf(w[j]) <= OUT) || !isfinite(st[j]) ||
+                    !isfinite(st[4 + j]))
+                  fail_msg("%s variant %d step %llu: w %g state %g %g not "
+                           "bounded", embps_optimizer_name(o.kind), variant,
+                           (unsigned long long)t, (double)w[j],
+                           (double)st[j], (double)st[4 + j]);
+              }
+            }
+      }
+    }
+  }
+  assert_true(proven > 20);
+  /* settings that overflow are not proven */
+  embps_table_spec_t spec;
+  embps_optim_t o;
+  embps_table_spec_init(&spec, "t", 4, EMBPS_OPT_SGD);
+  spec.lr = 1e36;
+  embps_optim_from_spec(&o, &spec);
+  assert_false(embps_optim_bounded(&o, W, S, G, OUT));
+  embps_table_spec_init(&spec, "t", 4, EMBPS_OPT_ADAM);
+  spec.eps = 0; /* 0 / 0 on a zero gradient */
+  embps_optim_from_spec(&o, &spec);
+  embps_optim_begin_step(&o, 1);
+  assert_false(embps_optim_bounded(&o, W, S, G, OUT));
+  embps_table_spec_init(&spec, "t", 4, EMBPS_OPT_ADAGRAD);
+  spec.eps = 0;
+  spec.initial_accumulator = 0;
+  embps_optim_from_spec(&o, &spec);
+  assert_false(embps_optim_bounded(&o, W, S, G, OUT));
+  embps_table_spec_init(&spec, "t", 4, EMBPS_OPT_SGD);
+  embps_optim_from_spec(&o, &spec);
+  assert_true(embps_optim_bounded(&o, W, S, G, OUT));
+  assert_false(embps_optim_bounded(&o, W, S, 1e30, OUT)); /* g past 2^40 */
+  assert_false(embps_optim_bounded(&o, W, S, NAN, OUT));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_state_per_weight),
@@ -378,6 +455,7 @@ int main(void) {
       cmocka_unit_test(test_adam_weight_decay),
       cmocka_unit_test(test_ftrl_sqrt),
       cmocka_unit_test(test_ftrl_pow),
+      cmocka_unit_test(test_bounded),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,10 @@
  * mutants showed untested: a segment that is not the last, cut anywhere,
  * is refused and left byte for byte as it was; embps_wal_delete_upto at
  * every boundary; records out of order inside a segment, even where the
- * checkpoint covers them. */
+ * checkpoint covers them. A record appended after a sync starts a new
+ * page, so replay can tell the last record's pages a failed write-back
+ * lost (cut) from other damage (refused, naming the command that drops
+ * it). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -21,6 +24,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "crc32c.h"
+#include "le.h"
 #include "wal.h"
 
 typedef struct {
@@ -58,8 +63,8 @@ static void remove_dir(const char *dir) {
   assert_int_equal(system(cmd), 0);
 }
 
-/* Writes n records (lsn first..) of growing payloads; returns the sum of
- * what visit() computes for them into sums. */
+/* Writes n records (lsn first..) of growing payloads, then waits for
+ * their acknowledgements. */
 static void write_log(const char *dir, uint64_t first, int n,
                       embps_fsync_t mode) {
   embps_wal_t *w;
@@ -75,6 +80,11 @@ static void write_log(const char *dir, uint64_t first, int n,
     struct iovec parts[2] = {{a, sizeof a}, {b, (size_t)i % 40}};
     assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, first + i, parts, 2,
                                       err, sizeof err), 0);
+  }
+  /* waited for once all are written: no sync begins between two records,
+   * so the records lie back to back (a record appended after a sync began
+   * would start a new page) */
+  for (int i = 0; i < n; i++) {
     embps_wal_waiter_t *waiter = calloc(1, sizeof *waiter);
     embps_wal_wait(w, waiter, first + i);
   }
@@ -276,6 +286,177 @@ static void test_sync_writes_queued_records(void **state) {
   remove_dir(dir);
 }
 
+/* The record starts of a segment file (offsets), skipping the zeros of
+ * a gap to the next page. Returns the count. */
+static int record_offsets(const char *path, long *offs, int max) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  static uint8_t buf[1 << 20];
+  size_t len = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  int n = 0;
+  for (size_t off = EMBPS_WAL_HEADER_BYTES;
+       off + EMBPS_WAL_HEADER_BYTES <= len && n < max;) {
+    if (!embps_get32(buf + off)) { /* a gap: zeros to the next page */
+      off = (off / EMBPS_WAL_PAGE + 1) * EMBPS_WAL_PAGE;
+      continue;
+    }
+    offs[n++] = (long)off;
+    off += EMBPS_WAL_HEADER_BYTES + embps_get32(buf + off + 16);
+  }
+  return n;
+}
+
+/* Issue 18.4: a record appended after a sync began starts a new 4 KiB
+ * page (the gap reads as zeros), so no write touches a page holding a
+ * record that sync covered; replay skips the gaps, and a byte flipped in
+ * one is damage like any other. */
+static void test_page_after_sync(void **state) {
+  char dir[64], path[128], err[512];
+  make_dir(dir, sizeof dir);
+  embps_wal_t *w;
+  assert_int_equal(embps_wal_open(dir, 1, EMBPS_FSYNC_ALWAYS, 0, done, NULL,
+                                  &w, err, sizeof err), 0);
+  for (uint64_t lsn = 1; lsn <= 6; lsn++) { /* each durable before the next */
+    uint8_t a[400];
+    memset(a, (int)lsn, sizeof a);
+    struct iovec part = {a, 100 + 37 * lsn};
+    assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
+                                      sizeof err), 0);
+    assert_int_equal(embps_wal_sync(w, lsn, err, sizeof err), 0);
+  }
+  embps_wal_close(w);
+  seg(path, sizeof path, dir, 1);
+  long offs[32];
+  int n = record_offsets(path, offs, 32);
+  assert_int_equal(n, 6);
+  assert_int_equal(offs[0], EMBPS_WAL_HEADER_BYTES);
+  for (int i = 1; i < n; i++)
+    assert_int_equal(offs[i], (long)i * EMBPS_WAL_PAGE);
+  seen_t s = {0};
+  uint64_t last;
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 6);
+  assert_int_equal(last, 6);
+  for (int i = 0; i < 6; i++)
+    assert_int_equal(s.lsns[i], i + 1);
+  FILE *f = fopen(path, "r+b");
+  fseek(f, 2 * EMBPS_WAL_PAGE - 9, SEEK_SET); /* in the second gap */
+  fputc(1, f);
+  fclose(f);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), -1);
+  assert_non_null(strstr(err, "checksum mismatch"));
+  remove_dir(dir);
+}
+
+/* Zeros bytes [from, to) of path (to < 0: to the end): pages a failed
+ * write-back lost. */
+static void zero_range(const char *path, long from, long to) {
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  if (to < 0)
+    to = st.st_size;
+  FILE *f = fopen(path, "r+b");
+  fseek(f, from, SEEK_SET);
+  for (long i = from; i < to; i++)
+    fputc(0, f);
+  fclose(f);
+}
+
+/* A log of 5 records, each synced before the next (so each starts a
+ * page); record `big` (1-based) of 9000 bytes, three pages. Returns the
+ * record offsets in offs (and the segment path in path). */
+static void paged_log(const char *dir, int big, char *path, size_t len,
+                      long *offs) {
+  embps_wal_t *w;
+  char err[512];
+  assert_int_equal(embps_wal_open(dir, 1, EMBPS_FSYNC_NEVER, 0, done, NULL,
+                                  &w, err, sizeof err), 0);
+  static uint8_t a[9000];
+  memset(a, 7, sizeof a);
+  for (uint64_t lsn = 1; lsn <= 5; lsn++) {
+    struct iovec part = {a, lsn == (uint64_t)big ? sizeof a : 300};
+    assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
+                                      sizeof err), 0);
+    assert_int_equal(embps_wal_sync(w, lsn, err, sizeof err), 0);
+  }
+  embps_wal_close(w);
+  seg(path, len, dir, 1);
+  assert_int_equal(record_offsets(path, offs, 32), 5);
+}
+
+/* Issue 18.4: what a failed write-back leaves of the log's last record,
+ * which began a page (format 2): its pages from the second on lost (zeros
+ * to the end) is a torn tail, cut at the end of the record before it;
+ * a page lost in its middle, a torn record followed by another, or the
+ * same in a format-1 segment (where a page a sync covered may have been
+ * written again) is refused, the message naming the command that drops
+ * the record, which works. */
+static void test_damaged_tail_after_failure(void **state) {
+  char dir[64], path[128], err[1024];
+  long offs[32];
+  seen_t s = {0};
+  uint64_t last;
+  make_dir(dir, sizeof dir);
+  paged_log(dir, 5, path, sizeof path, offs);
+  const long end4 = offs[3] + EMBPS_WAL_HEADER_BYTES + 300;
+  assert_int_equal(offs[4] % EMBPS_WAL_PAGE, 0);
+  zero_range(path, offs[4] + EMBPS_WAL_PAGE, -1);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 4);
+  assert_int_equal(last, 4);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_size, end4);
+  remove_dir(dir);
+
+  /* a page lost in the middle: refused, the command works */
+  make_dir(dir, sizeof dir);
+  paged_log(dir, 5, path, sizeof path, offs);
+  zero_range(path, offs[4] + EMBPS_WAL_PAGE, offs[4] + 2 * EMBPS_WAL_PAGE);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), -1);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "truncate -s %ld '%s'", end4, path);
+  if (!strstr(err, cmd))
+    fail_msg("no \"%s\" in: %s", cmd, err);
+  assert_int_equal(system(cmd), 0);
+  s.n = 0;
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 4);
+  remove_dir(dir);
+
+  /* a torn record with a good one after it: refused */
+  make_dir(dir, sizeof dir);
+  paged_log(dir, 4, path, sizeof path, offs);
+  zero_range(path, offs[3] + EMBPS_WAL_PAGE, offs[4]);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), -1);
+  assert_non_null(strstr(err, "checksum mismatch"));
+  remove_dir(dir);
+
+  /* format 1: a torn-looking last record is refused */
+  make_dir(dir, sizeof dir);
+  paged_log(dir, 5, path, sizeof path, offs);
+  zero_range(path, offs[4] + EMBPS_WAL_PAGE, -1);
+  FILE *f = fopen(path, "r+b");
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  assert_int_equal(fread(h, 1, sizeof h, f), sizeof h);
+  embps_put32(h + 8, 1);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
+  fseek(f, 0, SEEK_SET);
+  assert_int_equal(fwrite(h, 1, sizeof h, f), sizeof h);
+  fclose(f);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), -1);
+  assert_non_null(strstr(err, "truncate -s"));
+  remove_dir(dir);
+}
+
 /* ------------------------------------------------ files, byte for byte */
 
 typedef struct {
@@ -470,6 +651,8 @@ int main(void) {
       cmocka_unit_test(test_cut_middle_segment_refused_unmodified),
       cmocka_unit_test(test_delete_upto_boundary),
       cmocka_unit_test(test_lsn_order_within_segment),
+      cmocka_unit_test(test_page_after_sync),
+      cmocka_unit_test(test_damaged_tail_after_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

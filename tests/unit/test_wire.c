@@ -483,6 +483,62 @@ static void test_scan_write_rows(void **state) {
   free(o);
 }
 
+/* The snapshot session's messages; a READ reply's meta has one length
+ * whatever its values (the server builds it in front of its chunk). */
+static void test_snapshot(void **state) {
+  (void)state;
+  embps_msg_t *m = new_msg(EMBPS_KIND_SNAPSHOT_BEGIN), *o = new_msg(0);
+  m->u.snap_begin = (embps_snapshot_begin_t){1, 1u << 20, 300};
+  round_trip(m, o);
+  assert_true(o->u.snap_begin.with_log);
+  assert_int_equal(o->u.snap_begin.max_chunk_bytes, 1u << 20);
+  assert_int_equal(o->u.snap_begin.idle_ms, 300);
+  embps_msg_free(o);
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_SNAPSHOT_BEGIN | EMBPS_KIND_REPLY;
+  m->u.snap_begin_reply = (embps_snapshot_begin_reply_t){
+      UINT64_MAX - 3, 1ULL << 40, 8u << 20, 3, 2, 16, 5, 30000};
+  round_trip(m, o);
+  assert_memory_equal(&o->u.snap_begin_reply, &m->u.snap_begin_reply,
+                      sizeof m->u.snap_begin_reply);
+  embps_msg_free(o);
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_SNAPSHOT_READ;
+  m->u.snap_read = (embps_snapshot_read_t){7, UINT64_MAX, 4096};
+  round_trip(m, o);
+  assert_int_equal(o->u.snap_read.session, 7);
+  assert_int_equal(o->u.snap_read.seq, UINT64_MAX);
+  assert_int_equal(o->u.snap_read.max_bytes, 4096);
+  embps_msg_free(o);
+  size_t len[2];
+  for (int i = 0; i < 2; i++) {
+    memset(m, 0, sizeof *m);
+    m->kind = EMBPS_KIND_SNAPSHOT_READ | EMBPS_KIND_REPLY;
+    m->u.snap_read_reply = i ? (embps_snapshot_read_reply_t){UINT64_MAX,
+                                                             UINT64_MAX, 1}
+                             : (embps_snapshot_read_reply_t){0, 0, 0};
+    len[i] = embps_msg_size(m);
+    round_trip(m, o);
+    assert_int_equal(o->u.snap_read_reply.seq, i ? UINT64_MAX : 0);
+    assert_int_equal(o->u.snap_read_reply.offset, i ? UINT64_MAX : 0);
+    assert_int_equal(!!o->u.snap_read_reply.done, i);
+    embps_msg_free(o);
+  }
+  assert_int_equal(len[0], len[1]);
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_SNAPSHOT_END;
+  m->u.snap_session = 0x1234567890abcdefULL;
+  round_trip(m, o);
+  assert_int_equal(o->u.snap_session, 0x1234567890abcdefULL);
+  embps_msg_free(o);
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_SNAPSHOT_END | EMBPS_KIND_REPLY;
+  round_trip(m, o);
+  embps_msg_free(o);
+  free(m);
+  free(o);
+}
+
 static void test_stats_reply(void **state) {
   (void)state;
   embps_msg_t *m = new_msg(EMBPS_KIND_STATS | EMBPS_KIND_REPLY);
@@ -690,6 +746,58 @@ static void test_garbage(void **state) {
   msg.n = 0;
   pb_sub(&msg, 1, &spec);
   assert_int_equal(unpack_pb(EMBPS_KIND_CREATE, &msg), 0);
+  free(o);
+}
+
+/* A 32-bit field whose varint holds more than 32 bits is refused, saying
+ * which field, not cut to its low bits (a CREATE with dim 2^32 + 4 would
+ * make a dim-4 table); the largest 32-bit value still decodes. */
+static void test_varint_width(void **state) {
+  (void)state;
+  const uint64_t wide[] = {(1ULL << 32) + 4, 1ULL << 32, UINT64_MAX};
+  embps_msg_t *o = new_msg(0);
+  for (size_t i = 0; i < sizeof wide / sizeof *wide; i++) {
+    pb_t spec = {.n = 0}, msg = {.n = 0};
+    pb_str(&spec, 1, "t");
+    pb_uint(&spec, 2, wide[i]);
+    pb_sub(&msg, 1, &spec);
+    char why[160];
+    assert_int_equal(embps_msg_unpack_why(EMBPS_KIND_CREATE, msg.b, msg.n, o,
+                                          why, sizeof why),
+                     EMBPS_EPROTO);
+    assert_non_null(strstr(why, "dim"));
+    assert_non_null(strstr(why, "32 bits"));
+    assert_int_equal(unpack_pb(EMBPS_KIND_CREATE, &msg), EMBPS_EPROTO);
+  }
+  /* in a spec's other 32-bit fields, and in a pull's dim and count */
+  pb_t spec = {.n = 0}, msg = {.n = 0};
+  pb_str(&spec, 1, "t");
+  pb_uint(&spec, 2, 8);
+  pb_uint(&spec, 21, (1ULL << 32) + 1); /* sync_workers */
+  pb_sub(&msg, 1, &spec);
+  assert_int_equal(unpack_pb(EMBPS_KIND_CREATE, &msg), EMBPS_EPROTO);
+  pb_t pull = {.n = 0};
+  pb_str(&pull, 1, "t");
+  pb_uint(&pull, 2, 1ULL << 33);
+  pb_uint(&pull, 3, 8);
+  assert_int_equal(unpack_pb(EMBPS_KIND_PULL, &pull), EMBPS_EPROTO);
+  /* the largest value that fits decodes as itself */
+  spec.n = msg.n = 0;
+  pb_str(&spec, 1, "t");
+  pb_uint(&spec, 2, UINT32_MAX);
+  pb_sub(&msg, 1, &spec);
+  assert_int_equal(embps_msg_unpack(EMBPS_KIND_CREATE, msg.b, msg.n, o), 0);
+  assert_int_equal(o->u.spec.dim, UINT32_MAX);
+  embps_msg_free(o);
+  /* a 64-bit field takes the whole varint */
+  spec.n = msg.n = 0;
+  pb_str(&spec, 1, "t");
+  pb_uint(&spec, 2, 8);
+  pb_uint(&spec, 3, (1ULL << 40) + 1); /* rows */
+  pb_sub(&msg, 1, &spec);
+  assert_int_equal(embps_msg_unpack(EMBPS_KIND_CREATE, msg.b, msg.n, o), 0);
+  assert_true(o->u.spec.rows == (1ULL << 40) + 1);
+  embps_msg_free(o);
   free(o);
 }
 
@@ -1006,6 +1114,29 @@ static void test_spec_refusals(void **state) {
       EXPECT_REFUSED(s->sync_workers = 4097);
       EXPECT_REFUSED(s->init = EMBPS_INIT_UNIFORM; s->init_value = -0.1);
       EXPECT_REFUSED(s->init = EMBPS_INIT_NORMAL; s->init_value = -0.1);
+      /* initial rows finite in the dtype: normal draws reach 8.66 std */
+      EXPECT_REFUSED(s->init = EMBPS_INIT_NORMAL; s->init_value = 1e300);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_NORMAL; s->init_value = 4e37);
+      EXPECT_ACCEPTED(s->init = EMBPS_INIT_NORMAL; s->init_value = 3.9e37);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_NORMAL; s->init_value = 7600;
+                     s->dtype = EMBPS_DTYPE_F16);
+      EXPECT_ACCEPTED(s->init = EMBPS_INIT_NORMAL; s->init_value = 7500;
+                      s->dtype = EMBPS_DTYPE_F16);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_UNIFORM; s->init_value = 1e39);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_UNIFORM; s->init_value = 65600;
+                     s->dtype = EMBPS_DTYPE_F16);
+      EXPECT_ACCEPTED(s->init = EMBPS_INIT_UNIFORM; s->init_value = 65504;
+                      s->dtype = EMBPS_DTYPE_F16);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_CONSTANT; s->init_value = -1e39);
+      EXPECT_REFUSED(s->init = EMBPS_INIT_CONSTANT; s->init_value = 3.4e38;
+                     s->dtype = EMBPS_DTYPE_BF16);
+      EXPECT_ACCEPTED(s->init = EMBPS_INIT_CONSTANT; s->init_value = -3.4e38);
+      EXPECT_ACCEPTED(s->init = EMBPS_INIT_ZEROS; s->init_value = 1e300);
+      /* parameters the optimizers keep as float32 */
+      EXPECT_REFUSED(s->lr = 1e39);
+      EXPECT_REFUSED(s->initial_accumulator = 1e300);
+      EXPECT_REFUSED(s->l2 = 3.5e38);
+      EXPECT_REFUSED(s->lr_power = -1e39);
       /* dense vs dynamic */
       if (base_dyn) {
         EXPECT_REFUSED(s->rows = 10);
@@ -1079,10 +1210,12 @@ int main(void) {
       cmocka_unit_test(test_list_reply),
       cmocka_unit_test(test_pull_push),
       cmocka_unit_test(test_scan_write_rows),
+      cmocka_unit_test(test_snapshot),
       cmocka_unit_test(test_stats_reply),
       cmocka_unit_test(test_ack_kinds),
       cmocka_unit_test(test_frame_build),
       cmocka_unit_test(test_garbage),
+      cmocka_unit_test(test_varint_width),
       cmocka_unit_test(test_unknown_kind),
       cmocka_unit_test(test_name_bounds),
       cmocka_unit_test(test_other_bounds),

@@ -104,7 +104,8 @@ EMBPS_EXTERN size_t embps_abi_size(const char *type_name);
   X(EINTERNAL, -30021, "internal error")                                      \
   X(EIO, -30022, "data dir I/O error")                                         \
   X(ENODATADIR, -30023, "server has no --data-dir")                           \
-  X(EBADFILE, -30024, "bad export/import file")
+  X(EBADFILE, -30024, "bad export/import file")                               \
+  X(EPARTIAL, -30025, "on some servers only")
 
 enum embps_errno {
 #define EMBPS_ERRNO_ENUM_(name, code, msg) EMBPS_##name = (code),
@@ -150,6 +151,11 @@ typedef enum {
 
 #define EMBPS_TABLE_NAME_MAX 128
 #define EMBPS_DIM_MAX 65536
+/* The largest step counter a table reaches (2^53: exact in a double, as
+ * Adam's bias correction computes with it; ~285 years at a million pushes
+ * a second). Setting a larger one is refused; a push at it fails with
+ * EMBPS_ELIMIT. */
+#define EMBPS_STEP_MAX (1ULL << 53)
 
 /*
  * The fields of a table spec after its name and dim, written once as
@@ -410,18 +416,32 @@ EMBPS_EXTERN const char *embps_client_server_address(const embps_client_t *c,
 /* Create flags. */
 #define EMBPS_CREATE_EXIST_OK 1u /* a table that exists with this spec: 0 */
 
-/* Creates the table on every server of the cluster that lacks it (a
- * member restarted empty is completed). A server that holds it with
- * another spec makes it EMBPS_EEXIST, naming the server and the first
- * field that differs, and nothing is created; one that holds it on every
- * server with this spec is EMBPS_EEXIST too, or 0 with
- * EMBPS_CREATE_EXIST_OK. */
+/* Creates the table on every server of the cluster. It first describes
+ * the table on every server: a server that holds it with another spec
+ * makes it EMBPS_EEXIST, naming the server and the first field that
+ * differs; a table every server holds with this spec is EMBPS_EEXIST too,
+ * or 0 with EMBPS_CREATE_EXIST_OK. A table some servers hold and others
+ * lack (a member that came back without its data) is EMBPS_EPARTIAL,
+ * flag or not, naming the servers that lack it and those that hold it:
+ * completing a member starts its rows again from the initializer, so it
+ * is an explicit act (embps_complete_table). In each failure nothing is
+ * created. A member client (embps_client_create_member) asks and creates
+ * on its member alone. */
 EMBPS_EXTERN int embps_create_table_ex(embps_client_t *c,
                                        const embps_table_spec_t *spec,
                                        unsigned flags);
 /* embps_create_table_ex(c, spec, 0). */
 EMBPS_EXTERN int embps_create_table(embps_client_t *c,
                                     const embps_table_spec_t *spec);
+/* Completes table `name` on the servers that lack it while others hold it
+ * (a member that came back without its data): creates it there with the
+ * spec the holders agree on. The rows (and step counter) there start
+ * again from the table's initializer: what that member held is not
+ * recovered. *created (may be NULL) gets the servers it was created on (0
+ * when every server holds it). EMBPS_ENOTABLE when no server holds it;
+ * EMBPS_EEXIST when the holders' specs differ (nothing is created). */
+EMBPS_EXTERN int embps_complete_table(embps_client_t *c, const char *name,
+                                      uint32_t *created);
 EMBPS_EXTERN int embps_drop_table(embps_client_t *c, const char *name);
 /* The spec and counters of one table, summed over the servers. */
 EMBPS_EXTERN int embps_describe_table(embps_client_t *c, const char *name,
@@ -481,7 +501,18 @@ EMBPS_EXTERN int embps_pull(embps_client_t *c, const char *table,
  * server), then each server applies one optimizer step to its rows. The
  * whole push is validated first (finite values, dims, ranges), so a refused
  * push changes nothing. Exactly once: a push carries (client id, sequence),
- * and a retried push is never applied twice. */
+ * and a retried push is never applied twice.
+ *
+ * A push goes to every server. One that stops answering for longer than
+ * retry_ms makes the push fail after the others applied it: the error is
+ * EMBPS_EPARTIAL, naming the servers that applied it and those it is owed
+ * to. Do not push it again (the others would apply it twice): the library
+ * keeps it and sends it again to those servers alone, under the same
+ * (client id, sequence), before anything else it sends there, or at
+ * embps_push_resume(); each applies it exactly once (one that had applied
+ * it acknowledges a duplicate). A push no server can have applied (none
+ * acknowledged it, none was sent it whole) fails with the connection's
+ * error, owes nothing, and may be pushed again. */
 EMBPS_EXTERN int embps_push(embps_client_t *c, const char *table,
                             const int64_t *indices, size_t n,
                             const float *values, uint32_t dim, unsigned flags);
@@ -510,6 +541,19 @@ EMBPS_EXTERN int embps_push_step_async(embps_client_t *c, const char *table,
 /* Waits for the ticket's replies from every server and frees the ticket.
  * Returns the call's result. */
 EMBPS_EXTERN int embps_wait(embps_client_t *c, embps_ticket_t *ticket);
+
+/* Completes now the pushes owed to servers that stopped answering (see
+ * embps_push): connects to them and sends each owed push again, oldest
+ * first, retrying for retry_ms (once with a negative retry_ms). 0 once
+ * every server has every push; EMBPS_EPARTIAL if a server refused an owed
+ * push meanwhile (it stays applied on the others only: the message says
+ * which); otherwise the error of a server still unreachable, naming it and
+ * the oldest push it lacks: they stay owed. A client destroyed with pushes
+ * owed leaves them applied on some servers only. */
+EMBPS_EXTERN int embps_push_resume(embps_client_t *c);
+/* The pushes owed now (0: every push sent is on every server that
+ * answered it, or failed everywhere). */
+EMBPS_EXTERN size_t embps_push_owed(const embps_client_t *c);
 
 /* ------------------------------------------------------- export/import */
 

@@ -312,6 +312,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                          ctypes.c_int]),
         "embps_create_table": (ctypes.c_int, [P, ctypes.POINTER(_Spec)]),
         "embps_drop_table": (ctypes.c_int, [P, ctypes.c_char_p]),
+        "embps_complete_table": (ctypes.c_int, [P, ctypes.c_char_p,
+                                                ctypes.POINTER(ctypes.c_uint32)]),
         "embps_describe_table": (ctypes.c_int, [P, ctypes.c_char_p,
                                                 ctypes.POINTER(_Info)]),
         "embps_list_tables": (ctypes.c_int, [P,
@@ -345,6 +347,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                             ctypes.c_uint32, ctypes.c_uint,
                                             ctypes.POINTER(P)]),
         "embps_wait": (ctypes.c_int, [P, P]),
+        "embps_push_resume": (ctypes.c_int, [P]),
+        "embps_push_owed": (ctypes.c_size_t, [P]),
         "embps_export_table": (ctypes.c_int, [P, ctypes.c_char_p,
                                               ctypes.c_char_p, ctypes.c_uint,
                                               ctypes.POINTER(ctypes.c_uint64)]),
@@ -639,6 +643,14 @@ class Client:
         child, releases the child's copy only (the parent's connections are
         untouched)."""
         if getattr(self, "_c", None):
+            owed = (_lib().embps_push_owed(self._c)
+                    if self._pid == os.getpid() else 0)
+            if owed:
+                warnings.warn("embps: a client closed with %d push(es) owed "
+                              "to servers that stopped answering: they stay "
+                              "applied on the other servers only "
+                              "(resume_pushes() completes them)" % owed,
+                              RuntimeWarning)
             _lib().embps_client_destroy(self._c)
             self._c = None
             self._dropped = []
@@ -684,7 +696,11 @@ class Client:
         how the server stores the weights (pulls and pushes stay float32;
         optimizer state is float32). exist_ok: an existing table with the
         same spec is fine; one with a different spec raises TableExists
-        (EMBPS_EEXIST) naming every difference. Dynamic tables also take
+        (EMBPS_EEXIST) naming every difference. A table some servers hold
+        and others lack (a member that lost its data) raises PartialError
+        naming them, exist_ok or not, and is created nowhere: completing
+        those servers resets their rows, an explicit act (complete_table).
+        Dynamic tables also take
         admit_after, admit_probability, admit_sketch_bytes, ttl_steps,
         max_rows, evict ("lru"|"lfu") and evict_l2_below (README,
         "Admission and eviction")."""
@@ -730,6 +746,19 @@ class Client:
                 rc = 0
             self._check(rc)
         self._dims[name] = dim
+
+    def complete_table(self, name: str) -> int:
+        """Creates table `name` on the servers that lack it while others
+        hold it (a member that came back without its data), with the spec
+        the others hold, and returns how many servers it was created on.
+        The rows there start again from the table's initializer: what that
+        member held is lost. This is the explicit act create_table
+        (exist_ok or not) refuses to do silently (PartialError)."""
+        created = ctypes.c_uint32(0)
+        with self._lock:
+            self._check(_lib().embps_complete_table(
+                self._h(), name.encode(), ctypes.byref(created)))
+        return created.value
 
     def drop_table(self, name: str) -> None:
         """Drops table `name` on every server (TableNotFound if none holds
@@ -895,8 +924,29 @@ class Client:
              merge: bool = False, step: Optional[int] = None) -> None:
         """Pushes an IndexedSlices gradient (indices, values rows); with
         step, the push for that step of a synchronous table (it returns once
-        the step, with every worker's push, is applied)."""
+        the step, with every worker's push, is applied).
+
+        A server that stops answering for longer than retry_ms makes a push
+        to a cluster fail after the others applied it: PartialError names
+        the servers that applied it and those it is owed to. Do not push it
+        again (the others would apply it twice): the client sends it again
+        to those servers alone, under the same sequence, before anything
+        else it sends there, or at resume_pushes(); each applies it once."""
         return self.push_async(name, indices, values, merge, step).wait()
+
+    def resume_pushes(self) -> None:
+        """Completes now the pushes owed to servers that stopped answering
+        (see push), retrying for retry_ms; raises the error of a server
+        still unreachable (they stay owed), or PartialError if a server
+        refused one (it stays applied on the others only)."""
+        with self._lock:
+            self._check(_lib().embps_push_resume(self._h()))
+
+    @property
+    def pushes_owed(self) -> int:
+        """Pushes owed to servers that stopped answering (see push)."""
+        with self._lock:
+            return int(_lib().embps_push_owed(self._h()))
 
     def write_rows(self, name: str, ids: IdsLike, weights: RowsLike) -> int:
         """Sets the rows of distinct ids to weights ([n, dim], rounded to

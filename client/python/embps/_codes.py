@@ -30,6 +30,7 @@ __all__ = [
     "EMBPS_EIO",
     "EMBPS_ENODATADIR",
     "EMBPS_EBADFILE",
+    "EMBPS_EPARTIAL",
     "CODES",
 ]
 
@@ -57,6 +58,7 @@ EMBPS_EINTERNAL = -30021
 EMBPS_EIO = -30022
 EMBPS_ENODATADIR = -30023
 EMBPS_EBADFILE = -30024
+EMBPS_EPARTIAL = -30025
 
 #: code -> (symbol, message), as embps_err_name and embps_strerror give them
 CODES: Dict[int, Tuple[str, str]] = {
@@ -84,4 +86,5 @@ CODES: Dict[int, Tuple[str, str]] = {
     -30022: ("EMBPS_EIO", 'data dir I/O error'),
     -30023: ("EMBPS_ENODATADIR", 'server has no --data-dir'),
     -30024: ("EMBPS_EBADFILE", 'bad export/import file'),
+    -30025: ("EMBPS_EPARTIAL", 'on some servers only'),
 }

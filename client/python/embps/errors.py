@@ -35,7 +35,8 @@ __all__ = ["EmbpsError", "InvalidArgument", "InvalidParameter",
            "CountMismatch", "NonFinite", "BadFile", "ProtocolError",
            "AuthenticationFailed", "WrongServer", "ServerOutOfMemory",
            "Timeout", "ConnectionFailed", "LimitExceeded", "StepError",
-           "InternalError", "DurabilityError", "EmbpsOSError", "error_for",
+           "InternalError", "DurabilityError", "PartialError", "EmbpsOSError",
+           "error_for",
            "error_name"]
 
 
@@ -147,6 +148,13 @@ class DurabilityError(EmbpsError):
     """The data dir failed or is missing (EMBPS_EIO, EMBPS_ENODATADIR)."""
 
 
+class PartialError(EmbpsError):
+    """Some servers have it and others do not (EMBPS_EPARTIAL): a table a
+    member lost with its data (create_table refuses to refill it silently;
+    complete_table does it explicitly), or a push that gave up on a member
+    after being applied on the others."""
+
+
 class EmbpsOSError(EmbpsError, OSError):
     """A system error (-errno); .errno is set."""
 
@@ -176,6 +184,7 @@ _CLASS_OF: Dict[str, Type[EmbpsError]] = {
     "EMBPS_EIO": DurabilityError,
     "EMBPS_ENODATADIR": DurabilityError,
     "EMBPS_EBADFILE": BadFile,
+    "EMBPS_EPARTIAL": PartialError,
 }
 
 _ERRNO_CLASS: Dict[int, Type[EmbpsError]] = {
