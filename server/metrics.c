@@ -21,7 +21,6 @@
 #include "procstat.h"
 #include "server.h"
 #include "watchdog.h"
-#include "token.h"
 
 /* ------------------------------------------------------------ figures */
 

@@ -14,7 +14,9 @@
 #     reloaded by SIGHUP: during the window both tokens work on every
 #     member, after it only the new one; the members ask each other with
 #     the current token (a member restarted after the rotation is asked
-#     with NEW); a refused file changes nothing;
+#     with NEW); /metrics names tables to a request bearing either token
+#     during the window, the new one only after it; a refused file changes
+#     nothing;
 #   - --log-level-file read again at SIGHUP.
 set -u
 [ $# -eq 2 ] || { echo "usage: $0 SERVER CLI" >&2; exit 2; }
@@ -157,6 +159,13 @@ hup() {
     done
   done
 }
+for _ in $(seq 1 1000); do [ -s "$TMP/m0.mport" ] && break; sleep 0.01; done
+M0=http://127.0.0.1:$(cat "$TMP/m0.mport")
+# named TOKEN: member 0's /metrics names table "rot" to a request bearing
+# TOKEN (to others it says #N)
+named() { curl -s -H "Authorization: Bearer $1" "$M0/metrics" | grep -q 'table="rot"'; }
+timeout 30 "$CLI" --servers "$PEERS" --token-file "$TMP/old" create-table rot \
+  --dim 2 --rows 10 >"$TMP/out" 2>&1 || bad "create rot" "$(cat "$TMP/out")"
 works "$TMP/old" && ! works "$TMP/new" && ok "before: OLD works, NEW is refused" ||
   bad "before: OLD works, NEW is refused" "$(cat "$TMP/out")"
 printf 'OLD\nNEW\n' | tee "$TMP/t0" >"$TMP/t1"
@@ -164,6 +173,8 @@ hup "step 1"
 works "$TMP/old" && works "$TMP/new" &&
   ok "step 1 (OLD, NEW): both tokens work on every member" ||
   bad "step 1 (OLD, NEW): both tokens work on every member" "$(cat "$TMP/out")"
+named OLD && named NEW && ok "step 1: /metrics names tables for either token" ||
+  bad "step 1: /metrics names tables for either token" "$(curl -s -H 'Authorization: Bearer NEW' "$M0/metrics" | grep rot)"
 printf 'NEW\r\nOLD\r\n' | tee "$TMP/t0" >"$TMP/t1" # CRLF lines too
 hup "step 2"
 works "$TMP/old" && works "$TMP/new" &&
@@ -178,11 +189,14 @@ works "$TMP/new" && ok "step 3 (NEW): NEW works" || bad "step 3 (NEW): NEW works
 works "$TMP/old" && bad "step 3 (NEW): OLD is refused" ||
   { grep -q "bad or missing auth token" "$TMP/out" && ok "step 3 (NEW): OLD is refused" ||
     bad "step 3 (NEW): OLD is refused" "$(cat "$TMP/out")"; }
+named NEW && ! named OLD && ok "step 3: /metrics names tables for NEW only" ||
+  bad "step 3: /metrics names tables for NEW only" "$(curl -s -H 'Authorization: Bearer NEW' "$M0/metrics" | grep rot)"
+timeout 30 "$CLI" --servers "$PEERS" --token-file "$TMP/new" drop-table rot >"$TMP/out" 2>&1 ||
+  bad "drop rot" "$(cat "$TMP/out")"
 # member 1 restarts: member 0 asks it again with its current token, NEW
 kill -TERM "$m1_PID"
 wait "$m1_PID"
 member 1
-M0=http://127.0.0.1:$(cat "$TMP/m0.mport")
 deadline=$((SECONDS + 15))
 until curl -s "$M0/metrics" | grep -q '^embps_cluster_peers_unreachable 0$'; do
   [ $SECONDS -ge $deadline ] && break
