@@ -4,7 +4,8 @@
 # check of the exposition, /healthz, /readyz, unknown paths and methods;
 # request kinds by name; the process_* figures against /proc and the
 # clock; the memory limits (a cgroup's from a fake tree); the data dir's
-# disk; --log-format json; the rate-limited log of refused connections.
+# disk; every series exported a row of README.md's metrics table;
+# --log-format json; the rate-limited log of refused connections.
 set -u
 [ $# -eq 2 ] || { echo "usage: $0 SERVER CLI" >&2; exit 2; }
 SERVER=$1
@@ -241,6 +242,22 @@ expect 'embps_max_memory_bytes' 536870912
 grep -q "max-buffer-bytes 201326592: a quarter of the cgroup's memory limit, 805306368 bytes ($TMP/cg/sys/fs/cgroup/memory.max)" "$TMP/g.log" &&
   ok "the budget's origin logged at start" || bad "the budget's origin logged at start" "$(cat "$TMP/g.log")"
 stop g
+# every series these servers export (a data dir, tables, a cgroup's limit)
+# is a row of README.md's metrics table
+check "README's metrics table: every exported series" \
+  python3 - "$(dirname "$0")/../../README.md" "$TMP/dmetrics" "$TMP/metrics" <<'PY'
+import re, sys
+rows = [l for l in open(sys.argv[1]) if re.match(r"\s*\| `(embps|process)_", l)]
+documented = set()
+for l in rows:
+    documented.update(re.findall(r"`((?:embps|process)_\w+)`", l.split("|")[1]))
+exported = set()
+for f in sys.argv[2:]:
+    exported.update(l.split()[2] for l in open(f) if l.startswith("# TYPE "))
+assert len(exported) > 40, sorted(exported)
+missing = sorted(exported - documented)
+assert not missing, "not in the table: " + " ".join(missing)
+PY
 rm -f "$TMP/dport" "$TMP/d2.port"
 EMBPS_TEST_RESTORE_DELAY_MS=3000 "$SERVER" --listen 127.0.0.1:0 \
   --port-file "$TMP/d2.port" --data-dir "$TMP/data" \
