@@ -1,5 +1,5 @@
-/* util.h - small helpers both sides use: clocks, host:port parsing, and
- * reading little binary files. */
+/* util.h - small helpers both sides use: clocks, host:port parsing, error
+ * messages, and reading little binary files. */
 #ifndef EMBPS_UTIL_H
 #define EMBPS_UTIL_H
 #include <stddef.h>
@@ -27,4 +27,10 @@ size_t embps_token_first_line(const char *data, size_t len);
  * UTF-8) becomes \xNN. Cut at a character boundary if dst is too small.
  * Returns dst. */
 char *embps_escape(const char *src, char *dst, size_t cap);
+
+/* Writes the printf-style message into why (why_len bytes; nothing when why
+ * is NULL or why_len is 0) and returns code: `return embps_refuse(EMBPS_EINVAL,
+ * why, len, "dim %u too large", dim);` */
+int embps_refuse(int code, char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 #endif

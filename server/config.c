@@ -2,7 +2,6 @@
  * parsed with getopt_long, printed by --help), then the checks that need
  * several of them. No config file is ever needed: every setting has a
  * default that serves on 127.0.0.1:7070. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,14 +20,6 @@
 #include "token.h"
 #include "util.h"
 #include "wal.h"
-
-static int fail(char *err, size_t len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, len, fmt, ap);
-  va_end(ap);
-  return -1;
-}
 
 /* The flags fill a configuration, and --help and --version the rest. */
 typedef struct {
@@ -349,7 +340,8 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     return 1;
   }
   if (p.next < argc)
-    return fail(err, err_len, "unexpected argument \"%s\"", argv[p.next]);
+    return embps_refuse(-1, err, err_len, "unexpected argument \"%s\"",
+                        argv[p.next]);
   /* the file's level wins over --log-level, wherever that came */
   if (cfg->log_level_file[0] &&
       embps_log_read_level(cfg->log_level_file, &cfg->log_level, err,
@@ -358,10 +350,10 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   if (embps_cluster_config_check(cfg, err, err_len))
     return -1;
   if (cfg->cluster_index >= cfg->cluster_size)
-    return fail(err, err_len, "--cluster-index %u must be below "
+    return embps_refuse(-1, err, err_len, "--cluster-index %u must be below "
                 "--cluster-size %u", cfg->cluster_index, cfg->cluster_size);
   if (!cfg->has_token && !cfg->insecure && !host_is_loopback(cfg->listen_host))
-    return fail(err, err_len, "--listen %s is not a loopback address and "
+    return embps_refuse(-1, err, err_len, "--listen %s is not a loopback address and "
                 "there is no --auth-token-file: anyone who can reach it "
                 "could read, change and drop every table (give a token, or "
                 "--insecure to serve anyway; README, Security)",
