@@ -4,11 +4,11 @@
  * how it reads the extensible structs callers pass in (abi.h). */
 #include "abi.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "embps/nn.h"
+#include "util.h"
 
 unsigned embps_version(void) { return EMBPS_VERSION_HEX; }
 
@@ -50,28 +50,18 @@ _Static_assert(sizeof(embps_scan_chunk_t) == 104,
 _Static_assert(sizeof(embps_slices_t) == 56, "slices: use reserved words");
 #endif
 
-static int refuse(char *why, size_t why_len, const char *fmt, ...) {
-  if (why && why_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-  }
-  return EMBPS_EINVAL;
-}
-
 int embps_struct_read(void *dst, size_t dst_size, const void *src,
                       const char *type, const char *init, char *why,
                       size_t why_len) {
   size_t size;
   memcpy(&size, src, sizeof size);
   if (size < sizeof size || size > EMBPS_STRUCT_SIZE_MAX)
-    return refuse(why, why_len, "%s.size is %zu, not a struct size (%zu in "
+    return embps_refuse(EMBPS_EINVAL, why, why_len, "%s.size is %zu, not a struct size (%zu in "
                   "this library): set it with %s", type, size, dst_size, init);
   const unsigned char *p = src;
   for (size_t i = dst_size; i < size; i++)
     if (p[i])
-      return refuse(why, why_len, "%s sets fields libembps %s does not know "
+      return embps_refuse(EMBPS_EINVAL, why, why_len, "%s sets fields libembps %s does not know "
                     "(byte %zu of its %zu is not 0; this library's has %zu)",
                     type, EMBPS_VERSION_STRING, i, size, dst_size);
   size_t n = size < dst_size ? size : dst_size;
@@ -93,7 +83,7 @@ int embps_table_alter_read(const embps_table_alter_t *in,
 #define EMBPS_ALTER_COVERED_(field, bit)                                       \
   if ((a.set & (bit)) &&                                                       \
       offsetof(embps_table_alter_t, field) + sizeof a.field > size)            \
-    return refuse(why, why_len, "embps_table_alter_t sets " #field " but its " \
+    return embps_refuse(EMBPS_EINVAL, why, why_len, "embps_table_alter_t sets " #field " but its " \
                   "size (%zu) does not hold that field", size);
   EMBPS_TABLE_ALTER_FIELDS(EMBPS_ALTER_COVERED_)
 #undef EMBPS_ALTER_COVERED_

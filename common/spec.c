@@ -2,12 +2,12 @@
  * runs embps_table_spec_check() on every create, the client before sending. */
 #include <float.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "abi.h"
 #include "embps/embps.h"
+#include "util.h"
 
 static const char *const optimizer_names[] = {"sgd", "adagrad", "adam",
                                               "ftrl"};
@@ -101,16 +101,6 @@ void embps_table_spec_init(embps_table_spec_t *spec, const char *name,
   spec->init = EMBPS_INIT_ZEROS;
 }
 
-static int refuse(char *why, size_t why_len, const char *fmt, ...) {
-  if (why && why_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-  }
-  return EMBPS_EPARAM;
-}
-
 /* The largest finite value of a dtype (every row is stored in it). */
 static double dtype_max(embps_dtype_t dtype) {
   switch (dtype) {
@@ -134,13 +124,13 @@ static int spec_check_init(const embps_table_spec_t *s, char *why,
   const double max = dtype_max(s->dtype), v = fabs(s->init_value);
   const char *dt = embps_dtype_name(s->dtype);
   if (s->init == EMBPS_INIT_NORMAL && v * NORMAL_Z_MAX > max)
-    return refuse(why, why_len, "init normal std %g too large for %s: draws "
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "init normal std %g too large for %s: draws "
                   "reach %.2f std, past %s's largest value %g (max std %g)",
                   s->init_value, dt, NORMAL_Z_MAX, dt, max,
                   max / NORMAL_Z_MAX);
   if ((s->init == EMBPS_INIT_UNIFORM || s->init == EMBPS_INIT_CONSTANT) &&
       v > max)
-    return refuse(why, why_len, "init %s value %g does not fit %s (largest "
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "init %s value %g does not fit %s (largest "
                   "%g)", s->init == EMBPS_INIT_UNIFORM ? "uniform" : "constant",
                   s->init_value, dt, max);
   return 0;
@@ -168,92 +158,92 @@ static int spec_check_dynamic(const embps_table_spec_t *s, char *why,
   if (!any)
     return 0;
   if (!s->dynamic)
-    return refuse(why, why_len, "admission and eviction need --dynamic");
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "admission and eviction need --dynamic");
   if (s->admit_after > 65535)
-    return refuse(why, why_len, "admit-after %u too large (max 65535)",
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "admit-after %u too large (max 65535)",
                   s->admit_after);
   if (!(s->admit_probability >= 0 && s->admit_probability <= 1))
-    return refuse(why, why_len, "admit-probability must be in [0, 1] "
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "admit-probability must be in [0, 1] "
                   "(0: off)");
   if (s->admit_sketch_bytes > (1ULL << 34))
-    return refuse(why, why_len, "admit-sketch-bytes too large (max 2^34)");
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "admit-sketch-bytes too large (max 2^34)");
   if ((unsigned)s->evict > EMBPS_EVICT_LFU)
-    return refuse(why, why_len, "unknown evict policy %u", (unsigned)s->evict);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "unknown evict policy %u", (unsigned)s->evict);
   if (!(s->evict_l2_below >= 0) || !isfinite(s->evict_l2_below))
-    return refuse(why, why_len, "evict-l2-below must be finite and >= 0");
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "evict-l2-below must be finite and >= 0");
   return 0;
 }
 
 int embps_table_spec_check(const embps_table_spec_t *s, char *why,
                            size_t why_len) {
   if (!name_ok(s->name))
-    return refuse(why, why_len,
+    return embps_refuse(EMBPS_EPARAM, why, why_len,
                   "table name must be 1-127 characters of [A-Za-z0-9_.-]");
   for (size_t i = 0; i < sizeof s->reserved / sizeof *s->reserved; i++)
     if (s->reserved[i])
-      return refuse(why, why_len, "reserved word %zu of the spec is not 0: a "
+      return embps_refuse(EMBPS_EPARAM, why, why_len, "reserved word %zu of the spec is not 0: a "
                     "field libembps %s does not know (start a spec with "
                     "embps_table_spec_init)", i, EMBPS_VERSION_STRING);
   if (s->dim == 0 || s->dim > EMBPS_DIM_MAX)
-    return refuse(why, why_len, "dim %u out of range [1, %u]", s->dim,
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "dim %u out of range [1, %u]", s->dim,
                   EMBPS_DIM_MAX);
   if (s->dynamic && s->rows)
-    return refuse(why, why_len, "a table is either --rows N or --dynamic");
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "a table is either --rows N or --dynamic");
   if (!s->dynamic && s->rows == 0)
-    return refuse(why, why_len, "a dense table needs rows > 0");
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "a dense table needs rows > 0");
   if (!s->dynamic && s->rows > (1ULL << 40))
-    return refuse(why, why_len, "rows %llu too large for a dense table "
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "rows %llu too large for a dense table "
                   "(max 2^40; use --dynamic)", (unsigned long long)s->rows);
   if ((unsigned)s->optimizer > EMBPS_OPT_FTRL)
-    return refuse(why, why_len, "unknown optimizer %u", (unsigned)s->optimizer);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "unknown optimizer %u", (unsigned)s->optimizer);
   const double params[] = {s->lr, s->eps, s->beta1, s->beta2,
                            s->initial_accumulator, s->l1, s->l2, s->lr_power,
                            s->weight_decay, s->init_value};
   for (size_t i = 0; i < sizeof params / sizeof *params; i++)
     if (!isfinite(params[i]))
-      return refuse(why, why_len, "table parameters must be finite");
+      return embps_refuse(EMBPS_EPARAM, why, why_len, "table parameters must be finite");
   /* the optimizers keep them as float32: a larger one would be inf
    * (init_value, the last, is bounded for its init below) */
   for (size_t i = 0; i + 1 < sizeof params / sizeof *params; i++)
     if (fabs(params[i]) > FLT_MAX)
-      return refuse(why, why_len, "table parameter %g does not fit a "
+      return embps_refuse(EMBPS_EPARAM, why, why_len, "table parameter %g does not fit a "
                     "float32 (largest %g)", params[i], (double)FLT_MAX);
   if (s->lr <= 0)
-    return refuse(why, why_len, "lr must be > 0 (got %g)", s->lr);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "lr must be > 0 (got %g)", s->lr);
   if (s->eps < 0)
-    return refuse(why, why_len, "eps must be >= 0 (got %g)", s->eps);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "eps must be >= 0 (got %g)", s->eps);
   if (s->beta1 < 0 || s->beta1 >= 1)
-    return refuse(why, why_len, "beta1 must be in [0, 1) (got %g)", s->beta1);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "beta1 must be in [0, 1) (got %g)", s->beta1);
   if (s->beta2 < 0 || s->beta2 >= 1)
-    return refuse(why, why_len, "beta2 must be in [0, 1) (got %g)", s->beta2);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "beta2 must be in [0, 1) (got %g)", s->beta2);
   if (s->initial_accumulator < 0)
-    return refuse(why, why_len, "initial-accumulator must be >= 0 (got %g)",
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "initial-accumulator must be >= 0 (got %g)",
                   s->initial_accumulator);
   if (s->optimizer == EMBPS_OPT_FTRL && s->initial_accumulator <= 0)
-    return refuse(why, why_len, "ftrl needs initial-accumulator > 0 (got %g)",
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "ftrl needs initial-accumulator > 0 (got %g)",
                   s->initial_accumulator);
   if (s->l1 < 0 || s->l2 < 0)
-    return refuse(why, why_len, "l1 and l2 must be >= 0");
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "l1 and l2 must be >= 0");
   if (s->lr_power > 0)
-    return refuse(why, why_len, "lr-power must be <= 0 (got %g)", s->lr_power);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "lr-power must be <= 0 (got %g)", s->lr_power);
   if (s->weight_decay < 0)
-    return refuse(why, why_len, "weight-decay must be >= 0 (got %g)",
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "weight-decay must be >= 0 (got %g)",
                   s->weight_decay);
   if ((unsigned)s->init > EMBPS_INIT_NORMAL)
-    return refuse(why, why_len, "unknown init %u", (unsigned)s->init);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "unknown init %u", (unsigned)s->init);
   if ((s->init == EMBPS_INIT_UNIFORM || s->init == EMBPS_INIT_NORMAL) &&
       s->init_value < 0)
-    return refuse(why, why_len, "init scale must be >= 0");
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "init scale must be >= 0");
   if ((unsigned)s->dtype > EMBPS_DTYPE_BF16)
-    return refuse(why, why_len, "unknown dtype %u", (unsigned)s->dtype);
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "unknown dtype %u", (unsigned)s->dtype);
   if (spec_check_init(s, why, why_len))
     return EMBPS_EPARAM;
   if (s->sync_workers > 4096)
-    return refuse(why, why_len, "sync-workers %u too large (max 4096)",
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "sync-workers %u too large (max 4096)",
                   s->sync_workers);
   if (s->has_padding && !s->dynamic &&
       (s->padding_id < 0 || (uint64_t)s->padding_id >= s->rows))
-    return refuse(why, why_len, "padding id %lld outside [0, %llu)",
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "padding id %lld outside [0, %llu)",
                   (long long)s->padding_id, (unsigned long long)s->rows);
   return spec_check_dynamic(s, why, why_len);
 }
@@ -266,10 +256,10 @@ int embps_table_spec_alter(embps_table_spec_t *spec,
   if (rc)
     return rc;
   if (!a.set)
-    return refuse(why, why_len, "nothing to alter: give at least one of lr, "
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "nothing to alter: give at least one of lr, "
                   "eps, beta1, beta2, l1, l2, lr-power, weight-decay");
   if (a.set & ~EMBPS_ALTER_ALL)
-    return refuse(why, why_len, "unknown alter field bits 0x%x",
+    return embps_refuse(EMBPS_EPARAM, why, why_len, "unknown alter field bits 0x%x",
                   a.set & ~EMBPS_ALTER_ALL);
   embps_table_spec_t s = *spec;
 #define ALTER_SET_(field, bit)                                                 \

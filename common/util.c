@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,4 +120,22 @@ char *embps_escape(const char *src, char *dst, size_t cap) {
   }
   dst[o] = 0;
   return dst;
+}
+
+size_t embps_token_first_line(const char *data, size_t len) {
+  const char *nl = memchr(data, '\n', len);
+  size_t n = nl ? (size_t)(nl - data) : len;
+  while (n && data[n - 1] == '\r')
+    n--;
+  return n;
+}
+
+int embps_refuse(int code, char *why, size_t why_len, const char *fmt, ...) {
+  if (why && why_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+  }
+  return code;
 }

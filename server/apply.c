@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "server.h"
+#include "watchdog.h"
 
 struct embps_apply {
   pthread_t thread;
@@ -69,15 +70,19 @@ static embps_request_t *next_locked(embps_apply_t *a) {
 static void *apply_main(void *arg) {
   embps_apply_t *a = arg;
   omp_team_setup(&a->ctx.srv->cfg);
+  embps_watch_t *watch = embps_watch_start("apply", 0); /* /healthz */
   pthread_mutex_lock(&a->mu);
   for (embps_request_t *req; (req = next_locked(a));) {
     pthread_mutex_unlock(&a->mu);
+    embps_watch_busy(watch, 1);
     embps_metrics_queue(-1);
     a->ctx.runs++;
     req->run(&a->ctx, req);
+    embps_watch_busy(watch, 0);
     pthread_mutex_lock(&a->mu);
   }
   pthread_mutex_unlock(&a->mu);
+  embps_watch_stop(watch);
   return NULL;
 }
 

@@ -34,11 +34,6 @@ static embps_dispatch_t defer(embps_server_t *srv, embps_request_t *req,
   return EMBPS_DISPATCH_DEFERRED;
 }
 
-static int token_ok(const embps_server_config_t *cfg, const embps_hello_t *h) {
-  return !cfg->has_token || embps_token_equal(cfg->token, cfg->token_len,
-                                              h->token, h->token_len);
-}
-
 static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
                                  int *authed) {
   const embps_hello_t *h = &req->msg.u.hello;
@@ -48,7 +43,7 @@ static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
                        EMBPS_PROTOCOL_VERSION);
     return EMBPS_DISPATCH_CLOSE;
   }
-  if (!token_ok(&srv->cfg, h)) {
+  if (!embps_auth_check(&srv->auth, (const char *)h->token, h->token_len)) {
     embps_request_fail(srv, req, EMBPS_EAUTH, "bad or missing auth token");
     return EMBPS_DISPATCH_CLOSE;
   }
