@@ -931,6 +931,10 @@ void embps_table_place_rows(embps_table_t *t, embps_table_scratch_t *s,
     for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
       const uint32_t i = s->order[p];
       unsigned char *rec;
+      /* rows scattered over the table: start their lines' loads (the
+       * stores that overwrite them would wait for each in turn) */
+      if (p + PREFETCH_AHEAD < s->start[k + 1])
+        prefetch_known(t, s, ids, p + PREFETCH_AHEAD);
       if (is_padding(t, ids[i]))
         continue;
       if (!t->hashed)
