@@ -288,19 +288,16 @@ static void test_first_appearance(void **state) {
 /* The screen used by the tests of embps_merge_rows_checked. */
 #define SCREEN 4.0f
 
-/* What embps_merge_rows_checked's *small should be: 1 when every input
- * value and every running sum of duplicates (in input order, as the
- * naive merge adds them) lies within SCREEN. */
+/* What embps_merge_rows_checked's *small should be: 1 when every value
+ * of the naive merge lies within SCREEN. */
 static int naive_small(const int64_t *idx, const float *vals, size_t n,
                        uint32_t dim) {
   int64_t *uidx = xmalloc(n * sizeof *uidx);
   float *uvals = xmalloc(n * dim * sizeof *uvals);
+  const size_t k = naive_merge(idx, vals, n, dim, uidx, uvals);
   int small = 1;
-  for (size_t m = 1; m <= n; m++) { /* the sums after each input row */
-    size_t k = naive_merge(idx, vals, m, dim, uidx, uvals);
-    for (size_t j = 0; j < k * dim; j++)
-      small &= fabsf(uvals[j]) <= SCREEN;
-  }
+  for (size_t j = 0; j < k * dim; j++)
+    small &= fabsf(uvals[j]) <= SCREEN;
   free(uidx);
   free(uvals);
   return small;
@@ -380,29 +377,31 @@ static void test_merge_checked(void **state) {
   free(wv);
 }
 
-/* embps_merge_rows_checked's screen: *small is 1 exactly when every input
- * value and every running sum lies within the screen (against the naive
- * merge), whatever pushes a value out: one input value, a sum of
- * duplicates each within it, a value just past it; a value on it is
- * within; duplicates of opposite signs that stay within it are fine. */
+/* embps_merge_rows_checked's screen: *small is 1 exactly when every merged
+ * value lies within the screen (against the naive merge), whether the
+ * inputs are small enough to tell without looking at the sums (at most
+ * 2^-7 here: 300 of them sum within 4) or not, whatever pushes a value
+ * out: one input, a sum of duplicates each within the screen, a value just
+ * past it; a value on it is within, large values that cancel are too. */
 static void test_merge_screen(void **state) {
   (void)state;
   uint64_t s = 4242;
   const uint32_t dim = 11;
   const size_t n = 300;
-  int64_t *ids = xmalloc(n * sizeof *ids);
-  float *vals = xmalloc(n * dim * sizeof *vals);
-  int64_t *ui = xmalloc(n * sizeof *ui), *wi = xmalloc(n * sizeof *wi);
-  float *uv = xmalloc(n * dim * sizeof *uv), *wv = xmalloc(n * dim * sizeof *wv);
+  int64_t *ids = xmalloc(512 * sizeof *ids);
+  float *vals = xmalloc(512 * dim * sizeof *vals);
+  int64_t *ui = xmalloc(512 * sizeof *ui), *wi = xmalloc(512 * sizeof *wi);
+  float *uv = xmalloc(512 * dim * sizeof *uv);
+  float *wv = xmalloc(512 * dim * sizeof *wv);
   embps_dedup_t d;
   embps_dedup_init(&d);
   int seen[2] = {0, 0};
   for (int round = 0; round < 60; round++) {
     const size_t m = round % 3 ? n : 7; /* few rows: sums stay small */
     make_ids(&s, round % N_POOLS, ids, m);
-    const float scale = round % 4 == 0 ? 0.5f : 1.9f; /* sums pass 4 */
+    const float scale[] = {0x1p-7f, 0.5f, 1.9f, 1.9f}; /* 1.9: sums pass 4 */
     for (size_t i = 0; i < m * dim; i++)
-      vals[i] = scale * rng_float(&s);
+      vals[i] = scale[round % 4] * rng_float(&s);
     switch (round % 5) {
     case 1: /* one value on the screen, one just past it */
       vals[rng_next(&s) % (m * dim)] = -SCREEN;
@@ -430,23 +429,44 @@ static void test_merge_screen(void **state) {
   }
   assert_true(seen[0] > 0 && seen[1] > 0); /* both outcomes exercised */
 
-  /* duplicates within the screen whose sum is not; then ones that cancel */
-  const int64_t two[] = {7, 7};
-  float v2[2] = {3.0f, 3.0f};
-  int small = -1;
+  /* 512 times one id: values at 4/512 sum to 4 exactly, within; a value
+   * just above 4/512 makes the sums be looked at (the sum still rounds to
+   * 4: within), one at 8/512 puts the sum past 4 */
   size_t bad_pos;
   int64_t bad_index;
+  int small = -1;
+  for (size_t i = 0; i < 512; i++)
+    ids[i] = 3;
+  for (size_t i = 0; i < 512 * dim; i++)
+    vals[i] = SCREEN / 512;
+  const float last[] = {SCREEN / 512, nextafterf(SCREEN / 512, INFINITY),
+                        2 * SCREEN / 512};
+  for (int c = 0; c < 3; c++) {
+    vals[5 * dim] = last[c];
+    assert_int_equal(embps_merge_rows_checked(&d, ids, vals, 512, dim, ui, uv,
+                                              SCREEN, &small, &bad_pos,
+                                              &bad_index),
+                     1);
+    assert_true(uv[1] == SCREEN && (c == 2 ? uv[0] > SCREEN
+                                           : uv[0] == SCREEN));
+    assert_int_equal(small, c < 2);
+  }
+
+  /* duplicates within the screen whose sum is not; ones that cancel */
+  const int64_t two[] = {7, 7};
+  float v2[2] = {3.0f, 3.0f};
   assert_int_equal(embps_merge_rows_checked(&d, two, v2, 2, 1, ui, uv, SCREEN,
                                             &small, &bad_pos, &bad_index),
                    1);
   assert_true(uv[0] == 6.0f);
   assert_int_equal(small, 0);
-  v2[1] = -3.0f;
+  v2[0] = 1e30f;
+  v2[1] = -1e30f;
   assert_int_equal(embps_merge_rows_checked(&d, two, v2, 2, 1, ui, uv, SCREEN,
                                             &small, &bad_pos, &bad_index),
                    1);
   assert_int_equal(small, 1);
-  /* a finite sum that overflows to inf is screened out, not refused */
+  /* a finite sum that overflows to inf is outside, not refused */
   v2[0] = v2[1] = FLT_MAX;
   assert_int_equal(embps_merge_rows_checked(&d, two, v2, 2, 1, ui, uv, SCREEN,
                                             &small, &bad_pos, &bad_index),
