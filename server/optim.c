@@ -70,7 +70,9 @@ void embps_optim_init_state(const embps_optim_t *o, float *state,
 /* 1 if x lies outside [-bound, bound] or is NaN (the compare is false for
  * NaN): one compare and one or per value, in the caller's loop, which gcc
  * vectorises with it. */
-static inline int outside(float x, float bound) { return !(fabsf(x) <= bound); }
+static inline int outside(float x, float bound) {
+  return !(fabsf(x) <= bound);
+}
 
 static int sgd(float *restrict w, const float *restrict g, uint32_t dim,
                const embps_optim_t *o) {
