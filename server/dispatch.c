@@ -150,11 +150,14 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
                        s->sync_workers);
     goto refuse;
   }
-  /* merged in place, in the frame buffer; checked for inf/NaN on the way
-   * (only the request changes, so a refusal still changes nothing) */
+  /* merged in place, in the frame buffer; checked for inf/NaN and screened
+   * for embps_table_check_finite on the way (only the request changes, so
+   * a refusal still changes nothing) */
   int64_t bad_index;
+  int small = 0;
   int64_t k = embps_merge_rows_checked(&scratch->dedup, idx, vals, p->n,
-                                       p->dim, idx, vals, &bad, &bad_index);
+                                       p->dim, idx, vals, EMBPS_TABLE_G_SCREEN,
+                                       &small, &bad, &bad_index);
   if (k == EMBPS_ENONFINITE) {
     embps_request_fail(srv, req, EMBPS_ENONFINITE, "non-finite gradient "
                        "value at position %zu (index %lld)", bad,
@@ -170,7 +173,7 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
   req->idx = idx;
   req->vals = vals;
   req->n_unique = (size_t)k;
-  req->vals_small = embps_table_g_small(vals, (size_t)k * p->dim);
+  req->vals_small = small;
   return defer(srv, req, embps_push_run);
 refuse:
   embps_table_unref(t);
