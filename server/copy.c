@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/internal.h"
 #include "../client/snapshot.h"
 #include "durable.h"
 #include "feed.h"
@@ -35,6 +34,14 @@ struct embps_copy {
   uint32_t epoch;          /* of the record at lsn */
   int staged;              /* redo set up */
 };
+
+int embps_copy_connect(embps_server_t *srv, int timeout_ms,
+                       embps_client_t **out, char *err, size_t err_len) {
+  char token[EMBPS_TOKEN_MAX + 1];
+  const size_t len = embps_auth_current(&srv->auth, token, sizeof token);
+  return embps_client_create_peer_(srv->cfg.follow, token, len, timeout_ms,
+                                   out, err, err_len);
+}
 
 /* The snapshot's bytes for the loader, until the caller stops. */
 typedef struct {
@@ -114,9 +121,7 @@ int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
   }
   const uint64_t t0 = embps_now_ns();
   char why[1024];
-  int rc = embps_client_create_peer_(srv->cfg.follow, srv->cfg.token,
-                                     srv->cfg.token_len, CALL_TIMEOUT_MS,
-                                     &cp->c, why, sizeof why);
+  int rc = embps_copy_connect(srv, CALL_TIMEOUT_MS, &cp->c, why, sizeof why);
   if (rc) {
     snprintf(err, err_len, "snapshot of the primary: %s", why);
     embps_copy_free(cp);

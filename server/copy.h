@@ -30,11 +30,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../client/internal.h"
 #include "apply.h"
 #include "history.h"
 #include "server.h"
 
 typedef struct embps_copy embps_copy_t;
+
+/* A client of this server's primary (--follow), saying hello with the
+ * current token (auth.h: a rotation by SIGHUP changes it), each call given
+ * timeout_ms. 0, or an error with err. */
+int embps_copy_connect(embps_server_t *srv, int timeout_ms,
+                       embps_client_t **out, char *err, size_t err_len);
 
 /* Step 1, over a connection of its own to the primary (--follow), whose
  * history is h (copied): 0 with *out, or an error code with err (*halt

@@ -492,9 +492,8 @@ static void *follow_main(void *arg) {
     pthread_mutex_unlock(&fw->mu);
     char err[EMBPS_MESSAGE_MAX + 64] = "";
     embps_client_t *c = NULL;
-    int rc = embps_client_create_peer_(
-        srv->cfg.follow, srv->cfg.token, srv->cfg.token_len,
-        WAIT_MS + CALL_TIMEOUT_MS, &c, err, sizeof err);
+    int rc = embps_copy_connect(srv, WAIT_MS + CALL_TIMEOUT_MS, &c, err,
+                                sizeof err);
     int halt = 0;
     if (rc) {
       set_why(fw, "cannot reach primary %s: %s", srv->cfg.follow, err);
@@ -632,9 +631,7 @@ int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
   for (;;) {
     char why[EMBPS_MESSAGE_MAX + 64] = "";
     embps_client_t *c = NULL;
-    int rc = embps_client_create_peer_(srv->cfg.follow, srv->cfg.token,
-                                       srv->cfg.token_len, CALL_TIMEOUT_MS,
-                                       &c, why, sizeof why);
+    int rc = embps_copy_connect(srv, CALL_TIMEOUT_MS, &c, why, sizeof why);
     if (!rc) {
       embps_ticket_t *t;
       embps_msg_t m;
