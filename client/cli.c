@@ -505,6 +505,13 @@ static void print_table_servers_json(const embps_server_stats_t *st,
   printf("]");
 }
 
+/* The directory a checkpoint covering lsn is kept in (DIR/ckpt-<hex>):
+ * the LSN as an operator finds it on disk. */
+static const char *ckpt_dir(uint64_t lsn, char buf[32]) {
+  snprintf(buf, 32, "ckpt-%016" PRIx64, lsn);
+  return buf;
+}
+
 /* Under `tables`: one line per server that has a data dir. */
 static void print_tables_durability(cmd_t *cmd) {
   embps_server_stats_t *s;
@@ -516,10 +523,12 @@ static void print_tables_durability(cmd_t *cmd) {
       continue;
     printf("server %s: data dir %s, fsync %s, ", s[i].address,
            s[i].data_dir, s[i].fsync);
+    char dir[32];
     if (s[i].checkpoint_unix_s)
       printf("last checkpoint at unix time %" PRIu64 " (%" PRIu64 " bytes in %"
-             PRIu64 " ms, LSN %" PRIu64 ")", s[i].checkpoint_unix_s,
-             s[i].checkpoint_bytes, s[i].checkpoint_ms, s[i].checkpoint_lsn);
+             PRIu64 " ms, LSN %" PRIu64 ": %s)", s[i].checkpoint_unix_s,
+             s[i].checkpoint_bytes, s[i].checkpoint_ms, s[i].checkpoint_lsn,
+             ckpt_dir(s[i].checkpoint_lsn, dir));
     else
       printf("no checkpoint since start (restored up to LSN %" PRIu64 ")",
              s[i].checkpoint_lsn);
@@ -826,10 +835,12 @@ static void print_durability(const embps_server_stats_t *x, int json) {
   }
   printf("  data dir %s  fsync %s  log %" PRIu64 " bytes\n", x->data_dir,
          x->fsync, x->log_bytes);
+  char dir[32];
   if (x->checkpoint_unix_s)
     printf("  last checkpoint: unix time %" PRIu64 ", %" PRIu64 " bytes in %"
-           PRIu64 " ms, covers LSN %" PRIu64 "\n", x->checkpoint_unix_s,
-           x->checkpoint_bytes, x->checkpoint_ms, x->checkpoint_lsn);
+           PRIu64 " ms, covers LSN %" PRIu64 " (%s)\n", x->checkpoint_unix_s,
+           x->checkpoint_bytes, x->checkpoint_ms, x->checkpoint_lsn,
+           ckpt_dir(x->checkpoint_lsn, dir));
   else
     printf("  last checkpoint: none since start (restored up to LSN %" PRIu64
            ")\n", x->checkpoint_lsn);
@@ -880,10 +891,12 @@ static int cmd_checkpoint(cmd_t *cmd) {
     free(info);
     return server_error(cmd->client, rc);
   }
-  for (size_t i = 0; i < n; i++)
-    printf("server %zu: checkpoint at LSN %" PRIu64 ", %" PRIu64 " bytes in %"
-           PRIu64 " ms\n", i, info[i].lsn, info[i].bytes,
-           info[i].duration_ms);
+  for (size_t i = 0; i < n; i++) {
+    char dir[32];
+    printf("server %zu: checkpoint at LSN %" PRIu64 " (%s), %" PRIu64
+           " bytes in %" PRIu64 " ms\n", i, info[i].lsn,
+           ckpt_dir(info[i].lsn, dir), info[i].bytes, info[i].duration_ms);
+  }
   free(info);
   return 0;
 }
@@ -1123,8 +1136,7 @@ static int client_options(global_t *g, const embps_flags_t *p, char **token) {
   if (rc)
     return die(1, "cannot read --token-file %s: %s", g->token_file,
                strerror(-rc));
-  while (len && ((*token)[len - 1] == '\n' || (*token)[len - 1] == '\r'))
-    (*token)[--len] = 0;
+  (*token)[embps_token_first_line(*token, len)] = 0; /* rotation: 2 lines */
   g->client.token = *token;
   return 0;
 }

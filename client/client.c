@@ -118,8 +118,7 @@ static int load_token(embps_client_t *c, const char *token, char *err,
     snprintf(err, err_len, "EMBPS_TOKEN_FILE %s: %s", path, strerror(-rc));
     return rc;
   }
-  while (len && (data[len - 1] == '\n' || data[len - 1] == '\r'))
-    len--;
+  len = embps_token_first_line(data, len); /* a second line: a rotation */
   if (len > EMBPS_TOKEN_MAX) {
     free(data);
     snprintf(err, err_len, "token in %s longer than %d bytes", path,

@@ -12,6 +12,18 @@ static uint32_t get32(const uint8_t *p) {
   return v;
 }
 
+const char *embps_kind_name(unsigned kind) {
+  static const char *const names[] = {
+      [EMBPS_KIND_HELLO] = "hello",           [EMBPS_KIND_CREATE] = "create",
+      [EMBPS_KIND_DROP] = "drop",             [EMBPS_KIND_DESCRIBE] = "describe",
+      [EMBPS_KIND_LIST] = "list",             [EMBPS_KIND_PULL] = "pull",
+      [EMBPS_KIND_PUSH] = "push",             [EMBPS_KIND_STATS] = "stats",
+      [EMBPS_KIND_CHECKPOINT] = "checkpoint", [EMBPS_KIND_SCAN] = "scan",
+      [EMBPS_KIND_WRITE_ROWS] = "write_rows", [EMBPS_KIND_ALTER] = "alter",
+      [EMBPS_KIND_EVICT] = "evict"};
+  return kind < sizeof names / sizeof *names ? names[kind] : NULL;
+}
+
 void embps_frame_header_encode(const embps_frame_header_t *h,
                                uint8_t out[EMBPS_FRAME_HEADER_LEN]) {
   uint16_t magic = EMBPS_FRAME_MAGIC;

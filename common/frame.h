@@ -42,6 +42,11 @@ enum embps_kind {
   EMBPS_KIND_ERROR = 0xff,
 };
 
+/* A request kind's name as /metrics labels it (its enum name in lower
+ * case: "hello", ..., "write_rows", "evict"), or NULL for a kind this
+ * build does not know. Static text. */
+const char *embps_kind_name(unsigned kind);
+
 typedef struct {
   uint32_t body_len;
   uint32_t meta_len;

@@ -1,7 +1,10 @@
 /* merge.c - see merge.h. */
 #include "merge.h"
 
+#include <assert.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,10 +72,24 @@ int64_t embps_dedup_ids(embps_dedup_t *d, const int64_t *ids, size_t n,
   return k;
 }
 
-/* 1 if some float of the row is inf or NaN (exponent bits all ones): an
- * integer OR-reduction that gcc vectorises. Each float's bits are copied
- * out with memcpy (a float read through a uint32_t pointer would break the
- * aliasing rules); the copy compiles to the same vector loads. */
+/* 1 if some x[i] of x[0..n) lies above the float whose bits are lim_bits
+ * in magnitude (lim finite, >= 0), or is inf or NaN: without its sign a
+ * float's bits order as its magnitude, inf and NaN above every finite
+ * value, so this is an integer compare and an or per value, which gcc
+ * vectorises. Each float's bits are copied out with memcpy (a float read
+ * through a uint32_t pointer would break the aliasing rules); the copy
+ * compiles to the same vector loads. */
+static inline uint32_t any_above(const float *x, size_t n, uint32_t lim_bits) {
+  uint32_t above = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t b;
+    memcpy(&b, &x[i], sizeof b);
+    above |= (int32_t)(b & 0x7fffffffu) > (int32_t)lim_bits;
+  }
+  return above;
+}
+
+/* 1 if some float of the row is inf or NaN (exponent bits all ones). */
 static inline uint32_t row_nonfinite(const float *row, uint32_t dim) {
   uint32_t bad = 0;
   for (uint32_t j = 0; j < dim; j++) {
@@ -83,24 +100,53 @@ static inline uint32_t row_nonfinite(const float *row, uint32_t dim) {
   return bad;
 }
 
-/* The merge loop, with the finiteness check compiled in or out. */
+static uint32_t float_bits(float x) {
+  uint32_t b;
+  memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+/* The largest power of two L with n * L <= screen (0 for n >= 2^24): any
+ * n values within L sum, in float, to within screen. (Every i * L, i <= n,
+ * is a float, so a running sum within (i - 1) * L plus a value within L,
+ * rounded to nearest, stays within i * L.) */
+static float sum_limit(float screen, size_t n) {
+  if (n >= (size_t)1 << 24 || !(screen >= FLT_MIN))
+    return 0;
+  int n_bits = 0; /* 2^n_bits >= n */
+  while (((size_t)1 << n_bits) < n)
+    n_bits++;
+  return ldexpf(1.0f, ilogbf(screen) - n_bits);
+}
+
+/* The merge loop, with the checks compiled in or out. Checked, each input
+ * row is compared with sum_limit(screen, n) in the pass that reads it, and
+ * only a row above it is searched for inf/NaN; when every input row is
+ * within that limit the merged values are within screen without looking
+ * at them, else they are compared with screen after the merge. */
 static inline int64_t merge(embps_dedup_t *d, const int64_t *idx,
                             const float *vals, size_t n, uint32_t dim,
                             int64_t *uidx, float *uvals, int check,
-                            size_t *bad_pos, int64_t *bad_index) {
+                            float screen, int *small, size_t *bad_pos,
+                            int64_t *bad_index) {
   int bits = prepare(d, n);
   if (bits < 0)
     return bits;
   const uint64_t mask = (1ULL << bits) - 1;
+  const uint32_t lim_bits = check ? float_bits(sum_limit(screen, n)) : 0;
   uint32_t *slots = d->slots;
-  uint32_t k = 0;
+  uint32_t k = 0, big = 0;
   for (size_t i = 0; i < n; i++) {
     int64_t id = idx[i];
     const float *src = vals + i * (size_t)dim;
-    if (check && row_nonfinite(src, dim)) {
-      *bad_pos = i;
-      *bad_index = id;
-      return EMBPS_ENONFINITE;
+    if (check) {
+      const uint32_t above = any_above(src, dim, lim_bits);
+      if (above && row_nonfinite(src, dim)) {
+        *bad_pos = i;
+        *bad_index = id;
+        return EMBPS_ENONFINITE;
+      }
+      big |= above;
     }
     uint64_t h = embps_mix64((uint64_t)id) & mask;
     for (;;) {
@@ -123,20 +169,25 @@ static inline int64_t merge(embps_dedup_t *d, const int64_t *idx,
       h = (h + 1) & mask;
     }
   }
+  if (check)
+    *small = !big || !any_above(uvals, (size_t)k * dim, float_bits(screen));
   return k;
 }
 
 int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
                          const float *vals, size_t n, uint32_t dim,
                          int64_t *uidx, float *uvals) {
-  return merge(d, idx, vals, n, dim, uidx, uvals, 0, NULL, NULL);
+  return merge(d, idx, vals, n, dim, uidx, uvals, 0, 0, NULL, NULL, NULL);
 }
 
 int64_t embps_merge_rows_checked(embps_dedup_t *d, const int64_t *idx,
                                  const float *vals, size_t n, uint32_t dim,
-                                 int64_t *uidx, float *uvals, size_t *bad_pos,
+                                 int64_t *uidx, float *uvals, float screen,
+                                 int *small, size_t *bad_pos,
                                  int64_t *bad_index) {
-  return merge(d, idx, vals, n, dim, uidx, uvals, 1, bad_pos, bad_index);
+  assert(screen >= 0 && screen <= FLT_MAX);
+  return merge(d, idx, vals, n, dim, uidx, uvals, 1, screen, small, bad_pos,
+               bad_index);
 }
 
 int64_t embps_unique(const int64_t *ids, size_t n, int64_t *unique_out,

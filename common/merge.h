@@ -36,9 +36,13 @@ int64_t embps_merge_rows(embps_dedup_t *d, const int64_t *idx,
 /* embps_merge_rows that also checks every value is finite, in the same
  * pass (the row is checked while it is in cache). On the first row holding
  * an inf or NaN it stops and returns EMBPS_ENONFINITE with *bad_pos = its
- * position and *bad_index = its index; uidx/uvals are then partly written. */
+ * position and *bad_index = its index; uidx/uvals are then partly written.
+ * Otherwise *small = 1 if every merged value lies within screen (finite,
+ * >= 0), else 0; inputs small enough for any n of them to sum within
+ * screen (in practice: most gradients) tell that without a second pass. */
 int64_t embps_merge_rows_checked(embps_dedup_t *d, const int64_t *idx,
                                  const float *vals, size_t n, uint32_t dim,
-                                 int64_t *uidx, float *uvals, size_t *bad_pos,
+                                 int64_t *uidx, float *uvals, float screen,
+                                 int *small, size_t *bad_pos,
                                  int64_t *bad_index);
 #endif

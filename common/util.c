@@ -122,6 +122,14 @@ char *embps_escape(const char *src, char *dst, size_t cap) {
   return dst;
 }
 
+size_t embps_token_first_line(const char *data, size_t len) {
+  const char *nl = memchr(data, '\n', len);
+  size_t n = nl ? (size_t)(nl - data) : len;
+  while (n && data[n - 1] == '\r')
+    n--;
+  return n;
+}
+
 int embps_refuse(int code, char *why, size_t why_len, const char *fmt, ...) {
   if (why && why_len) {
     va_list ap;

@@ -15,6 +15,12 @@ int embps_parse_hostport(const char *s, char *host, size_t cap, int *port);
  * before the NUL). Returns 0 or -errno. */
 int embps_read_file(const char *path, char **data, size_t *len);
 
+/* The length of the token in a token file's data (len bytes): its first
+ * line without its line end (LF or CRLF). The server accepts a second
+ * line too during a rotation (server/token.h); a client presents the
+ * first. */
+size_t embps_token_first_line(const char *data, size_t len);
+
 /* Copies the NUL-terminated src into dst (cap >= 1 bytes, always
  * NUL-terminated) fit to echo into a log line or a message: printable ASCII
  * and well-formed UTF-8 stay, every other byte (control bytes, invalid

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "server.h"
+#include "watchdog.h"
 
 struct embps_apply {
   pthread_t thread;
@@ -114,9 +115,11 @@ static void rerun_parked(embps_apply_ctx_t *ctx) {
 static void *apply_main(void *arg) {
   embps_apply_t *a = arg;
   omp_team_setup(&a->ctx.srv->cfg);
+  embps_watch_t *watch = embps_watch_start("apply", 0); /* /healthz */
   pthread_mutex_lock(&a->mu);
   for (embps_request_t *req; (req = next_locked(a));) {
     pthread_mutex_unlock(&a->mu);
+    embps_watch_busy(watch, 1);
     if (req == &rerun_marker) {
       rerun_parked(&a->ctx);
     } else {
@@ -124,11 +127,13 @@ static void *apply_main(void *arg) {
       a->ctx.runs++;
       req->run(&a->ctx, req);
     }
+    embps_watch_busy(watch, 0);
     atomic_store_explicit(&a->ctx.applied, a->ctx.lsn, memory_order_release);
     pthread_mutex_lock(&a->mu);
   }
   pthread_mutex_unlock(&a->mu);
   assert(!a->ctx.parked_head); /* stopping reran them: they refused */
+  embps_watch_stop(watch);
   return NULL;
 }
 

@@ -781,6 +781,12 @@ static int read_table(in_t *f, embps_ckpt_table_t *ct, char *err,
   f->chain = 0;
   if (in_read(f, h, sizeof h, "header", err, err_len))
     goto out;
+  if (!memcmp(h, TBL_MAGIC, 8) && embps_get32(h + 60) == embps_crc32c(0, h, 60) &&
+      embps_get32(h + 8) > VERSION) {
+    snprintf(err, err_len, "checkpoint %s: header at offset 0: "
+             EMBPS_FORMAT_NEWER, f->path, embps_get32(h + 8), VERSION);
+    goto out;
+  }
   if (memcmp(h, TBL_MAGIC, 8) || embps_get32(h + 60) != embps_crc32c(0, h, 60) ||
       embps_get32(h + 8) < VERSION_V1 || embps_get32(h + 8) > VERSION ||
       embps_get32(h + 12) != (uint32_t)spec->dtype ||
@@ -925,6 +931,11 @@ static int parse_manifest(const uint8_t *p, size_t len, const char *path,
       embps_get32(p + len - 8) != embps_crc32c(0, p, len - 8)) {
     snprintf(err, err_len, "checkpoint %s: trailer at offset %zu: checksum "
              "mismatch or short file", path, len >= 8 ? len - 8 : 0);
+    return -1;
+  }
+  if (!memcmp(p, MAN_MAGIC, 8) && embps_get32(p + 8) > VERSION) {
+    snprintf(err, err_len, "checkpoint %s: header at offset 0: "
+             EMBPS_FORMAT_NEWER, path, embps_get32(p + 8), VERSION);
     return -1;
   }
   if (memcmp(p, MAN_MAGIC, 8) ||
@@ -1186,7 +1197,12 @@ int embps_ckpt_load_stream(embps_snapstream_reader_t *s, uint32_t shards,
              "backup's): write it to a data dir instead");
     return -1;
   }
-  if (h.ckpt_format < VERSION_V1 || h.ckpt_format > VERSION) {
+  if (h.ckpt_format > VERSION) {
+    snprintf(err, err_len, "snapshot stream: " EMBPS_FORMAT_NEWER,
+             h.ckpt_format, VERSION);
+    return -1;
+  }
+  if (h.ckpt_format < VERSION_V1) {
     snprintf(err, err_len, "snapshot stream: checkpoint format %u (this "
              "build reads %u to %u)", h.ckpt_format, VERSION_V1, VERSION);
     return -1;

@@ -106,7 +106,10 @@ static int by_name(const void *a, const void *b) {
                 ((const embps_table_info_t *)b)->spec.name);
 }
 
+/* The options of a member client: the current token (auth.h: a reload
+ * may have changed it since the last client). */
 static embps_client_options_t options(void) {
+  embps_auth_current(&cl.srv->auth, cl.token, sizeof cl.token);
   embps_client_options_t o = {.size = sizeof o,
                               .servers = cl.servers,
                               .token = cl.token[0] ? cl.token : NULL,
@@ -310,8 +313,6 @@ int embps_cluster_start(embps_server_t *srv) {
   cl.srv = srv;
   cl.n = cfg->cluster_size;
   cl.self = cfg->cluster_index;
-  memcpy(cl.token, cfg->token, cfg->token_len);
-  cl.token[cfg->token_len] = 0;
   cl.servers = strdup(cfg->cluster_servers);
   cl.peer = calloc(cl.n, sizeof *cl.peer);
   if (!cl.peer || !cl.servers) {

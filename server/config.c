@@ -13,10 +13,12 @@
 #include <unistd.h>
 
 #include "about.h"
+#include "cgroup.h"
 #include "cluster.h"
 #include "feed.h"
 #include "flags.h"
 #include "server.h"
+#include "space.h"
 #include "token.h"
 #include "util.h"
 #include "wal.h"
@@ -143,15 +145,64 @@ static int set_advertise(const embps_flag_t *f, const char *v, void *obj,
   return 0;
 }
 
-/* The token in FILE (token.c: its content less trailing newlines, and
- * the file's mode and owner checked). */
+/* The tokens in FILE (token.c: one per line, the current one first; the
+ * file's mode and owner checked). */
 static int set_token(const embps_flag_t *f, const char *v, void *obj,
                      char *err, size_t err_len) {
   embps_server_config_t *cfg = obj;
-  if (embps_token_read(v, cfg->token, sizeof cfg->token, &cfg->token_len, err,
-                       err_len))
+  embps_tokens_t t;
+  if (strlen(v) >= sizeof cfg->token_file)
+    return embps_flag_refuse(f, v, err, err_len);
+  if (embps_tokens_read(v, &t, err, err_len))
     return -1;
-  cfg->has_token = 1;
+  embps_server_config_set_tokens(cfg, &t);
+  snprintf(cfg->token_file, sizeof cfg->token_file, "%s", v);
+  return 0;
+}
+
+void embps_server_config_set_tokens(embps_server_config_t *cfg,
+                                    const embps_tokens_t *t) {
+  memcpy(cfg->token, t->token[0], t->len[0]);
+  cfg->token_len = t->len[0];
+  cfg->token_next_len = t->n > 1 ? t->len[1] : 0;
+  memcpy(cfg->token_next, t->token[1], cfg->token_next_len);
+  cfg->has_token = t->n > 0;
+}
+
+void embps_server_config_tokens(const embps_server_config_t *cfg,
+                                embps_tokens_t *t) {
+  memset(t, 0, sizeof *t);
+  if (!cfg->has_token)
+    return;
+  memcpy(t->token[0], cfg->token, cfg->token_len);
+  t->len[0] = cfg->token_len;
+  t->n = 1;
+  if (cfg->token_next_len) {
+    memcpy(t->token[1], cfg->token_next, cfg->token_next_len);
+    t->len[1] = cfg->token_next_len;
+    t->n = 2;
+  }
+}
+
+/* The level in FILE (log.c), which a reload reads again. */
+static int set_log_level_file(const embps_flag_t *f, const char *v,
+                              void *obj, char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  if (strlen(v) >= sizeof cfg->log_level_file)
+    return embps_flag_refuse(f, v, err, err_len);
+  if (embps_log_read_level(v, &cfg->log_level, err, err_len))
+    return -1;
+  snprintf(cfg->log_level_file, sizeof cfg->log_level_file, "%s", v);
+  return 0;
+}
+
+/* auto, or a number of bytes (0: off). */
+static int set_checkpoint_log(const embps_flag_t *f, const char *v,
+                              void *obj, char *err, size_t err_len) {
+  if (strcmp(v, "auto"))
+    return embps_flag_set_size(f, v, obj, err, err_len);
+  ((embps_server_config_t *)obj)->checkpoint_log_bytes =
+      EMBPS_CHECKPOINT_LOG_AUTO;
   return 0;
 }
 
@@ -187,9 +238,11 @@ static const embps_flag_t server_flags[] = {
     EMBPS_FLAG_TRUE("complete-tables", CFG, complete_tables,
                     "with --cluster-servers: create such missing tables "
                     "here from a peer's spec (fresh rows)"),
-    SET_("auth-token-file", "FILE", set_token, NULL,
-         "require this token in every client's hello (FILE: 0600, or 0440 "
-         "owned by root with a group of the server: a Kubernetes Secret)"),
+    SET_("auth-token-file", "FILE", set_token, "a path of 1-1023 bytes",
+         "require the token in FILE in every client's hello: its first line, "
+         "or a second one during a rotation; read again at SIGHUP (FILE: "
+         "0600, or 0440 owned by root with a group of the server: a "
+         "Kubernetes Secret)"),
     EMBPS_FLAG_TRUE("insecure", CFG, insecure,
                     "allow a non-loopback --listen without a token"),
     SIZE_("max-frame-bytes", "N", max_frame_bytes, 1024, 1ULL << 31,
@@ -202,17 +255,24 @@ static const embps_flag_t server_flags[] = {
           "close idle connections (default 600; 0: never)"),
     SIZE_("hello-timeout", "SECONDS", hello_timeout_s, 1, 3600,
           "close connections with no hello by then (default 5)"),
+    SIZE_("stall-timeout", "SECONDS", stall_timeout_s, 0, 86400,
+          "/healthz fails once the apply or an I/O thread has had work in "
+          "hand this long without progress (default 60; 0: never)"),
     SIZE_("max-conn-buffer-bytes", "N", max_conn_buffer_bytes, 1ULL << 16,
           UINT64_MAX,
           "requests and unsent replies one connection may hold (default "
           "2 x --max-frame-bytes)"),
     SIZE_("max-buffer-bytes", "N", max_buffer_bytes, 1ULL << 20, UINT64_MAX,
           "the same for all connections together (default a quarter of "
-          "RAM, at least 1G)"),
+          "the cgroup's memory limit, else of RAM and at least 1G)"),
     SIZE_("max-memory", "BYTES", max_memory, 0, UINT64_MAX,
           "cap on table storage (default 0: none)"),
     SET_("log-level", "L", set_log_level, "debug|info|warn|error",
          "debug|info|warn|error (default info)"),
+    SET_("log-level-file", "FILE", set_log_level_file,
+         "a path of 1-1023 bytes",
+         "the log level in FILE (debug|info|warn|error), read at start and "
+         "at each SIGHUP; overrides --log-level"),
     SET_("log-format", "F", set_log_format, "text|json",
          "text|json: one line per event (default text)"),
     SET_("data-dir", "DIR", set_data_dir, "a directory name of 1-899 bytes",
@@ -222,6 +282,12 @@ static const embps_flag_t server_flags[] = {
          "(default everysec)"),
     SIZE_("checkpoint-every", "SECONDS", checkpoint_every_s, 0, 86400 * 365,
           "periodic checkpoints (default 0: on demand and at SIGTERM only)"),
+    {"checkpoint-log-bytes", "N|auto",
+     "a checkpoint once the log since the last one holds N bytes (default "
+     "auto: the last checkpoint's size, at least 64M, at most a quarter of "
+     "the data dir's file system; 0: never)",
+     set_checkpoint_log, EMBPS_FLAG_FIELD_(CFG, checkpoint_log_bytes), 0,
+     1ULL << 60, 0, "auto or a number of bytes in [0, 2^60]"},
     SET_("metrics-listen", "HOST:PORT", set_metrics_listen, "HOST:PORT",
          "serve Prometheus /metrics, /healthz and /readyz over HTTP "
          "(default: off)"),
@@ -300,16 +366,25 @@ static int host_is_loopback(const char *host) {
 }
 
 /* Byte budgets left at 0 by the flags: a connection may hold two of the
- * largest frames; the server a quarter of RAM (at least 1 GiB, and at
- * least one connection's budget). */
+ * largest frames; the server a quarter of the memory it may use: its
+ * cgroup's limit when there is one below RAM (a container's, a unit's
+ * MemoryMax=), else RAM, and then at least 1 GiB; always at least one
+ * connection's budget. */
 static void default_budgets(embps_server_config_t *cfg) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
+                                       : 0;
+  cfg->memory_limit = embps_cgroup_memory_limit(cfg->memory_limit_file,
+                                                sizeof cfg->memory_limit_file);
+  int limited = cfg->memory_limit && (!ram || cfg->memory_limit < ram);
   if (!cfg->max_conn_buffer_bytes)
     cfg->max_conn_buffer_bytes = 2 * cfg->max_frame_bytes;
   if (!cfg->max_buffer_bytes) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
-                                         : 0;
-    cfg->max_buffer_bytes = ram / 4 > (1ULL << 30) ? ram / 4 : 1ULL << 30;
+    cfg->max_buffer_from = limited ? EMBPS_BUDGET_CGROUP : EMBPS_BUDGET_RAM;
+    if (limited)
+      cfg->max_buffer_bytes = cfg->memory_limit / 4;
+    else
+      cfg->max_buffer_bytes = ram / 4 > (1ULL << 30) ? ram / 4 : 1ULL << 30;
   }
   if (cfg->max_buffer_bytes < cfg->max_conn_buffer_bytes)
     cfg->max_buffer_bytes = cfg->max_conn_buffer_bytes;
@@ -334,6 +409,8 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->repl_backlog_bytes = 256ULL << 20;
   d->max_lag_ms = 5000;
   d->lease_ms = 3000;
+  d->stall_timeout_s = 60;
+  d->checkpoint_log_bytes = EMBPS_CHECKPOINT_LOG_AUTO;
   d->idle_timeout_s = 600; /* idle workers reconnect on their next call */
 
   embps_flags_t p;
@@ -355,7 +432,13 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     return 1;
   }
   if (p.next < argc)
-    return embps_refuse(-1, err, err_len, "unexpected argument \"%s\"", argv[p.next]);
+    return embps_refuse(-1, err, err_len, "unexpected argument \"%s\"",
+                        argv[p.next]);
+  /* the file's level wins over --log-level, wherever that came */
+  if (cfg->log_level_file[0] &&
+      embps_log_read_level(cfg->log_level_file, &cfg->log_level, err,
+                           err_len))
+    return -1;
   if (embps_cluster_config_check(cfg, err, err_len))
     return -1;
   if (cfg->coordinator[0] && !cfg->cluster_name[0])

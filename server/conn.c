@@ -51,6 +51,7 @@
 #include "failover.h"
 #include "framer.h"
 #include "server.h"
+#include "watchdog.h"
 
 #define STAGE_LEN (32u << 10)
 #define INFLIGHT_MAX 1024u
@@ -93,6 +94,7 @@ struct embps_io {
   atomic_uint evict;       /* strangers the main thread asks to close */
   embps_conn_t *conns;
   embps_scratch_t scratch;
+  embps_watch_t *watch; /* the loop's heartbeat, stamped at each sweep */
 };
 
 typedef struct {
@@ -670,6 +672,7 @@ static void on_wake(uv_async_t *a) {
 
 static void on_sweep(uv_timer_t *t) {
   embps_io_t *io = t->data;
+  embps_watch_beat(io->watch);
   uint32_t idle_s = io->srv->cfg.idle_timeout_s;
   uint64_t hello_ns = (uint64_t)io->srv->cfg.hello_timeout_s * 1000000000ULL;
   uint64_t now = embps_now_ns();
@@ -702,10 +705,15 @@ static void io_wake(embps_io_t *io) {
 }
 
 static void *io_main(void *arg) {
+  static atomic_uint started;
   embps_io_t *io = arg;
+  char name[32];
+  snprintf(name, sizeof name, "io-%u", atomic_fetch_add(&started, 1));
+  io->watch = embps_watch_start(name, 1); /* /healthz */
   int rc = uv_run(&io->loop, UV_RUN_DEFAULT); /* until drain_check closes */
   if (rc)
     LOG_WARN("an I/O loop stopped with handles active");
+  embps_watch_stop(io->watch);
   return NULL;
 }
 

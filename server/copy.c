@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../client/internal.h"
 #include "../client/snapshot.h"
 #include "durable.h"
 #include "feed.h"
@@ -36,6 +35,32 @@ struct embps_copy {
   uint32_t epoch;          /* of the record at lsn */
   int staged;              /* redo set up */
 };
+
+int embps_copy_connect(embps_server_t *srv, const char *primary,
+                       int timeout_ms, embps_client_t **out, char *err,
+                       size_t err_len) {
+  char token[EMBPS_TOKEN_MAX + 1];
+  const size_t len = embps_auth_current(&srv->auth, token, sizeof token);
+  return embps_client_create_peer_(primary, token, len, timeout_ms, out, err,
+                                   err_len);
+}
+
+/* The snapshot's bytes for the loader, until the caller stops. */
+typedef struct {
+  embps_snapshot_t *snap;
+  int (*stopping)(void *ctx);
+  void *ctx;
+} source_t;
+
+static int source_next(void *ctx, const uint8_t **p, size_t *n, char *err,
+                       size_t err_len) {
+  source_t *src = ctx;
+  if (src->stopping && src->stopping(src->ctx)) {
+    snprintf(err, err_len, "stopped");
+    return -1;
+  }
+  return embps_snapshot_reader_next(src->snap, p, n, err, err_len);
+}
 
 /* The highest LSN a shard of ck was copied at (S at least). */
 static uint64_t shards_lsn(const embps_ckpt_t *ck) {
@@ -78,8 +103,9 @@ static int stage(embps_copy_t *cp, char *err, size_t err_len) {
 }
 
 int embps_copy_load(embps_server_t *srv, const char *primary,
-                    const embps_history_t *h, embps_copy_t **out, int *halt,
-                    char *err, size_t err_len) {
+                    const embps_history_t *h, int (*stopping)(void *ctx),
+                    void *stop_ctx, embps_copy_t **out, int *halt, char *err,
+                    size_t err_len) {
   *out = NULL;
   *halt = 0;
   embps_copy_t *cp = calloc(1, sizeof *cp);
@@ -98,9 +124,8 @@ int embps_copy_load(embps_server_t *srv, const char *primary,
   }
   const uint64_t t0 = embps_now_ns();
   char why[1024];
-  int rc = embps_client_create_peer_(cp->primary, srv->cfg.token,
-                                     srv->cfg.token_len, CALL_TIMEOUT_MS,
-                                     &cp->c, why, sizeof why);
+  int rc = embps_copy_connect(srv, cp->primary, CALL_TIMEOUT_MS, &cp->c, why,
+                              sizeof why);
   if (rc) {
     snprintf(err, err_len, "snapshot of the primary: %s", why);
     embps_copy_free(cp);
@@ -129,8 +154,9 @@ int embps_copy_load(embps_server_t *srv, const char *primary,
   }
   LOG_INFO("follower: copying a snapshot of primary %s at LSN %" PRIu64
            " (%u tables)", cp->primary, in->lsn, in->tables);
+  source_t src = {cp->snap, stopping, stop_ctx};
   embps_snapstream_reader_t r;
-  embps_snapstream_reader_init(&r, embps_snapshot_reader_next, cp->snap);
+  embps_snapstream_reader_init(&r, source_next, &src);
   if (embps_ckpt_load_stream(&r, cfg->shards, cfg->cluster_size, &cp->ck, why,
                              sizeof why)) {
     snprintf(err, err_len, "snapshot of the primary: %s", why);

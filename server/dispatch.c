@@ -51,11 +51,6 @@ static embps_dispatch_t defer(embps_server_t *srv, embps_request_t *req,
   return EMBPS_DISPATCH_DEFERRED;
 }
 
-static int token_ok(const embps_server_config_t *cfg, const embps_hello_t *h) {
-  return !cfg->has_token || embps_token_equal(cfg->token, cfg->token_len,
-                                              h->token, h->token_len);
-}
-
 static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
                                  int *authed) {
   const embps_hello_t *h = &req->msg.u.hello;
@@ -65,7 +60,7 @@ static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
                        EMBPS_PROTOCOL_VERSION);
     return EMBPS_DISPATCH_CLOSE;
   }
-  if (!token_ok(&srv->cfg, h)) {
+  if (!embps_auth_check(&srv->auth, (const char *)h->token, h->token_len)) {
     embps_request_fail(srv, req, EMBPS_EAUTH, "bad or missing auth token");
     return EMBPS_DISPATCH_CLOSE;
   }
@@ -189,11 +184,14 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
                        s->sync_workers);
     goto refuse;
   }
-  /* merged in place, in the frame buffer; checked for inf/NaN on the way
-   * (only the request changes, so a refusal still changes nothing) */
+  /* merged in place, in the frame buffer; checked for inf/NaN and screened
+   * for embps_table_check_finite on the way (only the request changes, so
+   * a refusal still changes nothing) */
   int64_t bad_index;
+  int small = 0;
   int64_t k = embps_merge_rows_checked(&scratch->dedup, idx, vals, p->n,
-                                       p->dim, idx, vals, &bad, &bad_index);
+                                       p->dim, idx, vals, EMBPS_TABLE_G_SCREEN,
+                                       &small, &bad, &bad_index);
   if (k == EMBPS_ENONFINITE) {
     embps_request_fail(srv, req, EMBPS_ENONFINITE, "non-finite gradient "
                        "value at position %zu (index %lld)", bad,
@@ -209,7 +207,7 @@ static embps_dispatch_t do_push(embps_server_t *srv, embps_request_t *req,
   req->idx = idx;
   req->vals = vals;
   req->n_unique = (size_t)k;
-  req->vals_small = embps_table_g_small(vals, (size_t)k * p->dim);
+  req->vals_small = small;
   return defer(srv, req, embps_push_run);
 refuse:
   embps_table_unref(t);

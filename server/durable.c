@@ -26,6 +26,7 @@
 #include "marker.h"
 #include "optim.h"
 #include "redo.h"
+#include "space.h"
 
 typedef struct {
   uint64_t unix_s, bytes, ms, lsn;
@@ -51,6 +52,13 @@ struct embps_durable {
   char marker_err[1024];
   ckpt_info_t last;
   uint64_t next_due_ns;     /* periodic checkpoints; 0: none */
+  /* space.h: checkpoints for the log's size and for room, retried after a
+   * failure no sooner than retry_ns (the wait doubling up to a minute) */
+  embps_space_t space;
+  int space_ready;
+  uint64_t retry_ns, backoff_ns;
+  const char *why;          /* what the checkpoint being taken is for */
+  embps_log_limit_t refusals; /* one ERROR line a second for refused logs */
   /* snapshot sessions keep the records after their marker (mu) */
   struct {
     uint64_t id, lsn; /* id 0: a free slot */
@@ -91,6 +99,54 @@ static int record_wanted(const embps_apply_ctx_t *ctx) {
   return ctx->srv->dur || embps_feed_active(ctx->srv->feed);
 }
 
+/* Wakes the checkpoint thread: a checkpoint may be due (space.h). */
+static void wake_checkpoints(embps_durable_t *d) {
+  pthread_mutex_lock(&d->mu);
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* A log write was refused (msg): logged at ERROR, one line a second. */
+static void log_refusal(embps_durable_t *d, const char *msg) {
+  uint64_t skipped;
+  if (embps_log_limit_pass(&d->refusals, 1000, &skipped))
+    LOG_ERROR("%s (%" PRIu64 " more refused since the last such line)", msg,
+              skipped);
+}
+
+/* Appends one record of header head (type: its type) to d's log; records
+ * that make rows (pushes, imports) only into the room the next checkpoint
+ * leaves (space.h). 0, or EMBPS_EIO with msg. */
+static int log_record(embps_durable_t *d, uint32_t type,
+                      const uint8_t head[EMBPS_WAL_HEADER_BYTES],
+                      const struct iovec *parts, int n, char *msg,
+                      size_t msg_len) {
+  const char *failed = embps_wal_failed(d->wal);
+  if (failed) {
+    snprintf(msg, msg_len, "%s", failed);
+    return EMBPS_EIO;
+  }
+  const int rows = type == EMBPS_WAL_PUSH || type == EMBPS_WAL_ROWS;
+  uint64_t bytes = EMBPS_WAL_HEADER_BYTES;
+  for (int i = 0; i < n; i++)
+    bytes += parts[i].iov_len;
+  if (rows && embps_space_admit(&d->space, bytes, msg, msg_len)) {
+    log_refusal(d, msg);
+    wake_checkpoints(d);
+    return EMBPS_EIO;
+  }
+  int rc = embps_wal_append(d->wal, head, parts, n, msg, msg_len);
+  if (rc) {
+    if (embps_space_write_failed(&d->space, -rc))
+      wake_checkpoints(d);
+    log_refusal(d, msg);
+    return EMBPS_EIO;
+  }
+  if (embps_space_logged(&d->space, bytes, rows))
+    wake_checkpoints(d);
+  return 0;
+}
+
 /* Makes the record of type and payload parts at ctx->lsn + 1: the log,
  * the feed, then ctx->lsn. 0, or EMBPS_EIO with msg. */
 static int emit(embps_apply_ctx_t *ctx, uint32_t type,
@@ -100,15 +156,10 @@ static int emit(embps_apply_ctx_t *ctx, uint32_t type,
   const uint64_t lsn = ctx->lsn + 1;
   const int feed = embps_feed_active(srv->feed);
   if (d || feed) {
-    const char *failed = embps_durable_failed(d);
-    if (failed) {
-      snprintf(msg, msg_len, "%s", failed);
-      return EMBPS_EIO;
-    }
     uint8_t head[EMBPS_WAL_HEADER_BYTES];
     if (embps_wal_head(head, type, lsn, ctx->epoch, parts, n, msg, msg_len))
       return EMBPS_EIO;
-    if (d && embps_wal_append(d->wal, head, parts, n, msg, msg_len))
+    if (d && log_record(d, type, head, parts, n, msg, msg_len))
       return EMBPS_EIO;
     if (feed)
       embps_feed_append(srv->feed, head, parts, n);
@@ -269,15 +320,8 @@ int embps_durable_log_copy(embps_apply_ctx_t *ctx, const embps_wal_rec_t *rec,
   embps_durable_t *d = srv->dur;
   struct iovec part = {(void *)rec->payload, rec->len};
   assert(rec->lsn == ctx->lsn + 1);
-  if (d) {
-    const char *failed = embps_durable_failed(d);
-    if (failed) {
-      snprintf(msg, msg_len, "%s", failed);
-      return EMBPS_EIO;
-    }
-    if (embps_wal_append(d->wal, head, &part, 1, msg, msg_len))
-      return EMBPS_EIO;
-  }
+  if (d && log_record(d, rec->type, head, &part, 1, msg, msg_len))
+    return EMBPS_EIO;
   if (embps_feed_active(srv->feed))
     embps_feed_append(srv->feed, head, &part, 1);
   embps_apply_logged(ctx, rec->lsn);
@@ -348,9 +392,11 @@ static void marker_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   if (d->hooks.at_marker)
     d->hooks.at_marker(ctx);
   d->marker_err[0] = 0;
-  if (!embps_marker_take(ctx, &d->snap, d->marker_err, sizeof d->marker_err))
+  if (!embps_marker_take(ctx, &d->snap, d->marker_err, sizeof d->marker_err)) {
+    embps_space_marker(&d->space);
     embps_wal_rotate(d->wal, ctx->lsn + 1, d->marker_err,
                      sizeof d->marker_err);
+  }
   d->snap.log_sync = log_sync;
   d->snap.log_ctx = d;
   pthread_mutex_lock(&d->mu);
@@ -371,7 +417,8 @@ static void delete_covered(embps_durable_t *d, uint64_t lsn) {
       keep = d->pins[i].lsn;
   pthread_mutex_unlock(&d->mu);
   const uint64_t followers = embps_feed_retain(d->srv->feed);
-  if (followers < keep) /* and those a follower fetching lately lacks */
+  if (followers < keep && /* and those a follower fetching lately lacks, */
+      atomic_load(&d->space.state) == EMBPS_SPACE_OK) /* room allowing */
     keep = followers;
   embps_wal_delete_upto(d->log_dir, keep);
 }
@@ -405,12 +452,14 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   uint64_t lsn = d->snap.lsn;
   embps_ckpt_free(&d->snap);
   if (rc) {
+    embps_space_checkpointed(&d->space, 0, 0);
     LOG_ERROR("checkpoint failed: %s", err);
     return -1;
   }
   embps_failpoint("ckpt-after-rename");
   embps_failpoint("ckpt-before-delete");
   delete_covered(d, lsn);
+  embps_space_checkpointed(&d->space, 1, bytes);
   uint64_t ms = (embps_now_ns() - t0) / 1000000;
   pthread_mutex_lock(&d->mu);
   d->last.unix_s = (uint64_t)time(NULL);
@@ -419,8 +468,9 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   d->last.ms = ms;
   d->last.lsn = lsn;
   pthread_mutex_unlock(&d->mu);
-  LOG_INFO("checkpoint at LSN %" PRIu64 ": %" PRIu64 " bytes in %" PRIu64
-           " ms, longest shard copy %.1f ms", lsn, bytes, ms,
+  LOG_INFO("checkpoint at LSN %" PRIu64 " (ckpt-%016" PRIx64 "%s%s): %"
+           PRIu64 " bytes in %" PRIu64 " ms, longest shard copy %.1f ms",
+           lsn, lsn, d->why ? ", for " : "", d->why ? d->why : "", bytes, ms,
            (double)res.longest_copy_ns / 1e6);
   return 0;
 }
@@ -471,13 +521,19 @@ static void reply_checkpoint(embps_durable_t *d, embps_request_t *req, int rc,
   req->complete(req);
 }
 
+/* Is a checkpoint due for the log's size or for room (space.h), and not
+ * held back after a failed one? */
+static int space_due(embps_durable_t *d) {
+  return embps_now_ns() >= d->retry_ns && embps_space_due(&d->space);
+}
+
 static void *ckpt_main(void *arg) {
   embps_durable_t *d = arg;
   const uint64_t every_ns = (uint64_t)d->srv->cfg.checkpoint_every_s *
                             1000000000ULL;
   pthread_mutex_lock(&d->mu);
   for (;;) {
-    while (!d->pending && !d->stopping &&
+    while (!d->pending && !d->stopping && !space_due(d) &&
            !(every_ns && embps_now_ns() >= d->next_due_ns)) {
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -488,9 +544,17 @@ static void *ckpt_main(void *arg) {
       break;
     embps_request_t *batch = d->pending;
     d->pending = NULL;
+    d->why = NULL;
+    if (!batch && embps_space_due(&d->space))
+      d->why = embps_space_reason(&d->space);
     pthread_mutex_unlock(&d->mu);
     char err[2048];
     int rc = checkpoint_once(d, err, sizeof err);
+    const uint64_t minute = 60000000000ull;
+    d->backoff_ns = rc ? d->backoff_ns ? 2 * d->backoff_ns : minute / 60 : 0;
+    if (d->backoff_ns > minute)
+      d->backoff_ns = minute;
+    d->retry_ns = rc ? embps_now_ns() + d->backoff_ns : 0;
     while (batch) {
       embps_request_t *next = batch->next;
       batch->next = NULL;
@@ -525,8 +589,21 @@ void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s) {
   pthread_mutex_unlock(&d->mu);
   s->log_bytes = embps_wal_bytes(d->log_dir);
   const char *f = embps_wal_failed(d->wal);
-  snprintf(s->durability_failed, sizeof s->durability_failed, "%.255s",
-           f ? f : "");
+  if (f)
+    snprintf(s->durability_failed, sizeof s->durability_failed, "%.255s", f);
+  else
+    embps_space_refusing(&d->space, s->durability_failed,
+                         sizeof s->durability_failed);
+}
+
+void embps_durable_space(embps_durable_t *d, embps_metrics_space_t *out) {
+  embps_space_t *sp = &d->space;
+  embps_space_stat(sp);
+  out->free_bytes = atomic_load(&sp->free_bytes);
+  out->size_bytes = atomic_load(&sp->size_bytes);
+  out->reserve_bytes = embps_space_reserve(sp);
+  out->log_limit_bytes = atomic_load(&sp->limit);
+  out->refused_total = atomic_load(&sp->refused);
 }
 
 uint64_t embps_durable_stall_ms(embps_durable_t *d) {
@@ -866,6 +943,13 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
                      wal_done, d, &d->wal, err, err_len))
     goto fail;
   embps_feed_set_log(srv->feed, d->log_dir, d->wal);
+  char restored_dir[1200];
+  snprintf(restored_dir, sizeof restored_dir, "%s/ckpt-%016" PRIx64, d->dir,
+           d->last.lsn);
+  embps_space_init(&d->space, d->dir, srv->cfg.checkpoint_log_bytes,
+                   embps_wal_bytes(d->log_dir),
+                   embps_space_dir_bytes(restored_dir));
+  d->space_ready = 1;
   if (srv->cfg.checkpoint_every_s)
     d->next_due_ns = embps_now_ns() +
                      (uint64_t)srv->cfg.checkpoint_every_s * 1000000000ULL;
@@ -876,13 +960,25 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
     goto fail;
   }
   d->thread_started = 1;
-  LOG_INFO("data dir %s: --fsync %s, next LSN %" PRIu64 ", epoch %u",
-           d->dir, fsync_name(srv->cfg.fsync), last + 1, epoch);
+  char trigger[96] = "none for the log's size";
+  uint64_t limit = atomic_load(&d->space.limit);
+  if (limit)
+    snprintf(trigger, sizeof trigger, "one per %" PRIu64 " bytes of log",
+             limit);
+  LOG_INFO("data dir %s: --fsync %s, next LSN %" PRIu64 ", epoch %u; "
+           "checkpoints: %s; %" PRIu64 " of %" PRIu64 " bytes free (%" PRIu64
+           " kept for the next checkpoint)", d->dir,
+           fsync_name(srv->cfg.fsync), last + 1, epoch, trigger,
+           (uint64_t)atomic_load(&d->space.free_bytes),
+           (uint64_t)atomic_load(&d->space.size_bytes),
+           (uint64_t)atomic_load(&d->space.reserve));
   return 0;
 fail:
   if (d->wal)
     embps_feed_set_log(srv->feed, "", NULL);
   embps_wal_close(d->wal);
+  if (d->space_ready)
+    embps_space_close(&d->space);
   if (d->lock_fd >= 0)
     close(d->lock_fd);
   pthread_mutex_destroy(&d->mu);
@@ -906,6 +1002,7 @@ int embps_durable_shutdown(embps_server_t *srv) {
     return -1;
   }
   char err[2048];
+  d->why = NULL; /* the final one: no trigger to name */
   return checkpoint_once(d, err, sizeof err);
 }
 
@@ -914,6 +1011,7 @@ void embps_durable_close(embps_server_t *srv) {
   if (!d)
     return;
   embps_wal_close(d->wal);
+  embps_space_close(&d->space);
   close(d->lock_fd);
   pthread_mutex_destroy(&d->mu);
   pthread_cond_destroy(&d->cv);

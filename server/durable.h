@@ -93,6 +93,10 @@ void embps_durable_checkpoint_request(embps_durable_t *d,
                                       embps_request_t *req);
 /* Fills the durability fields of a stats reply (any thread). */
 void embps_durable_stats(embps_durable_t *d, embps_server_stats_t *s);
+/* The data dir's disk for /metrics: free and total bytes (statvfs now),
+ * the room kept for the next checkpoint, the log size that starts one,
+ * the log writes refused for space (any thread; space.h). */
+void embps_durable_space(embps_durable_t *d, embps_metrics_space_t *out);
 /* How long the log's oldest write or sync in progress has taken, in ms
  * (0: none); past EMBPS_WAL_STALL_MS the disk is not taking writes. Any
  * thread. */

@@ -477,6 +477,15 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
   return result;
 }
 
+/* Whether the thread must stop (embps_copy_load's question). */
+static int stopping(void *ctx) {
+  embps_follow_t *fw = ctx;
+  pthread_mutex_lock(&fw->mu);
+  int stop = fw->stop || fw->retarget; /* a new primary: copy that one */
+  pthread_mutex_unlock(&fw->mu);
+  return stop;
+}
+
 /* A connection to a primary that no longer holds our next record: its
  * history asked (a probe), a copy of its state made (copy.h), then the
  * stream from the copy's LSN. Returns as stream does. */
@@ -502,7 +511,8 @@ static int copy_and_stream(embps_follow_t *fw, embps_client_t *c,
   embps_copy_t *cp;
   int halt;
   char err[EMBPS_MESSAGE_MAX];
-  rc = embps_copy_load(fw->srv, target, &h, &cp, &halt, err, sizeof err);
+  rc = embps_copy_load(fw->srv, target, &h, stopping, fw, &cp, &halt, err,
+                       sizeof err);
   embps_msg_free(&m);
   if (rc) {
     set_why(fw, "primary %s: %s", target, err);
@@ -531,9 +541,8 @@ static void *follow_main(void *arg) {
     pthread_mutex_unlock(&fw->mu);
     char err[EMBPS_MESSAGE_MAX + 64] = "";
     embps_client_t *c = NULL;
-    int rc = embps_client_create_peer_(
-        target, srv->cfg.token, srv->cfg.token_len, call_timeout_ms(srv),
-        &c, err, sizeof err);
+    int rc = embps_copy_connect(srv, target, call_timeout_ms(srv), &c, err,
+                                sizeof err);
     int halt = 0;
     if (rc) {
       set_why(fw, "cannot reach primary %s: %s", target, err);
@@ -784,10 +793,8 @@ int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
   for (;;) {
     char why[EMBPS_MESSAGE_MAX + 64] = "";
     embps_client_t *c = NULL;
-    int rc = embps_client_create_peer_(srv->cfg.follow, srv->cfg.token,
-                                       srv->cfg.token_len,
-                                       call_timeout_ms(srv), &c, why,
-                                       sizeof why);
+    int rc = embps_copy_connect(srv, srv->cfg.follow, call_timeout_ms(srv),
+                                &c, why, sizeof why);
     if (!rc) {
       embps_ticket_t *t;
       embps_msg_t m;

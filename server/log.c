@@ -1,17 +1,27 @@
 /* log.c - see log.h. */
 #include "log.h"
 
+#include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-static embps_log_level_t min_level = EMBPS_LOG_INFO;
+#include "util.h"
+
+static atomic_int min_level = EMBPS_LOG_INFO; /* a reload sets it */
 static int json;
 static const char *const names[] = {"debug", "info", "warn", "error"};
 
-void embps_log_set_level(embps_log_level_t level) { min_level = level; }
+void embps_log_set_level(embps_log_level_t level) {
+  atomic_store(&min_level, (int)level);
+}
 void embps_log_set_json(int on) { json = on; }
+
+const char *embps_log_level_name(embps_log_level_t level) {
+  return names[level];
+}
 
 int embps_log_parse_level(const char *s, embps_log_level_t *out) {
   for (int i = 0; i < 4; i++) {
@@ -72,12 +82,40 @@ static void emit(const char *level, const char *event, int bare,
 }
 
 void embps_log(embps_log_level_t level, const char *fmt, ...) {
-  if (level < min_level)
+  if ((int)level < atomic_load_explicit(&min_level, memory_order_relaxed))
     return;
   va_list ap;
   va_start(ap, fmt);
   emit(names[level], NULL, 0, fmt, ap);
   va_end(ap);
+}
+
+void embps_log_always(embps_log_level_t level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  emit(names[level], NULL, 0, fmt, ap);
+  va_end(ap);
+}
+
+int embps_log_read_level(const char *path, embps_log_level_t *out,
+                         char *err, size_t err_len) {
+  char buf[64] = "";
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, err_len, "--log-level-file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *word = buf + strspn(buf, " \t\r\n");
+  word[strcspn(word, " \t\r\n")] = 0;
+  if (embps_log_parse_level(word, out)) {
+    snprintf(err, err_len, "--log-level-file %s: \"%.20s\" is not "
+             "debug|info|warn|error", path, word);
+    return -1;
+  }
+  return 0;
 }
 
 void embps_log_ready(const char *fmt, ...) {
@@ -86,4 +124,18 @@ void embps_log_ready(const char *fmt, ...) {
   emit("info", "ready", 1, fmt, ap);
   va_end(ap);
   fflush(stderr);
+}
+
+int embps_log_limit_pass(embps_log_limit_t *l, uint64_t period_ms,
+                         uint64_t *skipped) {
+  uint64_t now = embps_now_ns();
+  uint64_t next = atomic_load(&l->next_ns);
+  if (now < next ||
+      !atomic_compare_exchange_strong(&l->next_ns, &next,
+                                      now + period_ms * 1000000u)) {
+    atomic_fetch_add(&l->skipped, 1);
+    return 0;
+  }
+  *skipped = atomic_exchange(&l->skipped, 0);
+  return 1;
 }

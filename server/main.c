@@ -1,6 +1,7 @@
 /* main.c - the embps-server daemon: the OpenMP wait policy (one re-exec,
- * below), flags, process set-up, then the server library (server.c):
- * create, run until SIGTERM or SIGINT, destroy. */
+ * below), flags, process set-up, the start-up signal guard (signals.h),
+ * then the server library (server.c): create, run until SIGTERM or SIGINT
+ * (SIGHUP reloads), destroy. */
 #include <errno.h>
 #include <malloc.h>
 #include <omp.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "server.h"
+#include "signals.h"
 
 /* OpenMP threads spin for a while after each parallel region by default,
  * taking cores the I/O threads need; passive waiting measured +19% push
@@ -81,6 +83,14 @@ int main(int argc, char **argv) {
     LOG_WARN("cannot execute /proc/self/exe again with %s=passive (%s): "
              "OpenMP threads spin after each push; set %s to silence this",
              omp_wait_name, strerror(exec_err), omp_wait_name);
+  if (cfg.max_buffer_from == EMBPS_BUDGET_CGROUP)
+    LOG_INFO("--max-buffer-bytes %llu: a quarter of the cgroup's memory "
+             "limit, %llu bytes (%s)", (unsigned long long)cfg.max_buffer_bytes,
+             (unsigned long long)cfg.memory_limit, cfg.memory_limit_file);
+  else if (cfg.max_buffer_from == EMBPS_BUDGET_RAM)
+    LOG_INFO("--max-buffer-bytes %llu: a quarter of RAM, at least 1 GiB (no "
+             "cgroup memory limit below RAM)",
+             (unsigned long long)cfg.max_buffer_bytes);
   signal(SIGPIPE, SIG_IGN);
   /* Request and reply buffers of a few MiB come and go at every batch; keep
    * them on the heap instead of a fresh mmap (and page faults) each time;
@@ -103,9 +113,15 @@ int main(int argc, char **argv) {
     omp_set_num_threads((int)cfg.omp_threads);
   cfg.handle_signals = 1;
   cfg.argv = argv; /* a server the coordinator demotes starts over with it */
+  int rc_guard = embps_signals_guard(); /* SIGTERM during the restore */
+  if (rc_guard)
+    LOG_WARN("cannot guard signals while starting (%s): SIGTERM before "
+             "the server serves is not handled", strerror(-rc_guard));
   embps_server_t *srv;
   if (embps_server_create(&cfg, &srv))
     return 1;
+  if (embps_signals_serving())
+    embps_server_reload(srv, "SIGHUP (while starting)");
   int status = embps_server_run(srv);
   embps_server_destroy(srv);
   return status;

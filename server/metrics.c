@@ -17,8 +17,10 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "cgroup.h"
+#include "procstat.h"
 #include "server.h"
-#include "token.h"
+#include "watchdog.h"
 
 /* ------------------------------------------------------------ figures */
 
@@ -206,16 +208,11 @@ static void head(text_t *t, const char *name, const char *type,
 }
 
 static const char *kind_name(unsigned k, char *buf, size_t len) {
-  static const char *const names[] = {
-      [EMBPS_KIND_HELLO] = "hello", [EMBPS_KIND_CREATE] = "create",
-      [EMBPS_KIND_DROP] = "drop",   [EMBPS_KIND_DESCRIBE] = "describe",
-      [EMBPS_KIND_LIST] = "list",   [EMBPS_KIND_PULL] = "pull",
-      [EMBPS_KIND_PUSH] = "push",   [EMBPS_KIND_STATS] = "stats"};
   if (k == KINDS)
     return "other";
-  if (k < sizeof names / sizeof *names && names[k])
-    return names[k];
-  snprintf(buf, len, "%u", k);
+  if (embps_kind_name(k))
+    return embps_kind_name(k);
+  snprintf(buf, len, "%u", k); /* a kind newer than this table */
   return buf;
 }
 
@@ -432,6 +429,89 @@ static void put_server(text_t *t, embps_server_t *srv) {
   put_histogram(t, "push", &m.push);
 }
 
+/* The data dir's disk (--data-dir only). */
+static void put_space(text_t *t, embps_server_t *srv) {
+  embps_metrics_space_t sp;
+  memset(&sp, 0, sizeof sp);
+  m.hooks.durable_space(srv->dur, &sp);
+  static const struct {
+    const char *metric, *type, *help;
+    size_t offset;
+  } figures[] = {
+      {"embps_data_dir_free_bytes", "gauge",
+       "Bytes free for the server in the data dir's file system.",
+       offsetof(embps_metrics_space_t, free_bytes)},
+      {"embps_data_dir_size_bytes", "gauge",
+       "Size of the data dir's file system.",
+       offsetof(embps_metrics_space_t, size_bytes)},
+      {"embps_checkpoint_reserve_bytes", "gauge",
+       "Bytes kept free for the next checkpoint: the log grows only into "
+       "the rest.",
+       offsetof(embps_metrics_space_t, reserve_bytes)},
+      {"embps_checkpoint_log_limit_bytes", "gauge",
+       "Log bytes since the last checkpoint that start one "
+       "(--checkpoint-log-bytes; 0: never).",
+       offsetof(embps_metrics_space_t, log_limit_bytes)},
+      {"embps_log_refused_total", "counter",
+       "Pushes and imports refused for want of room in the data dir.",
+       offsetof(embps_metrics_space_t, refused_total)},
+  };
+  for (size_t k = 0; k < sizeof figures / sizeof *figures; k++) {
+    uint64_t v;
+    memcpy(&v, (const char *)&sp + figures[k].offset, sizeof v);
+    head(t, figures[k].metric, figures[k].type, figures[k].help);
+    put(t, "%s %llu\n", figures[k].metric, (unsigned long long)v);
+  }
+}
+
+/* The process (procstat.h), its memory limits, its threads' liveness. */
+static void put_thread_stall(const char *name, double seconds, void *ctx) {
+  put(ctx, "embps_thread_stall_seconds{thread=\"%s\"} %.3f\n", name,
+      seconds);
+}
+
+static void put_process(text_t *t, embps_server_t *srv) {
+  embps_procstat_t p;
+  embps_procstat_read(&p);
+  head(t, "process_resident_memory_bytes", "gauge",
+       "Resident memory size in bytes.");
+  put(t, "process_resident_memory_bytes %llu\n",
+      (unsigned long long)p.resident_bytes);
+  head(t, "process_virtual_memory_bytes", "gauge",
+       "Virtual memory size in bytes.");
+  put(t, "process_virtual_memory_bytes %llu\n",
+      (unsigned long long)p.virtual_bytes);
+  head(t, "process_cpu_seconds_total", "counter",
+       "Total user and system CPU time spent in seconds.");
+  put(t, "process_cpu_seconds_total %.3f\n", p.cpu_seconds);
+  head(t, "process_open_fds", "gauge", "Number of open file descriptors.");
+  put(t, "process_open_fds %llu\n", (unsigned long long)p.open_fds);
+  if (p.max_fds) {
+    head(t, "process_max_fds", "gauge",
+         "Maximum number of open file descriptors.");
+    put(t, "process_max_fds %llu\n", (unsigned long long)p.max_fds);
+  }
+  head(t, "process_start_time_seconds", "gauge",
+       "Start time of the process since unix epoch in seconds.");
+  put(t, "process_start_time_seconds %.2f\n", p.start_time_seconds);
+  head(t, "embps_max_memory_bytes", "gauge",
+       "--max-memory: the cap on table storage (0: none).");
+  put(t, "embps_max_memory_bytes %llu\n",
+      (unsigned long long)srv->cfg.max_memory);
+  head(t, "embps_memory_limit_bytes", "gauge",
+       "The memory limit of the server's cgroup (0: none).");
+  put(t, "embps_memory_limit_bytes %llu\n",
+      (unsigned long long)embps_cgroup_memory_limit(NULL, 0));
+  head(t, "embps_max_buffer_bytes", "gauge",
+       "--max-buffer-bytes: requests and replies held, all connections.");
+  put(t, "embps_max_buffer_bytes %llu\n",
+      (unsigned long long)srv->cfg.max_buffer_bytes);
+  head(t, "embps_thread_stall_seconds", "gauge",
+       "How long a thread has had work in hand without progress (0: idle; "
+       "/healthz fails past --stall-timeout).");
+  embps_watch_each(put_thread_stall, t);
+}
+
 /* Checkpoint and log figures (--data-dir only). */
 static void put_durability(text_t *t, embps_server_t *srv) {
   if (!srv->dur || !m.hooks.durable_stats)
@@ -457,8 +537,12 @@ static void put_durability(text_t *t, embps_server_t *srv) {
        "Bytes of push log since the last checkpoint.");
   put(t, "embps_log_bytes %llu\n", (unsigned long long)s.log_bytes);
   head(t, "embps_durability_failed", "gauge",
-       "1 when a write or fsync failed and pushes are refused.");
+       "1 while pushes are refused: an fsync failed (until a restart), or "
+       "the data dir is full (until a checkpoint or freed space makes "
+       "room).");
   put(t, "embps_durability_failed %d\n", s.durability_failed[0] != 0);
+  if (m.hooks.durable_space)
+    put_space(t, srv);
   if (m.hooks.durable_stall_ms) {
     head(t, "embps_log_stall_seconds", "gauge",
          "How long the log's oldest write or sync in progress has taken (0: "
@@ -750,7 +834,8 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status,
   respond((conn), (status), (char *)(text), sizeof(text) - 1, 0)
 
 /* Whether the request may see table names: always without a token; with
- * one, when it carries "Authorization: Bearer TOKEN". */
+ * one, when it carries "Authorization: Bearer TOKEN" (a token the server
+ * accepts now: either during a rotation, the new one after a reload). */
 static int names_allowed(struct MHD_Connection *conn) {
   const embps_server_config_t *cfg = &m.srv->cfg;
   if (!cfg->has_token)
@@ -759,7 +844,7 @@ static int names_allowed(struct MHD_Connection *conn) {
                                               MHD_HTTP_HEADER_AUTHORIZATION);
   if (!a || strncasecmp(a, "Bearer ", 7))
     return 0;
-  return embps_token_equal(cfg->token, cfg->token_len, a + 7, strlen(a + 7));
+  return embps_auth_check(&m.srv->auth, a + 7, strlen(a + 7));
 }
 
 static enum MHD_Result readyz(struct MHD_Connection *conn) {
@@ -811,8 +896,19 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
     return STATIC_(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "GET only\n");
   if (*upload_len) /* a GET with a body: ignore the body */
     *upload_len = 0;
-  if (!strcmp(url, "/healthz"))
-    return STATIC_(conn, MHD_HTTP_OK, "ok\n");
+  if (!strcmp(url, "/healthz")) {
+    char why[160];
+    if (!embps_watch_check((uint64_t)m.srv->cfg.stall_timeout_s * 1000, why,
+                           sizeof why))
+      return STATIC_(conn, MHD_HTTP_OK, "ok\n");
+    text_t t = {0};
+    put(&t, "%s\n", why);
+    if (t.failed) {
+      free(t.p);
+      return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    }
+    return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, t.p, t.len, 2);
+  }
   if (!strcmp(url, "/readyz"))
     return readyz(conn);
   if (strcmp(url, "/metrics"))
@@ -820,6 +916,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
                    "not found: try /metrics, /healthz, /readyz\n");
   text_t t = {0};
   put_server(&t, m.srv);
+  put_process(&t, m.srv);
   if (atomic_load(&m.ready)) { /* srv->dur is set up once restored */
     put_durability(&t, m.srv);
     put_replication(&t, m.srv);

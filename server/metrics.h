@@ -31,12 +31,20 @@ typedef struct {
   int in_sync;
 } embps_follower_info_t;
 
+/* The data dir's disk (durable.h, space.h). */
+typedef struct {
+  uint64_t free_bytes, size_bytes, reserve_bytes, log_limit_bytes,
+      refused_total;
+} embps_metrics_space_t;
+
 /* Figures the HTTP thread pulls from elsewhere; any may be NULL (then
  * not shown, and /readyz needs only the server ready). */
 typedef struct {
   /* The durability fields of a stats reply; called while the server is
    * ready, with its data dir (srv->dur) when it has one. */
   void (*durable_stats)(struct embps_durable *d, embps_server_stats_t *s);
+  /* The data dir's disk, called as durable_stats is. */
+  void (*durable_space)(struct embps_durable *d, embps_metrics_space_t *out);
   /* How long the log's oldest write or sync in progress has taken (ms);
    * with durable_stats, /readyz's durability part. */
   uint64_t (*durable_stall_ms)(struct embps_durable *d);

@@ -1,7 +1,9 @@
 /* optim.c - the update kernels. Each is a straight element-wise loop over
  * restrict pointers so gcc vectorises it; sqrtf vectorises only with
  * -fno-math-errno, which the build sets for this file. FTRL's powers are
- * computed with sqrtf when lr_power is -0.5 (the default), powf otherwise. */
+ * computed with sqrtf when lr_power is -0.5 (the default), powf otherwise.
+ * Each kernel also tells whether a value it wrote left the envelope
+ * (optim.h), checking each value as it writes it, in the same loop. */
 #include "optim.h"
 
 #include <float.h>
@@ -20,6 +22,9 @@ void embps_optim_from_spec(embps_optim_t *o, const embps_table_spec_t *s) {
   o->lr_power = (float)s->lr_power;
   o->weight_decay = (float)s->weight_decay;
   o->initial_accumulator = (float)s->initial_accumulator;
+  o->w_max = s->dtype == EMBPS_DTYPE_F16 ? EMBPS_OPTIM_ENVELOPE_F16
+                                         : EMBPS_OPTIM_ENVELOPE;
+  o->s_max = EMBPS_OPTIM_ENVELOPE;
 }
 
 uint32_t embps_optim_state_per_weight(embps_optimizer_t kind) {
@@ -62,34 +67,57 @@ void embps_optim_init_state(const embps_optim_t *o, float *state,
   }
 }
 
-static void sgd(float *restrict w, const float *restrict g, uint32_t dim,
-                float lr) {
-  for (uint32_t j = 0; j < dim; j++)
-    w[j] -= lr * g[j];
+/* 1 if x lies outside [-bound, bound] or is NaN (the compare is false for
+ * NaN): one compare and one or per value, in the caller's loop, which gcc
+ * vectorises with it. */
+static inline int outside(float x, float bound) {
+  return !(fabsf(x) <= bound);
 }
 
-static void adagrad(float *restrict w, float *restrict acc,
-                    const float *restrict g, uint32_t dim, float lr,
-                    float eps) {
+static int sgd(float *restrict w, const float *restrict g, uint32_t dim,
+               const embps_optim_t *o) {
+  const float lr = o->lr, w_max = o->w_max;
+  int out = 0;
   for (uint32_t j = 0; j < dim; j++) {
-    float a = acc[j] + g[j] * g[j];
-    acc[j] = a;
-    w[j] -= lr * g[j] / (sqrtf(a) + eps);
+    const float wj = w[j] - lr * g[j];
+    w[j] = wj;
+    out |= outside(wj, w_max);
   }
+  return out;
+}
+
+static int adagrad(float *restrict w, float *restrict acc,
+                   const float *restrict g, uint32_t dim,
+                   const embps_optim_t *o) {
+  const float lr = o->lr, eps = o->eps, w_max = o->w_max, s_max = o->s_max;
+  int out = 0;
+  for (uint32_t j = 0; j < dim; j++) {
+    const float a = acc[j] + g[j] * g[j];
+    const float wj = w[j] - lr * g[j] / (sqrtf(a) + eps);
+    acc[j] = a;
+    w[j] = wj;
+    out |= outside(wj, w_max) | outside(a, s_max);
+  }
+  return out;
 }
 
 /* Lazy Adam (PyTorch SparseAdam), with optional decoupled weight decay. */
-static void adam(float *restrict w, float *restrict m, float *restrict v,
-                 const float *restrict g, uint32_t dim, const embps_optim_t *o) {
+static int adam(float *restrict w, float *restrict m, float *restrict v,
+                const float *restrict g, uint32_t dim, const embps_optim_t *o) {
   const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
   const float step = o->adam_step_size, decay = o->lr * o->weight_decay;
+  const float w_max = o->w_max, s_max = o->s_max;
+  int out = 0;
   for (uint32_t j = 0; j < dim; j++) {
-    float mj = b1 * m[j] + (1.0f - b1) * g[j];
-    float vj = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+    const float mj = b1 * m[j] + (1.0f - b1) * g[j];
+    const float vj = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+    const float wj = w[j] - decay * w[j] - step * mj / (sqrtf(vj) + eps);
     m[j] = mj;
     v[j] = vj;
-    w[j] = w[j] - decay * w[j] - step * mj / (sqrtf(vj) + eps);
+    w[j] = wj;
+    out |= outside(wj, w_max) | outside(mj, s_max) | outside(vj, s_max);
   }
+  return out;
 }
 
 /* FTRL's closed-form weight: (sign(z)*l1 - z)/quadratic where |z| > l1,
@@ -104,60 +132,52 @@ static inline float ftrl_weight(float z, float quadratic, float l1) {
   return w;
 }
 
-/* TensorFlow ApplyFtrl, lr_power = -0.5: n^(-p) = sqrt(n). */
-static void ftrl_sqrt(float *restrict w, float *restrict n, float *restrict z,
-                      const float *restrict g, uint32_t dim,
-                      const embps_optim_t *o) {
+/* TensorFlow ApplyFtrl; n^(-lr_power) by sqrtf when sqrt_power (lr_power
+ * -0.5), else by powf. Called with a constant sqrt_power, so each caller
+ * gets its own loop without the branch. Besides the envelope, n below the
+ * initial accumulator counts as outside. */
+static inline int ftrl(float *restrict w, float *restrict n,
+                       float *restrict z, const float *restrict g,
+                       uint32_t dim, const embps_optim_t *o, int sqrt_power) {
   const float lr = o->lr, l1 = o->l1, two_l2 = 2.0f * o->l2;
+  const float p = -o->lr_power, n0 = o->initial_accumulator;
+  const float w_max = o->w_max, s_max = o->s_max;
+  int out = 0;
   for (uint32_t j = 0; j < dim; j++) {
-    float nn = n[j] + g[j] * g[j];
-    float sn = sqrtf(nn);
-    float zz = z[j] + g[j] - (sn - sqrtf(n[j])) / lr * w[j];
+    const float nn = n[j] + g[j] * g[j];
+    const float pn = sqrt_power ? sqrtf(nn) : powf(nn, p);
+    const float pn_old = sqrt_power ? sqrtf(n[j]) : powf(n[j], p);
+    const float zz = z[j] + g[j] - (pn - pn_old) / lr * w[j];
+    const float wj = ftrl_weight(zz, pn / lr + two_l2, l1);
     z[j] = zz;
     n[j] = nn;
-    w[j] = ftrl_weight(zz, sn / lr + two_l2, l1);
+    w[j] = wj;
+    out |= outside(wj, w_max) | outside(zz, s_max) | outside(nn, s_max) |
+           !(nn >= n0);
   }
+  return out;
 }
 
-static void ftrl_pow(float *restrict w, float *restrict n, float *restrict z,
-                     const float *restrict g, uint32_t dim,
-                     const embps_optim_t *o) {
-  const float lr = o->lr, l1 = o->l1, two_l2 = 2.0f * o->l2;
-  const float p = -o->lr_power;
-  for (uint32_t j = 0; j < dim; j++) {
-    float nn = n[j] + g[j] * g[j];
-    float pn = powf(nn, p);
-    float zz = z[j] + g[j] - (pn - powf(n[j], p)) / lr * w[j];
-    z[j] = zz;
-    n[j] = nn;
-    w[j] = ftrl_weight(zz, pn / lr + two_l2, l1);
-  }
+int embps_optim_apply(const embps_optim_t *o, float *row, const float *g,
+                      uint32_t dim) {
+  return embps_optim_apply_split(o, row, row + dim, g, dim);
 }
 
-void embps_optim_apply(const embps_optim_t *o, float *row, const float *g,
-                       uint32_t dim) {
-  embps_optim_apply_split(o, row, row + dim, g, dim);
-}
-
-void embps_optim_apply_split(const embps_optim_t *o, float *w, float *state,
-                             const float *g, uint32_t dim) {
+int embps_optim_apply_split(const embps_optim_t *o, float *w, float *state,
+                            const float *g, uint32_t dim) {
   switch (o->kind) {
   case EMBPS_OPT_SGD:
-    sgd(w, g, dim, o->lr);
-    break;
+    return sgd(w, g, dim, o);
   case EMBPS_OPT_ADAGRAD:
-    adagrad(w, state, g, dim, o->lr, o->eps);
-    break;
+    return adagrad(w, state, g, dim, o);
   case EMBPS_OPT_ADAM:
-    adam(w, state, state + dim, g, dim, o);
-    break;
+    return adam(w, state, state + dim, g, dim, o);
   case EMBPS_OPT_FTRL:
     if (o->lr_power == -0.5f)
-      ftrl_sqrt(w, state, state + dim, g, dim, o);
-    else
-      ftrl_pow(w, state, state + dim, g, dim, o);
-    break;
+      return ftrl(w, state, state + dim, g, dim, o, 1);
+    return ftrl(w, state, state + dim, g, dim, o, 0);
   }
+  return 0;
 }
 
 /* The bounds, in double (they cannot overflow there): the weight moves by

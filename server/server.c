@@ -24,7 +24,9 @@
  * Shutdown (embps_server_stop, an async handle that keeps no loop alive;
  * the daemon's SIGTERM/SIGINT do the same): stop accepting, drain the I/O
  * threads (they stop reading, finish every request already read, flush
- * replies, close), take the final checkpoint, stop the apply thread. */
+ * replies, close), take the final checkpoint, stop the apply thread.
+ * SIGHUP reloads (reload.c). Before the main loop takes these signals (a
+ * restore), the daemon's start-up guard does (signals.c). */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
 #include <inttypes.h>
@@ -66,7 +68,7 @@ typedef struct net {
   uv_loop_t loop;
   uv_poll_t listen_poll;
   uv_timer_t accept_retry;
-  uv_signal_t sig_term, sig_int; /* cfg.handle_signals only */
+  uv_signal_t sig_term, sig_int, sig_hup; /* cfg.handle_signals only */
   uv_async_t stop_async; /* embps_server_stop; open until destroy */
   int listen_fd, port, stopping;
   int loop_ready, metrics_started, cluster_started, threads_stopped;
@@ -219,10 +221,8 @@ static void begin_stop(net_t *net) {
   embps_notify_stopping();
   uv_close((uv_handle_t *)&net->listen_poll, NULL);
   uv_close((uv_handle_t *)&net->accept_retry, NULL);
-  if (net->srv.cfg.handle_signals) {
-    uv_close((uv_handle_t *)&net->sig_term, NULL);
-    uv_close((uv_handle_t *)&net->sig_int, NULL);
-  }
+  /* the signal handles stay (unreferenced: they keep no loop alive), so a
+   * second SIGTERM or a SIGHUP while stopping neither kills nor reloads */
   embps_apply_drain(net->srv.apply);
   embps_feed_drain(net->srv.feed);
   embps_snapshots_drain(net->srv.snap);
@@ -230,8 +230,23 @@ static void begin_stop(net_t *net) {
 }
 
 static void on_signal(uv_signal_t *s, int signum) {
+  net_t *net = s->data;
+  if (net->stopping) {
+    LOG_INFO("signal %d: already stopping", signum);
+    return;
+  }
   LOG_INFO("signal %d: finishing in-flight requests, then exiting", signum);
-  begin_stop(s->data);
+  begin_stop(net);
+}
+
+/* SIGHUP: reload what can be (embps_server_reload); never stops. */
+static void on_reload(uv_signal_t *s, int signum) {
+  (void)signum;
+  net_t *net = s->data;
+  if (net->stopping)
+    LOG_INFO("SIGHUP: stopping, nothing reloaded");
+  else
+    embps_server_reload(&net->srv, "SIGHUP");
 }
 
 static void on_stop(uv_async_t *a) {
@@ -342,8 +357,9 @@ static void check_nofile(const embps_server_config_t *cfg) {
 }
 
 /* The main loop's handles: the listener, its retry timer, the stop call
- * and, for the daemon, SIGTERM and SIGINT. 0 or a negative code (the
- * handles set up are closed by loop_close). */
+ * and, for the daemon, SIGTERM and SIGINT (stop) and SIGHUP (reload),
+ * unreferenced. 0 or a negative code (the handles set up are closed by
+ * loop_close). */
 static int loop_start(net_t *net) {
   int rc = uv_loop_init(&net->loop);
   if (rc)
@@ -366,11 +382,18 @@ static int loop_start(net_t *net) {
   rc = uv_signal_init(&net->loop, &net->sig_term);
   if (!rc)
     rc = uv_signal_init(&net->loop, &net->sig_int);
-  net->sig_term.data = net->sig_int.data = net;
+  if (!rc)
+    rc = uv_signal_init(&net->loop, &net->sig_hup);
+  net->sig_term.data = net->sig_int.data = net->sig_hup.data = net;
   if (!rc)
     rc = uv_signal_start(&net->sig_term, on_signal, SIGTERM);
   if (!rc)
     rc = uv_signal_start(&net->sig_int, on_signal, SIGINT);
+  if (!rc)
+    rc = uv_signal_start(&net->sig_hup, on_reload, SIGHUP);
+  uv_unref((uv_handle_t *)&net->sig_term);
+  uv_unref((uv_handle_t *)&net->sig_int);
+  uv_unref((uv_handle_t *)&net->sig_hup);
   return rc;
 }
 
@@ -383,6 +406,7 @@ static net_t *net_of(embps_server_t *srv) {
 /* What /metrics reads from the durable layer and the cluster. */
 static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stats = embps_durable_stats,
+    .durable_space = embps_durable_space,
     .durable_stall_ms = embps_durable_stall_ms,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
@@ -406,10 +430,13 @@ static void durable_restored(void *ctx, uint64_t lsn, uint32_t epoch,
 
 /* A snapshot session keeps the feed's records after its LSN (a
  * follower's copy fetches them next: copy.h); the pin's number + 1 is its
- * handle. */
+ * handle. With --data-dir the log keeps them (the session pins it). */
 static void *snapshot_pin(void *ctx, uint64_t lsn) {
+  embps_server_t *srv = ctx;
   uint32_t pin;
-  if (embps_feed_pin(ctx, lsn + 1, &pin)) {
+  if (srv->dur)
+    return NULL;
+  if (embps_feed_pin(srv->feed, lsn + 1, &pin)) {
     LOG_WARN("snapshot session: the replication backlog cannot keep the "
              "records after LSN %" PRIu64 ": a follower copying it may have "
              "to copy again", lsn);
@@ -419,7 +446,8 @@ static void *snapshot_pin(void *ctx, uint64_t lsn) {
 }
 
 static void snapshot_unpin(void *ctx, void *pin) {
-  embps_feed_unpin(ctx, (uint32_t)((uintptr_t)pin - 1));
+  embps_server_t *srv = ctx;
+  embps_feed_unpin(srv->feed, (uint32_t)((uintptr_t)pin - 1));
 }
 
 /* Without --data-dir: a primary begins epoch 1 at LSN 1; a follower
@@ -465,7 +493,7 @@ static int net_start(net_t *net) {
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
   const embps_snapshot_feed_t snap_feed = {
-      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv->feed};
+      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv};
   embps_snapshot_set_feed(srv->snap, &snap_feed);
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
@@ -577,6 +605,7 @@ static void net_free(net_t *net) {
     close(net->listen_fd);
   embps_registry_close(&net->srv.registry);
   embps_bufpool_close(&net->srv.bodies);
+  embps_auth_close(&net->srv.auth);
   free(net);
 }
 
@@ -592,6 +621,9 @@ int embps_server_create(const embps_server_config_t *cfg,
   srv->start_ns = embps_now_ns();
   embps_registry_init(&srv->registry);
   embps_bufpool_init(&srv->bodies, EMBPS_MMAP_THRESHOLD, EMBPS_BODY_POOL_BYTES);
+  embps_tokens_t tokens;
+  embps_server_config_tokens(cfg, &tokens);
+  embps_auth_init(&srv->auth, &tokens);
   if (cfg->insecure && !cfg->has_token)
     LOG_WARN("--insecure: serving %s without an auth token; anyone who can "
              "reach it can read, change and drop every table",

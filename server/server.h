@@ -26,7 +26,8 @@
  * Files, top down: each calls only files after it (no two call each
  * other, directly or around a loop: tests/ops/test_layers.sh checks it
  * from the object files):
- *   server.c       lifecycle, listener, the main loop
+ *   main.c signals.c   the daemon: its start-up signal guard
+ *   server.c reload.c   lifecycle, listener, the main loop; SIGHUP
  *   conn.c         connections and their budgets, the I/O threads' loops
  *   dispatch.c     each request kind on its I/O thread
  *   apply.c        the apply thread: runs req->run, in order
@@ -36,10 +37,12 @@
  *   snapshot.c     snapshot sessions: the tables as a checkpoint stream
  *   durable.c      --data-dir: log records, acks, checkpoints, restore
  *   feed.c         records shipped to followers, their acknowledgements
+ *   space.c        the data dir's disk: log-size trigger, checkpoint room
  *   redo.c         one log record applied to the tables
  *   ckpt.c dio.c wal.c   checkpoint directories; the log's segments
  *   marker.c       the state a checkpoint or a snapshot starts from
- *   sync.c request.c metrics.c seen.c cluster.c   helpers of the above
+ *   sync.c request.c metrics.c seen.c cluster.c auth.c   helpers of the
+ *                  above; procstat.c cgroup.c watchdog.c below metrics.c
  *   registry.c table_io.c table.c policy.c hstore.c ...   the tables */
 #ifndef EMBPS_SERVER_H
 #define EMBPS_SERVER_H
@@ -47,6 +50,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "bufpool.h"
 #include "frame.h"
 #include "log.h"
@@ -64,9 +68,13 @@ typedef struct {
   uint32_t io_threads;
   uint32_t shards;
   uint32_t cluster_size, cluster_index;
-  char token[EMBPS_TOKEN_MAX];
+  char token[EMBPS_TOKEN_MAX]; /* the current token: the file's first line */
   size_t token_len;
   int has_token;
+  char token_next[EMBPS_TOKEN_MAX]; /* a second accepted one (rotation) */
+  size_t token_next_len;            /* 0: none */
+  char token_file[1024];      /* --auth-token-file: re-read at a reload */
+  char log_level_file[1024];  /* --log-level-file: likewise */
   uint64_t max_frame_bytes;
   uint32_t max_connections;
   uint32_t max_tables;
@@ -77,8 +85,15 @@ typedef struct {
   char data_dir[1024];     /* empty: nothing is durable */
   int fsync;               /* embps_fsync_t (wal.h) */
   uint32_t checkpoint_every_s; /* 0: on demand and at SIGTERM only */
+  /* log bytes since the last checkpoint that start one (space.h):
+   * EMBPS_CHECKPOINT_LOG_AUTO (the default), 0: never */
+  uint64_t checkpoint_log_bytes;
   uint32_t hello_timeout_s;       /* a connection's time to say hello */
+  uint32_t stall_timeout_s;       /* /healthz: a wedged thread (watchdog.h) */
   uint64_t max_buffer_bytes;      /* requests and replies held, server */
+  int max_buffer_from;            /* EMBPS_BUDGET_*: where it came from */
+  uint64_t memory_limit;          /* the cgroup's at start (0: none) */
+  char memory_limit_file[256];    /* the file that set it */
   uint64_t max_conn_buffer_bytes; /* the same, one connection */
   int insecure; /* may listen beyond loopback without a token */
   char metrics_host[256]; /* --metrics-listen; empty: no HTTP endpoint */
@@ -106,6 +121,9 @@ typedef struct {
   char **argv;
 } embps_server_config_t;
 
+/* Where --max-buffer-bytes came from: the flag, RAM, the cgroup's limit. */
+enum { EMBPS_BUDGET_FLAG = 0, EMBPS_BUDGET_RAM = 1, EMBPS_BUDGET_CGROUP = 2 };
+
 /* Largest frame accepted from a connection before its hello succeeds. */
 #define EMBPS_PREAUTH_FRAME_MAX 4096u
 
@@ -113,6 +131,11 @@ typedef struct {
  * --help or --version was printed, -1 on an error (message in err). */
 int embps_server_config_parse(embps_server_config_t *cfg, int argc,
                               char **argv, char *err, size_t err_len);
+/* The tokens of cfg (its current token first), and cfg's from t. */
+void embps_server_config_tokens(const embps_server_config_t *cfg,
+                                embps_tokens_t *t);
+void embps_server_config_set_tokens(embps_server_config_t *cfg,
+                                    const embps_tokens_t *t);
 
 typedef struct {
   atomic_uint_fast64_t connections, requests, pulls, pushes, pull_rows,
@@ -134,6 +157,7 @@ struct embps_server {
   embps_counters_t counters;
   embps_bufpool_t bodies; /* request bodies past malloc's mmap threshold */
   uint64_t start_ns;
+  embps_auth_t auth; /* the tokens hellos are checked against (reload) */
   struct embps_apply *apply;
   struct embps_durable *dur; /* NULL without --data-dir */
   /* replication (issue 21) */
@@ -181,6 +205,12 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
  * stop     from any thread or a signal handler, any number of times
  *          before destroy (before run too): run drains and returns, as on
  *          SIGTERM.
+ * reload   (reload.c; the daemon's SIGHUP) reads --auth-token-file and
+ *          --log-level-file again and applies what they hold now; a file
+ *          that cannot be read or is refused leaves its part as it was.
+ *          Logs one line saying what was reloaded, whatever the log level
+ *          (why names the cause). 0, or -1 when a part was refused. Any
+ *          thread, while the server exists.
  * destroy  stops what run did not, frees everything; NULL-safe.
  * Process-wide rather than per server: the log level and format, the
  *   /metrics counters (summed over the process's servers), and the table
@@ -197,5 +227,6 @@ int embps_server_create(const embps_server_config_t *cfg,
 int embps_server_port(const embps_server_t *srv);
 int embps_server_run(embps_server_t *srv);
 void embps_server_stop(embps_server_t *srv);
+int embps_server_reload(embps_server_t *srv, const char *why);
 void embps_server_destroy(embps_server_t *srv);
 #endif

@@ -219,19 +219,21 @@ static void init_record(const embps_table_t *t, int64_t id,
 
 /* ------------------------------------------------------------ envelope */
 
-/* A push can only overflow a value through large ones. While every weight
- * lies within envelope_w (f16: 256, else 2^40), every state value within
- * ENVELOPE_S and FTRL's n at or above its initial accumulator, and the
- * push's gradients are bounded, embps_optim_bounded proves the update
- * finite without reading a row, so embps_table_check_finite needs no dry
- * run. Commit and place_rows note every row they leave outside
- * (t->unbounded, never cleared): from then on each push takes the dry run
- * (its cost, a second pass over the push's rows, is in README,
+/* A push can only overflow a value through large ones. While every value
+ * the table holds lies inside the envelope (optim.h: weights within 2^40,
+ * 256 in f16 tables, state within 2^40, FTRL's n at or above its initial
+ * accumulator) and the push's gradients within EMBPS_TABLE_G_SCREEN,
+ * embps_optim_bounded proves the update finite without reading a row, so
+ * embps_table_check_finite needs no dry run. t->unbounded (set for good)
+ * says a row may lie outside: the update kernels report each row they
+ * leave outside as they write it (apply_record), and place_rows checks
+ * each row it writes (note_envelope). From then on each push takes the dry
+ * run (its cost, a second pass over the push's rows, is in README,
  * "Semantics"). */
-#define ENVELOPE_S 0x1p40f
 
-static float envelope_w(const embps_table_t *t) {
-  return t->dtype == EMBPS_DTYPE_F16 ? 256.0f : 0x1p40f;
+static void set_unbounded(embps_table_t *t) {
+  if (!atomic_load_explicit(&t->unbounded, memory_order_relaxed))
+    atomic_store(&t->unbounded, 1);
 }
 
 /* 1 if some |x[i]| of x[0..n) is above bound or NaN (a compare and an
@@ -243,38 +245,37 @@ static int any_above(const float *x, size_t n, float bound) {
   return above;
 }
 
-int embps_table_g_small(const float *g, size_t n) {
-  return !any_above(g, n, EMBPS_TABLE_G_SCREEN);
-}
-
-/* Notes a row (float32 weights w, its state) outside the envelope. */
+/* Notes a row written whole (float32 weights w, its state) outside the
+ * envelope. */
 static void note_envelope(embps_table_t *t, const float *w,
                           const float *state) {
   const uint32_t dim = t->dim, k = embps_optim_state_per_weight(t->optim.kind);
-  int out = any_above(w, dim, envelope_w(t)) |
-            any_above(state, (size_t)k * dim, ENVELOPE_S);
+  int out = any_above(w, dim, t->optim.w_max) |
+            any_above(state, (size_t)k * dim, t->optim.s_max);
   for (uint32_t j = 0; !out && t->optim.kind == EMBPS_OPT_FTRL && j < dim; j++)
     out = !(state[j] >= t->optim.initial_accumulator);
-  if (out && !atomic_load_explicit(&t->unbounded, memory_order_relaxed))
-    atomic_store(&t->unbounded, 1);
+  if (out)
+    set_unbounded(t);
 }
 
-/* One optimizer step on rec with gradient g. The f32 path runs the kernel
- * in place; f16/bf16 widen the weights into wide, run the same kernel and
- * round back to nearest even. */
+/* One optimizer step on rec with gradient g, noting a row it leaves
+ * outside the envelope. The f32 path runs the kernel in place; f16/bf16
+ * widen the weights into wide, run the same kernel and round back to
+ * nearest even. */
 static inline void apply_record(embps_table_t *t, unsigned char *rec,
                                 const float *g, float *wide) {
   void *w = rec + t->w_off;
   float *state = (float *)(rec + t->state_off);
+  int out;
   if (t->dtype == EMBPS_DTYPE_F32) {
-    embps_optim_apply(&t->optim, w, g, t->dim); /* state follows w */
-    note_envelope(t, w, state);
-    return;
+    out = embps_optim_apply(&t->optim, w, g, t->dim); /* state follows w */
+  } else {
+    embps_dtype_to_f32(t->dtype, w, wide, t->dim);
+    out = embps_optim_apply_split(&t->optim, wide, state, g, t->dim);
+    embps_dtype_from_f32(t->dtype, wide, w, t->dim);
   }
-  embps_dtype_to_f32(t->dtype, w, wide, t->dim);
-  embps_optim_apply_split(&t->optim, wide, state, g, t->dim);
-  note_envelope(t, wide, state);
-  embps_dtype_from_f32(t->dtype, wide, w, t->dim);
+  if (out)
+    set_unbounded(t);
 }
 
 /* ------------------------------------------------------------ array */
@@ -377,8 +378,8 @@ int embps_table_create(const embps_table_spec_t *spec, uint32_t n_shards,
   const double init = fabs(spec->init_value) *
                       (spec->init == EMBPS_INIT_NORMAL ? 8.66 : 1.0);
   atomic_init(&t->unbounded,
-              (spec->init != EMBPS_INIT_ZEROS && init > envelope_w(t)) ||
-                  spec->initial_accumulator > ENVELOPE_S);
+              (spec->init != EMBPS_INIT_ZEROS && init > t->optim.w_max) ||
+                  spec->initial_accumulator > t->optim.s_max);
   t->shards = calloc(t->n_shards, sizeof *t->shards);
   if (!t->shards)
     goto fail;
@@ -862,8 +863,7 @@ int embps_table_check_finite(const embps_table_t *t, embps_table_scratch_t *s,
     const double out = t->dtype == EMBPS_DTYPE_F16    ? 65504.0 / 2
                        : t->dtype == EMBPS_DTYPE_BF16 ? 3.38e38 / 2
                                                       : FLT_MAX / 2;
-    if (embps_optim_bounded(&o, envelope_w(t), ENVELOPE_S,
-                            EMBPS_TABLE_G_SCREEN, out))
+    if (embps_optim_bounded(&o, o.w_max, o.s_max, EMBPS_TABLE_G_SCREEN, out))
       return 0;
   }
   const uint32_t S = t->n_shards;
@@ -1108,6 +1108,10 @@ void embps_table_place_rows(embps_table_t *t, embps_table_scratch_t *s,
     for (uint32_t p = s->start[k]; p < s->start[k + 1]; p++) {
       const uint32_t i = s->order[p];
       unsigned char *rec;
+      /* rows scattered over the table: start their lines' loads (the
+       * stores that overwrite them would wait for each in turn) */
+      if (p + PREFETCH_AHEAD < s->start[k + 1])
+        prefetch_known(t, s, ids, p + PREFETCH_AHEAD);
       if (is_padding(t, ids[i]))
         continue;
       if (!t->hashed)

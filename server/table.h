@@ -156,18 +156,15 @@ int embps_table_plan_given(embps_table_t *t, embps_table_scratch_t *s,
 /* After prepare, before commit: whether commit would leave every value it
  * writes finite (weights rounded to the table's dtype, and the optimizer
  * state). Proved from bounds when the table's values and the gradients
- * are moderate (g_small: every |g| is within EMBPS_TABLE_G_SCREEN, which
- * embps_table_g_small tells; table.c, "envelope"), else each row the push
- * updates is updated in a scratch copy, nothing written. 0,
+ * are moderate (g_small: every |g| is within EMBPS_TABLE_G_SCREEN, as
+ * embps_merge_rows_checked tells; table.c, "envelope"), else each row the
+ * push updates is updated in a scratch copy, nothing written. 0,
  * EMBPS_ENONFINITE with *bad the position in ids of the first row that
  * would not be, or -ENOMEM. */
 int embps_table_check_finite(const embps_table_t *t, embps_table_scratch_t *s,
                              const int64_t *ids, const float *g, size_t n,
                              int g_small, size_t *bad);
 #define EMBPS_TABLE_G_SCREEN 0x1p20f
-/* 1 if every |g[i]| of g[0..n) is within EMBPS_TABLE_G_SCREEN (any
- * thread). */
-int embps_table_g_small(const float *g, size_t n);
 /* Replay: the table's step counter (the next commit makes it step + 1). */
 void embps_table_set_step(embps_table_t *t, uint64_t step);
 /* A number naming this table's life across restarts (its CREATE's LSN). */

@@ -73,6 +73,35 @@ static void to_file_record(const embps_table_t *t, const rec_layout_t *l,
 typedef int (*visit_fn)(void *ctx, const embps_table_t *t, int64_t id,
                         const unsigned char *rec);
 
+#define WALK_BATCH 64 /* array storage: ids found before their rows' visits */
+#define WALK_AHEAD 8  /* rows whose loads are under way during a visit */
+
+/* Starts loading the record of id (array storage), all of its lines. */
+static inline __attribute__((always_inline)) void
+prefetch_row(const embps_table_t *t, int64_t id) {
+  const unsigned char *rec = array_rec(t, id);
+  for (uint32_t off = 0; off < t->row_bytes; off += 64)
+    __builtin_prefetch(rec + off);
+}
+
+/* Visits ids[0..n) (array storage), each row's loads started WALK_AHEAD
+ * visits ahead: a shard's rows lie scattered over the array, one every
+ * n_shards on average, and a copy that waits for each row in turn runs at
+ * the memory's latency. Returns visit's first non-zero result, or 0. */
+static int visit_batch(const embps_table_t *t, const int64_t *ids, size_t n,
+                       visit_fn visit, void *ctx) {
+  for (size_t i = 0; i < n && i < WALK_AHEAD; i++)
+    prefetch_row(t, ids[i]);
+  for (size_t i = 0; i < n; i++) {
+    if (i + WALK_AHEAD < n)
+      prefetch_row(t, ids[i + WALK_AHEAD]);
+    int rc = visit(ctx, t, ids[i], array_rec(t, ids[i]));
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
 /* Visits the rows of shard k in storage order from position *pos (hashed:
  * slot; array: id), at most max_rows rows and, for array storage, at most
  * max_words words of the row bitmap. The shard's read lock is held.
@@ -98,10 +127,15 @@ static int visit_shard_locked(const embps_table_t *t, uint32_t k,
     }
     return 1;
   }
+  /* the shard's ids from the bitmap, a batch at a time, then their rows */
+  int64_t batch[WALK_BATCH];
+  size_t n = 0;
+  int end = 1, rc;
   for (uint64_t w = *pos >> 6; w < t->live_words; w++) {
     if (max_words-- == 0) {
       *pos = w << 6;
-      return 0;
+      end = 0;
+      goto out;
     }
     uint64_t bits = atomic_load_explicit(&t->live[w], memory_order_relaxed);
     if (w == *pos >> 6)
@@ -113,15 +147,21 @@ static int visit_shard_locked(const embps_table_t *t, uint32_t k,
         continue;
       if (seen++ == max_rows) {
         *pos = (uint64_t)id;
-        return 0;
+        end = 0;
+        goto out;
       }
-      int rc = visit(ctx, t, id, array_rec(t, id));
-      if (rc)
-        return rc;
+      batch[n++] = id;
+      if (n == WALK_BATCH) {
+        if ((rc = visit_batch(t, batch, n, visit, ctx)))
+          return rc;
+        n = 0;
+      }
     }
   }
   *pos = (uint64_t)t->live_words << 6;
-  return 1;
+out:
+  rc = visit_batch(t, batch, n, visit, ctx);
+  return rc ? rc : end;
 }
 
 void embps_table_blocks_close(embps_table_blocks_t *b) {

@@ -179,6 +179,38 @@ int embps_token_read(const char *path, char *token, size_t cap, size_t *len,
   return 0;
 }
 
+int embps_tokens_read(const char *path, embps_tokens_t *out, char *err,
+                      size_t err_len) {
+  char data[EMBPS_TOKENS_MAX * (EMBPS_TOKEN_MAX + 2) - 2]; /* CRLF between */
+  size_t len;
+  if (embps_token_read(path, data, sizeof data, &len, err, err_len))
+    return -1;
+  embps_tokens_t t = {.n = 0};
+  for (size_t at = 0; at <= len;) {
+    const char *nl = memchr(data + at, '\n', len - at);
+    size_t end = nl ? (size_t)(nl - data) : len, n = end - at;
+    if (n && data[at + n - 1] == '\r')
+      n--;
+    if (t.n == EMBPS_TOKENS_MAX) {
+      snprintf(err, err_len, "--auth-token-file %s: line %d: a third token "
+               "(the file holds the current token, and during a rotation "
+               "one more)", path, t.n + 1);
+      return -1;
+    }
+    if (!n || n > EMBPS_TOKEN_MAX) {
+      snprintf(err, err_len, "--auth-token-file %s: line %d: %s (a token "
+               "is 1-%d bytes, one per line)", path, t.n + 1,
+               n ? "too long" : "empty", EMBPS_TOKEN_MAX);
+      return -1;
+    }
+    memcpy(t.token[t.n], data + at, n);
+    t.len[t.n++] = n;
+    at = end + 1;
+  }
+  *out = t;
+  return 0;
+}
+
 int embps_token_equal(const char *token, size_t token_len, const void *given,
                       size_t len) {
   const unsigned char *g = given;

@@ -327,7 +327,12 @@ static int replay_segment(const char *path, uint64_t first, int last,
     goto out;
   }
   const uint32_t version = embps_get32(m + 8);
-  if (version < 1 || version > VERSION || embps_get64(m + 16) != first) {
+  if (version > VERSION) {
+    snprintf(err, err_len, "log %s: segment header at offset 0: "
+             EMBPS_FORMAT_NEWER, path, version, VERSION);
+    goto out;
+  }
+  if (version < 1 || embps_get64(m + 16) != first) {
     snprintf(err, err_len, "log %s: segment header at offset 0: version %u, "
              "first LSN %" PRIu64 " (name says %" PRIu64 ")", path,
              embps_get32(m + 8), embps_get64(m + 16), first);
@@ -795,7 +800,6 @@ int embps_wal_append(embps_wal_t *w, const uint8_t head[EMBPS_WAL_HEADER_BYTES],
     pthread_mutex_unlock(&w->wmu);
     snprintf(err, err_len, "data dir: write to %s failed (%s); push refused, "
              "nothing changed", w->path, strerror(-rc));
-    LOG_ERROR("%s", err);
     if (start < 0 || ftruncate(w->fd, start)) {
       int e = errno;
       pthread_mutex_lock(&w->mu);

@@ -57,6 +57,15 @@ enum { EMBPS_WAL_EVICT = 6 };
 #define EMBPS_WAL_FORMAT 3u
 #define EMBPS_WAL_FORMAT_OLDEST 1u
 
+/* How a file of the data dir whose header says a format newer than this
+ * binary reads is refused (the format found, then the newest read). Every
+ * format keeps its magic, its version word and its header's checksum
+ * where format 1 has them, so an older binary tells a newer file (magic
+ * and checksum right, version above its own) from a damaged one. */
+#define EMBPS_FORMAT_NEWER                                                     \
+  "written by a newer version of embps (format %u; this binary reads up to "  \
+  "%u)"
+
 #define EMBPS_WAL_HEADER_BYTES 32
 
 typedef struct embps_wal embps_wal_t;

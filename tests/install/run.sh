@@ -4,9 +4,11 @@
 # at), checks the installed headers (embps.h, nn.h, version.h) against the
 # library (it exports exactly the functions they declare; version.h and
 # embps.pc give one version), then builds consumer.c against it four ways:
-# pkg-config shared and static, find_package(embps) shared and static. Each
-# program runs against a real embps-server from the moved prefix. Prints
-# "N passed, N failed" last.
+# pkg-config shared and static, find_package(embps) shared and static, and
+# once more find_package(embps) shared where pkg-config finds no
+# libprotobuf-c (its static component then refused, naming the package).
+# Each program runs against a real embps-server from the moved prefix.
+# Prints "N passed, N failed" last.
 set -u
 if [ $# -ne 2 ]; then
   echo "usage: $0 CMAKE BUILD_DIR" >&2
@@ -118,5 +120,29 @@ if "$CMAKE" -S "$HERE" -B "$TMP/consumer" -DCMAKE_PREFIX_PATH="$P" \
   check cmake_static "$TMP/consumer/consumer_static" 0
 else
   bad "find_package(embps): configures and builds" "$(tail -30 "$TMP/out")"
+fi
+
+# Without libprotobuf-c's development files (pkg-config searches an empty
+# directory): the shared library is found, builds and runs; asking for the
+# static one fails naming the package that brings them.
+mkdir "$TMP/no-pc"
+if PKG_CONFIG_LIBDIR=$TMP/no-pc "$CMAKE" -S "$HERE" -B "$TMP/consumer-no-pc" \
+     -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_RPATH="$LIBDIR" \
+     -DEMBPS_CONSUMER_SHARED_ONLY=ON >"$TMP/out" 2>&1 &&
+   "$CMAKE" --build "$TMP/consumer-no-pc" >>"$TMP/out" 2>&1; then
+  ok "find_package(embps) without libprotobuf-c-dev: configures and builds"
+  check cmake_shared_no_pc "$TMP/consumer-no-pc/consumer_shared" 1
+else
+  bad "find_package(embps) without libprotobuf-c-dev: configures and builds" \
+    "$(tail -30 "$TMP/out")"
+fi
+if PKG_CONFIG_LIBDIR=$TMP/no-pc "$CMAKE" -S "$HERE" -B "$TMP/consumer-no-pc-static" \
+     -DCMAKE_PREFIX_PATH="$P" >"$TMP/out" 2>&1; then
+  bad "find_package(embps COMPONENTS static) without libprotobuf-c-dev: refused"
+elif grep -q "libprotobuf-c-dev" "$TMP/out"; then
+  ok "find_package(embps COMPONENTS static) without libprotobuf-c-dev: refused, naming it"
+else
+  bad "find_package(embps COMPONENTS static) without libprotobuf-c-dev: refused, naming it" \
+    "$(tail -30 "$TMP/out")"
 fi
 finish

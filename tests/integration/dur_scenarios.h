@@ -11,4 +11,6 @@ int dur_scenario_fsync(const char *shim);
 int dur_scenario_fsync_lost(const char *shim);
 int dur_scenario_frozen(const char *shim);
 int dur_scenario_retry(void);
+int dur_scenario_space(void);
+int dur_scenario_space_full(void);
 #endif

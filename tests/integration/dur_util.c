@@ -5,12 +5,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -626,6 +628,56 @@ static int rm_rf_at(const char *path) {
 }
 
 int dur_rm_rf(const char *path) { return rm_rf_at(path); }
+
+double dur_metric(const char *body, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : p)
+    if (!strncmp(p, name, n) && p[n] == ' ')
+      return strtod(p + n + 1, NULL);
+  return -1;
+}
+
+int dur_tmpfs_mount(char *mnt, size_t cap, const char *size, char *why,
+                    size_t why_len) {
+  char opts[64];
+  snprintf(opts, sizeof opts, "size=%s", size);
+  why[0] = 0;
+  if (dur_mkdtemp(mnt, cap, "tmpfs"))
+    snprintf(why, why_len, "mkdtemp: %s", strerror(errno));
+  else if (unshare(CLONE_NEWNS))
+    snprintf(why, why_len, "unshare(CLONE_NEWNS): %s", strerror(errno));
+  else if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL))
+    snprintf(why, why_len, "mount --make-rprivate /: %s", strerror(errno));
+  else if (mount("tmpfs", mnt, "tmpfs", 0, opts))
+    snprintf(why, why_len, "mount -t tmpfs: %s", strerror(errno));
+  if (!why[0])
+    return 0;
+  rmdir(mnt);
+  return -1;
+}
+
+void dur_tmpfs_unmount(const char *mnt) {
+  umount2(mnt, MNT_DETACH);
+  rmdir(mnt);
+}
+
+int dur_fill_fs(const char *dir, char *path, size_t cap) {
+  snprintf(path, cap, "%s/filler", dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd < 0)
+    return -1;
+  static char block[65536];
+  size_t sz = sizeof block;
+  while (sz >= 1) {
+    ssize_t w = write(fd, block, sz);
+    if (w < 0 && errno == ENOSPC)
+      sz /= 2;
+    else if (w < 0)
+      break;
+  }
+  close(fd);
+  return 0;
+}
 
 static int copy_file(const char *src, const char *dst, mode_t mode) {
   int in = open(src, O_RDONLY);

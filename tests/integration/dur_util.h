@@ -184,6 +184,21 @@ int dur_check_witness(embps_client_t *c, const dur_workload_t *wl,
 
 /* -------------------------------------------------------------- files */
 
+/* Mounts a tmpfs of `size` (mount's size=, e.g. "1m") on a new directory
+ * under /tmp (its path in mnt), in a mount namespace of this process's own
+ * (root only): 0, or -1 with why saying what was refused. Undo with
+ * dur_tmpfs_unmount. */
+int dur_tmpfs_mount(char *mnt, size_t cap, const char *size, char *why,
+                    size_t why_len);
+void dur_tmpfs_unmount(const char *mnt);
+/* Fills the file system holding dir with the file dir/filler until a
+ * write fails with ENOSPC; returns 0 (its path in path) or -1. */
+int dur_fill_fs(const char *dir, char *path, size_t cap);
+
+/* The value of the sample `name` (no labels) in a Prometheus text body, or
+ * -1 when it is not there. */
+double dur_metric(const char *body, const char *name);
+
 /* mkdtemp under /tmp with a prefix; returns 0 or -1. */
 int dur_mkdtemp(char *out, size_t cap, const char *what);
 int dur_rm_rf(const char *path);

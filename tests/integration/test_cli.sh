@@ -457,7 +457,14 @@ else
   bad "tables shows the data dir before a checkpoint" "exit $RC" \
     "$(cat "$TMP/out" "$TMP/err")"
 fi
-expect_ok "data dir: checkpoint" checkpoint
+cli checkpoint
+if [ "$RC" -eq 0 ] && grep -qE '^server 0: checkpoint at LSN 1 \(ckpt-0000000000000001\), [0-9]+ bytes in [0-9]+ ms$' "$TMP/out" &&
+   [ -f "$TMP/data/ckpt-0000000000000001/MANIFEST" ]; then
+  ok "checkpoint names the LSN as its directory does"
+else
+  bad "checkpoint names the LSN as its directory does" "exit $RC" \
+    "$(cat "$TMP/out" "$TMP/err")" "$(ls "$TMP/data")"
+fi
 expect_out "alter --lr (CLI)" \
   'table d: lr 0.25, eps 0, beta1 0.9, beta2 0.999, l1 0, l2 0, lr-power -0.5, weight-decay 0\n' \
   alter d --lr 0.25
@@ -466,7 +473,7 @@ expect_fail "alter refuses a bad value and names it" "lr must be > 0 (got -2)" \
 expect_fail "alter of an unknown table names the server" \
   "server 0 ($DUR_ADDR): unknown table \"nope\"" alter nope --lr 1
 cli tables
-if [ "$RC" -eq 0 ] && grep -qE "^server $DUR_ADDR: data dir $TMP/data, fsync always, last checkpoint at unix time [0-9]{10} \([0-9]+ bytes in [0-9]+ ms, LSN 1\), log [0-9]+ bytes$" "$TMP/out"; then
+if [ "$RC" -eq 0 ] && grep -qE "^server $DUR_ADDR: data dir $TMP/data, fsync always, last checkpoint at unix time [0-9]{10} \([0-9]+ bytes in [0-9]+ ms, LSN 1: ckpt-0000000000000001\), log [0-9]+ bytes$" "$TMP/out"; then
   ok "tables shows the last checkpoint and the log"
 else
   bad "tables shows the last checkpoint and the log" "exit $RC" \

@@ -11,6 +11,10 @@
  *   test_dur_faults fsync-lost SHIM  fsync EIO losing pages: the restart
  *   test_dur_faults frozen SHIM   fsync hanging: /readyz
  *   test_dur_faults retry         retry through a dropped connection
+ *   test_dur_faults space         a push storm on a 64 MiB tmpfs with the
+ *                                 default flags never fills it
+ *   test_dur_faults space-full    short of the reserve, then full: the
+ *                                 server recovers by itself
  * Randomness comes from a printed seed ($EMBPS_SEED to repeat a run);
  * EMBPS_LONG=1 runs the longer variants. Exit: 0 passed, 1 failed,
  * 77 skipped (the engine or the client retries are not in this build). */
@@ -45,8 +49,12 @@ int main(int argc, char **argv) {
     return dur_scenario_frozen(argv[2]);
   if (!strcmp(mode, "retry"))
     return dur_scenario_retry();
+  if (!strcmp(mode, "space"))
+    return dur_scenario_space();
+  if (!strcmp(mode, "space-full"))
+    return dur_scenario_space_full();
   fprintf(stderr, "usage: test_dur_faults kill|kill-unsafe|ckpt|corrupt|"
           "diskfull SHIM|faultfs SHIM|fsync SHIM|fsync-lost SHIM|"
-          "frozen SHIM|retry\n");
+          "frozen SHIM|retry|space|space-full\n");
   return 2;
 }

@@ -854,6 +854,50 @@ static void test_nonfinite_results_refused(void **state) {
   stop_ok(&s);
 }
 
+/* Issue 18.8: rows that ordinary pushes carry out of the envelope (the
+ * bounds under which a push is proven finite without a dry run: table.c)
+ * are noted by the update itself, so later pushes take the dry run and
+ * the one that would overflow is refused. Each push here is proven finite
+ * while the table is inside the envelope (gradients within the screen, a
+ * step that cannot reach float32's or f16's largest from it); only the
+ * fourth overflows: an f32 weight past 2^128, an f16 one past 65504. */
+static void test_nonfinite_after_envelope_left(void **state) {
+  (void)state;
+  it_server_t s;
+  assert_int_equal(it_server_start(&s, NULL), 0);
+  embps_client_t *c = it_client_ok(s.addr, NULL);
+  const struct {
+    const char *name;
+    embps_dtype_t dtype;
+    double lr;
+    float step; /* lr * 2^20 */
+  } tables[] = {{"f32", EMBPS_DTYPE_F32, 0x1p106, 0x1p126f},
+                {"f16", EMBPS_DTYPE_F16, 0x1p-6, 16384}};
+  for (size_t i = 0; i < 2; i++) {
+    embps_table_spec_t spec;
+    embps_table_spec_init(&spec, tables[i].name, 2, EMBPS_OPT_SGD);
+    spec.rows = 4;
+    spec.lr = tables[i].lr;
+    spec.dtype = tables[i].dtype;
+    spec.init = EMBPS_INIT_ZEROS;
+    assert_int_equal(embps_create_table(c, &spec), 0);
+    const int64_t id = 2;
+    const float g[2] = {-0x1p20f, 0x1p20f};
+    float w[2];
+    for (int k = 1; k <= 3; k++) {
+      assert_int_equal(embps_push(c, tables[i].name, &id, 1, g, 2, 0), 0);
+      assert_int_equal(embps_pull(c, tables[i].name, &id, 1, w, 2), 0);
+      assert_true(w[0] == (float)k * tables[i].step && w[1] == -w[0]);
+    }
+    assert_int_equal(embps_push(c, tables[i].name, &id, 1, g, 2, 0),
+                     EMBPS_ENONFINITE);
+    assert_int_equal(embps_pull(c, tables[i].name, &id, 1, w, 2), 0);
+    assert_true(w[0] == 3 * tables[i].step); /* nothing changed */
+  }
+  embps_client_destroy(c);
+  stop_ok(&s);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -873,6 +917,7 @@ int main(void) {
       cmocka_unit_test(test_step_bounded),
       cmocka_unit_test(test_idle_connections_make_room),
       cmocka_unit_test(test_nonfinite_results_refused),
+      cmocka_unit_test(test_nonfinite_after_envelope_left),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -67,6 +67,7 @@ for d in docs:
         assert "--insecure" not in args, "auth is on by default"
         assert "--auth-token-file /etc/embps/auth/token" in args, args
         assert "--checkpoint-every " in args, "periodic checkpoints bound the log"
+        assert "--checkpoint-log-bytes " in args, "so does the log's size"
         assert mounts.get("/etc/embps/auth") == "auth", mounts
     # the token Secret: required, shown 0440 to the pod's fsGroup, which
     # the server's uid holds (README, Security)
@@ -115,6 +116,7 @@ for n, s in servers.items():
     assert args[args.index("--auth-token-file") + 1] == "/etc/embps/auth/token", n
     assert args[args.index("--data-dir") + 1] == "/var/lib/embps", n
     assert "--checkpoint-every" in args, n
+    assert "--checkpoint-log-bytes" in args, n
     vols = dict(v.split(":", 1) for v in s["volumes"])
     assert vols["data-" + n[-1]] == "/var/lib/embps", vols
     assert vols["auth"] == "/etc/embps/auth:ro", vols
@@ -145,6 +147,7 @@ assert "--insecure" not in cmd, cmd
 assert cmd[cmd.index("--auth-token-file") + 1] == "/run/secrets/embps-token", cmd
 vol = json.loads(re.search(r"^VOLUME (\[.*\])$", df, re.M).group(1))
 assert cmd[cmd.index("--data-dir") + 1] in vol, (cmd, vol)
+assert "--checkpoint-log-bytes" in cmd, ("the log bounded by its size", cmd)
 assert re.search(r"^HEALTHCHECK .*CMD \[\"embps-healthcheck\"\]", df, re.M), "health check"
 assert re.search(r"^USER 10001:10001$", df, re.M)
 labels = dict(re.findall(r"(org\.opencontainers\.image\.[a-z.]+)=\"([^\"]*)\"", df))
@@ -181,6 +184,7 @@ assert args[args.index("--cluster-servers") + 1] == want, args
 assert args[args.index("--cluster-index") + 1] == "1", args
 assert args[args.index("--auth-token-file") + 1] == "/etc/embps/auth/token", args
 assert "--insecure" not in args and "--checkpoint-every" in args, args
+assert "--checkpoint-log-bytes" in args, args
 assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 PY
 
@@ -215,11 +219,11 @@ UNIT=$ROOT/server/embps-server.service
 missing=
 for want in 'Type=notify' 'LimitNOFILE=' 'NoNewPrivileges=yes' 'ProtectSystem=strict' \
             'StateDirectory=embps' '--data-dir %S/embps/data' '--metrics-listen' \
-            '--checkpoint-every ' 'UMask=0077' 'SystemCallFilter=@system-service' \
+            '--checkpoint-every ' '--checkpoint-log-bytes auto' 'UMask=0077' 'SystemCallFilter=@system-service' \
             'MemoryDenyWriteExecute=yes' 'ProtectClock=yes' 'ProtectKernelLogs=yes' \
             'ProtectHostname=yes' 'ProtectProc=invisible' 'ProcSubset=pid' \
             'RestrictRealtime=yes' '#LoadCredential=token:' '--auth-token-file %d/token' \
-            'ExecStart=/opt/embps/bin/embps-server'; do
+            'ExecStart=/opt/embps/bin/embps-server' 'ExecReload=/bin/kill -HUP $MAINPID'; do
   grep -qF -- "$want" "$UNIT" || missing="$missing $want"
 done
 [ -z "$missing" ] && ok "systemd unit has its settings" || bad "systemd unit has its settings" "missing:$missing"

@@ -73,7 +73,7 @@ expect() {
   [ "$got" = "$want" ] && ok "completion: $name" ||
     bad "completion: $name" "want: $want" "got:  $got"
 }
-expect "embps-server --log<TAB>" "--log-format --log-level" x embps-server --log
+expect "embps-server --log<TAB>" "--log-format --log-level --log-level-file" x embps-server --log
 expect "embps-server --log-level <TAB>" "debug error info warn" x embps-server --log-level ""
 expect "embps-server --fsync e<TAB>" "everysec" x embps-server --fsync e
 expect "embps-server --data-dir <TAB> (directories)" "dumps" x embps-server --data-dir ""

@@ -2,6 +2,9 @@
 # test_metrics.sh SERVER CLI - the --metrics-listen endpoint of a real
 # server: exact figures after known pushes, pulls and refusals, promtool's
 # check of the exposition, /healthz, /readyz, unknown paths and methods;
+# request kinds by name; the process_* figures against /proc and the
+# clock; the memory limits (a cgroup's from a fake tree); the data dir's
+# disk; every series exported a row of README.md's metrics table;
 # --log-format json; the rate-limited log of refused connections.
 set -u
 [ $# -eq 2 ] || { echo "usage: $0 SERVER CLI" >&2; exit 2; }
@@ -10,6 +13,7 @@ CLI=$2
 . "$(dirname "$0")/lib.sh"
 command -v promtool >/dev/null || { echo "promtool missing (apt-get install prometheus)"; exit 1; }
 
+started=$(date +%s)
 start s --metrics-listen 127.0.0.1:0 --metrics-port-file "$TMP/mport" \
   --log-format json --max-connections 3
 M=http://127.0.0.1:$(cat "$TMP/mport")
@@ -87,6 +91,31 @@ expect 'embps_request_duration_seconds_bucket{op="pull",le="+Inf"}' 2
 expect 'embps_apply_queue_depth' 0
 expect 'embps_connections' 0
 expect 'embps_ready' 1
+expect 'embps_requests_total{kind="evict"}' 2
+expect 'embps_requests_total{kind="stats"}' 1
+grep -q '^embps_requests_total{kind="[0-9]' "$TMP/metrics" &&
+  bad "request kinds by name" "$(grep '^embps_requests_total' "$TMP/metrics")" ||
+  ok "request kinds by name, none by number"
+expect 'embps_max_memory_bytes' 0
+check "process_*: resident memory, CPU, descriptors, start time" python3 - \
+  "$TMP/metrics" "$s_PID" "$started" <<'PY'
+import os, sys, time
+m = {l.split()[0]: float(l.split()[1]) for l in open(sys.argv[1])
+     if l.strip() and not l.startswith("#")}
+pid, started = sys.argv[2], int(sys.argv[3])
+rss = int(open("/proc/%s/statm" % pid).read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+assert 0.5 * rss < m["process_resident_memory_bytes"] < 2 * rss, (m, rss)
+assert m["process_virtual_memory_bytes"] >= m["process_resident_memory_bytes"], m
+assert m["process_cpu_seconds_total"] > 0, m
+fds = len(os.listdir("/proc/%s/fd" % pid))
+assert abs(m["process_open_fds"] - fds) <= 3, (m["process_open_fds"], fds)
+limit = [l for l in open("/proc/%s/limits" % pid) if l.startswith("Max open files")][0]
+assert m["process_max_fds"] == float(limit.split()[3]), (m["process_max_fds"], limit)
+assert started - 2 <= m["process_start_time_seconds"] <= time.time(), \
+    (m["process_start_time_seconds"], started)
+for t in ("apply", "io-0", "io-1"):
+    assert 'embps_thread_stall_seconds{thread="%s"}' % t in m, (t, m.keys())
+PY
 bytes=$(metric 'embps_table_bytes{table="emb"}')
 [ -n "$bytes" ] && [ "$bytes" -ge 32 ] && ok "embps_table_bytes emb = $bytes" ||
   bad "embps_table_bytes emb >= 4 rows x 8 bytes" "got '$bytes'"
@@ -183,7 +212,52 @@ lsn=$(awk '$1 == "embps_checkpoint_lsn" {print $2}' "$TMP/dmetrics")
   bad "embps_checkpoint_lsn >= 2" "got '$lsn'"
 grep -q '^embps_durability_failed 0$' "$TMP/dmetrics" &&
   ok "embps_durability_failed 0" || bad "embps_durability_failed 0"
+check "the data dir's disk: free, size, reserve, log limit, refusals" \
+  python3 - "$TMP/dmetrics" "$TMP/data" <<'PY'
+import os, sys
+m = {l.split()[0]: float(l.split()[1]) for l in open(sys.argv[1])
+     if l.strip() and not l.startswith("#")}
+st = os.statvfs(sys.argv[2])
+assert m["embps_data_dir_size_bytes"] == st.f_blocks * st.f_frsize, m
+assert abs(m["embps_data_dir_free_bytes"] - st.f_bavail * st.f_frsize) < 64 << 20, m
+assert m["embps_checkpoint_reserve_bytes"] >= 64 << 10, m
+limit = max(64 << 20, m["embps_checkpoint_bytes"])
+limit = min(limit, m["embps_data_dir_size_bytes"] // 4)
+assert m["embps_checkpoint_log_limit_bytes"] == limit, (m, limit)
+assert m["embps_log_refused_total"] == 0, m
+PY
 stop d
+# the memory limit of a cgroup (a fake tree): exported, and a quarter of
+# it is the default --max-buffer-bytes, said at start
+mkdir -p "$TMP/cg/proc/self" "$TMP/cg/sys/fs/cgroup"
+echo "0::/" >"$TMP/cg/proc/self/cgroup"
+echo "cpu memory" >"$TMP/cg/sys/fs/cgroup/cgroup.controllers"
+echo 805306368 >"$TMP/cg/sys/fs/cgroup/memory.max"
+EMBPS_TEST_CGROUP_ROOT=$TMP/cg start g --metrics-listen 127.0.0.1:0 \
+  --metrics-port-file "$TMP/gport" --max-memory 512M
+curl -s "http://127.0.0.1:$(cat "$TMP/gport")/metrics" >"$TMP/metrics"
+expect 'embps_memory_limit_bytes' 805306368
+expect 'embps_max_buffer_bytes' 201326592
+expect 'embps_max_memory_bytes' 536870912
+grep -q "max-buffer-bytes 201326592: a quarter of the cgroup's memory limit, 805306368 bytes ($TMP/cg/sys/fs/cgroup/memory.max)" "$TMP/g.log" &&
+  ok "the budget's origin logged at start" || bad "the budget's origin logged at start" "$(cat "$TMP/g.log")"
+stop g
+# every series these servers export (a data dir, tables, a cgroup's limit)
+# is a row of README.md's metrics table
+check "README's metrics table: every exported series" \
+  python3 - "$(dirname "$0")/../../README.md" "$TMP/dmetrics" "$TMP/metrics" <<'PY'
+import re, sys
+rows = [l for l in open(sys.argv[1]) if re.match(r"\s*\| `(embps|process)_", l)]
+documented = set()
+for l in rows:
+    documented.update(re.findall(r"`((?:embps|process)_\w+)`", l.split("|")[1]))
+exported = set()
+for f in sys.argv[2:]:
+    exported.update(l.split()[2] for l in open(f) if l.startswith("# TYPE "))
+assert len(exported) > 40, sorted(exported)
+missing = sorted(exported - documented)
+assert not missing, "not in the table: " + " ".join(missing)
+PY
 rm -f "$TMP/dport" "$TMP/d2.port"
 EMBPS_TEST_RESTORE_DELAY_MS=3000 "$SERVER" --listen 127.0.0.1:0 \
   --port-file "$TMP/d2.port" --data-dir "$TMP/data" \

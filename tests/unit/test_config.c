@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "server.h"
+#include "space.h"
 #include "wal.h"
 
 static char err[512];
@@ -53,6 +54,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.log_json, 0);
   assert_int_equal(c.fsync, EMBPS_FSYNC_EVERYSEC);
   assert_int_equal(c.checkpoint_every_s, 0);
+  assert_true(c.checkpoint_log_bytes == EMBPS_CHECKPOINT_LOG_AUTO);
   assert_string_equal(c.data_dir, "");
   assert_string_equal(c.port_file, "");
   assert_string_equal(c.metrics_host, "");
@@ -90,6 +92,7 @@ static void test_every_flag_both_forms(void **state) {
       {"--data-dir", "/tmp/d"},
       {"--fsync", "never"},
       {"--checkpoint-every", "30"},
+      {"--checkpoint-log-bytes", "1G"},
       {"--metrics-listen", "127.0.0.1:0"},
       {"--metrics-port-file", "/tmp/m"},
       {"--auth-token-file", token},
@@ -123,6 +126,11 @@ static void test_every_flag_both_forms(void **state) {
   assert_int_equal(c1.fsync, EMBPS_FSYNC_ALWAYS);
   assert_int_equal(c1.log_json, 1);
   assert_int_equal(c1.insecure, 1);
+  assert_int_equal(parse(&c1, "--checkpoint-log-bytes", "0", NULL), 0);
+  assert_true(c1.checkpoint_log_bytes == 0);
+  assert_int_equal(parse(&c1, "--checkpoint-log-bytes=1G",
+                         "--checkpoint-log-bytes=auto", NULL), 0);
+  assert_true(c1.checkpoint_log_bytes == EMBPS_CHECKPOINT_LOG_AUTO);
   /* the cluster list is the argument itself, in either form */
   char list[] = "--cluster-servers=127.0.0.1:7070,127.0.0.1:7071";
   assert_int_equal(parse(&c1, "--cluster-size", "2", list, "--listen",
@@ -152,6 +160,8 @@ static void test_refusals_name_the_flag(void **state) {
        "--fsync \"sometimes\" is not "
        "always|everysec|never"},
       {"--log-format", "xml", "--log-format \"xml\" is not text|json"},
+      {"--checkpoint-log-bytes", "some",
+       "--checkpoint-log-bytes \"some\" is not auto or a number of bytes"},
       {"--log-level", "loud",
        "--log-level \"loud\" is not "
        "debug|info|warn|error"},

@@ -1,7 +1,8 @@
 /* test_merge.c - unit tests of duplicate removal (common/merge.c): dedup
  * and merge against a naive O(n^2) reference on seeded random inputs with
  * heavy duplicates, in-place merging, scratch reuse, order of first
- * appearance, and the non-finite check of embps_merge_rows_checked. */
+ * appearance, and the non-finite check and the screen of
+ * embps_merge_rows_checked. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -284,6 +285,24 @@ static void test_first_appearance(void **state) {
   assert_memory_equal(inv, want_inv, sizeof want_inv);
 }
 
+/* The screen used by the tests of embps_merge_rows_checked. */
+#define SCREEN 4.0f
+
+/* What embps_merge_rows_checked's *small should be: 1 when every value
+ * of the naive merge lies within SCREEN. */
+static int naive_small(const int64_t *idx, const float *vals, size_t n,
+                       uint32_t dim) {
+  int64_t *uidx = xmalloc(n * sizeof *uidx);
+  float *uvals = xmalloc(n * dim * sizeof *uvals);
+  const size_t k = naive_merge(idx, vals, n, dim, uidx, uvals);
+  int small = 1;
+  for (size_t j = 0; j < k * dim; j++)
+    small &= fabsf(uvals[j]) <= SCREEN;
+  free(uidx);
+  free(uvals);
+  return small;
+}
+
 /* embps_merge_rows_checked: the same merge for finite values; otherwise
  * EMBPS_ENONFINITE naming the first row holding an inf or NaN. */
 static void test_merge_checked(void **state) {
@@ -309,11 +328,14 @@ static void test_merge_checked(void **state) {
     vals[3] = -0.0f;
     size_t bad_pos = 777;
     int64_t bad_index = 777;
+    int small = -1;
     int64_t k = embps_merge_rows(&d, ids, vals, n, dim, wi, wv);
     assert_true(k > 0);
     assert_int_equal(embps_merge_rows_checked(&d, ids, vals, n, dim, ui, uv,
-                                              &bad_pos, &bad_index),
+                                              SCREEN, &small, &bad_pos,
+                                              &bad_index),
                      k);
+    assert_int_equal(small, 0); /* FLT_MAX */
     assert_memory_equal(ui, wi, (size_t)k * sizeof *ui);
     assert_memory_equal(uv, wv, (size_t)k * dim * sizeof *uv);
 
@@ -328,7 +350,8 @@ static void test_merge_checked(void **state) {
       vals[p2 * dim] = NAN;
     }
     assert_int_equal(embps_merge_rows_checked(&d, ids, vals, n, dim, ui, uv,
-                                              &bad_pos, &bad_index),
+                                              SCREEN, &small, &bad_pos,
+                                              &bad_index),
                      EMBPS_ENONFINITE);
     assert_int_equal(bad_pos, p);
     assert_true(bad_index == ids[p]);
@@ -339,9 +362,117 @@ static void test_merge_checked(void **state) {
   /* nothing to check */
   size_t bad_pos = 5;
   int64_t bad_index = 5;
+  int small = -1;
   assert_int_equal(embps_merge_rows_checked(&d, ids, vals, 0, dim, ui, uv,
-                                            &bad_pos, &bad_index),
+                                            SCREEN, &small, &bad_pos,
+                                            &bad_index),
                    0);
+  assert_int_equal(small, 1);
+  embps_dedup_close(&d);
+  free(ids);
+  free(vals);
+  free(ui);
+  free(wi);
+  free(uv);
+  free(wv);
+}
+
+/* embps_merge_rows_checked's screen: *small is 1 exactly when every merged
+ * value lies within the screen (against the naive merge), whether the
+ * inputs are small enough to tell without looking at the sums (at most
+ * 2^-7 here: 300 of them sum within 4) or not, whatever pushes a value
+ * out: one input, a sum of duplicates each within the screen, a value just
+ * past it; a value on it is within, large values that cancel are too. */
+static void test_merge_screen(void **state) {
+  (void)state;
+  uint64_t s = 4242;
+  const uint32_t dim = 11;
+  const size_t n = 300;
+  int64_t *ids = xmalloc(512 * sizeof *ids);
+  float *vals = xmalloc(512 * dim * sizeof *vals);
+  int64_t *ui = xmalloc(512 * sizeof *ui), *wi = xmalloc(512 * sizeof *wi);
+  float *uv = xmalloc(512 * dim * sizeof *uv);
+  float *wv = xmalloc(512 * dim * sizeof *wv);
+  embps_dedup_t d;
+  embps_dedup_init(&d);
+  int seen[2] = {0, 0};
+  for (int round = 0; round < 60; round++) {
+    const size_t m = round % 3 ? n : 7; /* few rows: sums stay small */
+    make_ids(&s, round % N_POOLS, ids, m);
+    const float scale[] = {0x1p-7f, 0.5f, 1.9f, 1.9f}; /* 1.9: sums pass 4 */
+    for (size_t i = 0; i < m * dim; i++)
+      vals[i] = scale[round % 4] * rng_float(&s);
+    switch (round % 5) {
+    case 1: /* one value on the screen, one just past it */
+      vals[rng_next(&s) % (m * dim)] = -SCREEN;
+      vals[rng_next(&s) % (m * dim)] = nextafterf(SCREEN, INFINITY);
+      break;
+    case 2: /* one value far past it */
+      vals[rng_next(&s) % (m * dim)] = 1e30f;
+      break;
+    default:
+      break;
+    }
+    int64_t k = (int64_t)naive_merge(ids, vals, m, dim, wi, wv);
+    const int want = naive_small(ids, vals, m, dim);
+    int small = -1;
+    size_t bad_pos;
+    int64_t bad_index;
+    assert_int_equal(embps_merge_rows_checked(&d, ids, vals, m, dim, ui, uv,
+                                              SCREEN, &small, &bad_pos,
+                                              &bad_index),
+                     k);
+    assert_int_equal(small, want);
+    assert_memory_equal(ui, wi, (size_t)k * sizeof *ui);
+    assert_memory_equal(uv, wv, (size_t)k * dim * sizeof *uv);
+    seen[want]++;
+  }
+  assert_true(seen[0] > 0 && seen[1] > 0); /* both outcomes exercised */
+
+  /* 512 times one id: values at 4/512 sum to 4 exactly, within; a value
+   * just above 4/512 makes the sums be looked at (the sum still rounds to
+   * 4: within), one at 8/512 puts the sum past 4 */
+  size_t bad_pos;
+  int64_t bad_index;
+  int small = -1;
+  for (size_t i = 0; i < 512; i++)
+    ids[i] = 3;
+  for (size_t i = 0; i < 512 * dim; i++)
+    vals[i] = SCREEN / 512;
+  const float last[] = {SCREEN / 512, nextafterf(SCREEN / 512, INFINITY),
+                        2 * SCREEN / 512};
+  for (int c = 0; c < 3; c++) {
+    vals[5 * dim] = last[c];
+    assert_int_equal(embps_merge_rows_checked(&d, ids, vals, 512, dim, ui, uv,
+                                              SCREEN, &small, &bad_pos,
+                                              &bad_index),
+                     1);
+    assert_true(uv[1] == SCREEN && (c == 2 ? uv[0] > SCREEN
+                                           : uv[0] == SCREEN));
+    assert_int_equal(small, c < 2);
+  }
+
+  /* duplicates within the screen whose sum is not; ones that cancel */
+  const int64_t two[] = {7, 7};
+  float v2[2] = {3.0f, 3.0f};
+  assert_int_equal(embps_merge_rows_checked(&d, two, v2, 2, 1, ui, uv, SCREEN,
+                                            &small, &bad_pos, &bad_index),
+                   1);
+  assert_true(uv[0] == 6.0f);
+  assert_int_equal(small, 0);
+  v2[0] = 1e30f;
+  v2[1] = -1e30f;
+  assert_int_equal(embps_merge_rows_checked(&d, two, v2, 2, 1, ui, uv, SCREEN,
+                                            &small, &bad_pos, &bad_index),
+                   1);
+  assert_int_equal(small, 1);
+  /* a finite sum that overflows to inf is outside, not refused */
+  v2[0] = v2[1] = FLT_MAX;
+  assert_int_equal(embps_merge_rows_checked(&d, two, v2, 2, 1, ui, uv, SCREEN,
+                                            &small, &bad_pos, &bad_index),
+                   1);
+  assert_true(isinf(uv[0]));
+  assert_int_equal(small, 0);
   embps_dedup_close(&d);
   free(ids);
   free(vals);
@@ -358,6 +489,7 @@ int main(void) {
       cmocka_unit_test(test_scratch_reuse),
       cmocka_unit_test(test_first_appearance),
       cmocka_unit_test(test_merge_checked),
+      cmocka_unit_test(test_merge_screen),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* test_optim.c - unit tests of the optimizer kernels (server/optim.c): sgd,
  * adagrad, adam (with and without weight decay) and ftrl (lr_power -0.5 and
  * -0.3, l1/l2 > 0) against a double-precision reference over 50 steps of
- * random gradients, and the initial state of a fresh row. */
+ * random gradients, the initial state of a fresh row, the soundness of
+ * embps_optim_bounded, and the envelope the kernels report. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -445,6 +446,103 @@ static void test_bounded(void **state) {
   assert_false(embps_optim_bounded(&o, W, S, NAN, OUT));
 }
 
+/* 1 if the row (weights w, state st of k x dim) lies outside o's
+ * envelope: what an update must report, found by a scan of its output. */
+static int outside_envelope(const embps_optim_t *o, const float *w,
+                            const float *st, uint32_t k, uint32_t dim) {
+  for (uint32_t j = 0; j < dim; j++)
+    if (isnan(w[j]) || fabsf(w[j]) > o->w_max)
+      return 1;
+  for (uint32_t j = 0; j < k * dim; j++)
+    if (isnan(st[j]) || fabsf(st[j]) > o->s_max)
+      return 1;
+  for (uint32_t j = 0; o->kind == EMBPS_OPT_FTRL && j < dim; j++)
+    if (st[j] < o->initial_accumulator)
+      return 1;
+  return 0;
+}
+
+/* A value of magnitude near bound (on it, just inside or past it, far past
+ * it, infinite) or a moderate one, with a random sign. */
+static float near_bound(uint64_t *s, float bound) {
+  const float pick[] = {bound, nextafterf(bound, 0), nextafterf(bound, INFINITY),
+                        bound * 1e10f, INFINITY, 0.5f, 3.0f};
+  const float v = pick[rng_next(s) % (sizeof pick / sizeof *pick)];
+  return rng_next(s) & 1 ? -v : v;
+}
+
+/* The envelope (optim.h) each kernel reports as it writes: on random rows
+ * and gradients with values about its bounds, NaN from 0/0 (eps 0) and
+ * FTRL's n below its initial accumulator, every optimizer in f32 and f16
+ * tables, the result of the update equals a scan of what it wrote, and
+ * both answers occur for each. */
+static void test_envelope(void **state) {
+  (void)state;
+  uint64_t s = 99;
+  const uint32_t dim = 13; /* vector loops and their scalar tails */
+  for (int opt = EMBPS_OPT_SGD; opt <= EMBPS_OPT_FTRL; opt++) {
+    for (int variant = 0; variant < 4; variant++) {
+      embps_table_spec_t spec;
+      embps_table_spec_init(&spec, "t", dim, (embps_optimizer_t)opt);
+      spec.dtype = variant & 1 ? EMBPS_DTYPE_F16 : EMBPS_DTYPE_F32;
+      if (variant & 2) {
+        spec.eps = 0; /* Adagrad, Adam: 0/0 on zero state and gradient */
+        spec.initial_accumulator = opt == EMBPS_OPT_FTRL ? 0.5 : 0;
+        spec.lr_power = -0.75; /* FTRL through powf */
+      }
+      embps_optim_t o;
+      embps_optim_from_spec(&o, &spec);
+      assert_true(o.w_max == (variant & 1 ? EMBPS_OPTIM_ENVELOPE_F16
+                                          : EMBPS_OPTIM_ENVELOPE));
+      assert_true(o.s_max == EMBPS_OPTIM_ENVELOPE);
+      const uint32_t k = embps_optim_state_per_weight(o.kind);
+      int seen[2] = {0, 0};
+      for (int trial = 0; trial < 400; trial++) {
+        embps_optim_begin_step(&o, 1 + (uint64_t)trial % 7);
+        float w[13], st[26], g[13];
+        embps_optim_init_state(&o, st, dim);
+        for (uint32_t j = 0; j < dim; j++) {
+          w[j] = 0.25f * rng_float(&s);
+          g[j] = trial % 5 == 0 ? 0 : rng_float(&s);
+        }
+        switch (trial % 4) { /* one value about a bound, or none */
+        case 1:
+          w[rng_next(&s) % dim] = near_bound(&s, o.w_max);
+          break;
+        case 2:
+          if (k)
+            st[rng_next(&s) % (k * dim)] = fabsf(near_bound(&s, o.s_max));
+          break;
+        case 3:
+          g[rng_next(&s) % dim] = near_bound(&s, 0x1p20f);
+          if (o.kind == EMBPS_OPT_FTRL && trial % 8 == 3)
+            st[rng_next(&s) % dim] = 0; /* n below its initial value */
+          break;
+        default:
+          break;
+        }
+        const int out = embps_optim_apply_split(&o, w, st, g, dim);
+        const int want = outside_envelope(&o, w, st, k, dim);
+        if (out != want)
+          fail_msg("%s variant %d trial %d: the update reports %d, its "
+                   "output is %s the envelope", embps_optimizer_name(o.kind),
+                   variant, trial, out, want ? "outside" : "inside");
+        seen[want]++;
+      }
+      assert_true(seen[0] > 0 && seen[1] > 0);
+    }
+  }
+  /* embps_optim_apply (weights and state in one row) reports the same */
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "t", 2, EMBPS_OPT_ADAGRAD);
+  embps_optim_t o;
+  embps_optim_from_spec(&o, &spec);
+  float row[4] = {1, 1, 0.1f, 0.1f}, g[2] = {0.5f, 0.5f};
+  assert_int_equal(embps_optim_apply(&o, row, g, 2), 0);
+  g[1] = 0x1p21f; /* the accumulator passes 2^40 */
+  assert_int_equal(embps_optim_apply(&o, row, g, 2), 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_state_per_weight),
@@ -456,6 +554,7 @@ int main(void) {
       cmocka_unit_test(test_ftrl_sqrt),
       cmocka_unit_test(test_ftrl_pow),
       cmocka_unit_test(test_bounded),
+      cmocka_unit_test(test_envelope),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

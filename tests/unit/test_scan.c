@@ -5,7 +5,9 @@
  * the weights gather gives and the optimizer state; f16 rows widen
  * exactly and write back unchanged; written rows and state read back, and
  * without state the state is the initial one; a cursor the table never
- * gave is refused. */
+ * gave is refused; a dense table's shard snapshot (table_io.c's batched
+ * walk of the row bitmap) holds exactly the shard's rows in id order, as
+ * a naive walk of every id finds them. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "embps/embps.h"
+#include "route.h"
 #include "table.h"
 
 #define DIM 5
@@ -160,6 +163,69 @@ static void test_f16(void **state) {
   check_scan(0, 3, EMBPS_DTYPE_BF16);
 }
 
+/* Every shard's snapshot of dense table t (blocks of 37 records) against
+ * a naive walk over every id: exactly the ids live[] marks of the shard,
+ * in id order, each record the id then the weights gather gives. */
+static void check_dense_shards(embps_table_t *t, const char *live,
+                               uint64_t rows) {
+  const size_t fr = embps_table_file_record_bytes(t);
+  const uint32_t S = embps_table_n_shards(t);
+  for (uint32_t k = 0; k < S; k++) {
+    int64_t *want = malloc(rows * sizeof *want);
+    size_t n_want = 0, at = 0;
+    for (uint64_t id = 0; id < rows; id++)
+      if (live[id] && embps_route_shard((int64_t)id, S) == k)
+        want[n_want++] = (int64_t)id;
+    embps_table_blocks_t b = {.per = 37, .room = 16};
+    uint64_t lsn, held;
+    size_t state_bytes = 0;
+    assert_int_equal(embps_table_snapshot_shard(t, k, &b, &lsn, NULL,
+                                                &state_bytes, &held), 0);
+    for (size_t i = 0; i < b.n; i++) {
+      assert_true(b.rows[i] == b.per || i + 1 == b.n);
+      for (size_t r = 0; r < b.rows[i]; r++, at++) {
+        const unsigned char *rec = b.buf[i] + b.room + r * fr;
+        int64_t id;
+        float w[DIM];
+        memcpy(&id, rec, sizeof id);
+        assert_true(at < n_want);
+        assert_int_equal(id, want[at]);
+        embps_table_gather(t, &id, 1, w);
+        assert_memory_equal(rec + 8, w, sizeof w);
+      }
+    }
+    assert_int_equal(at, n_want);
+    embps_table_blocks_close(&b);
+    free(want);
+  }
+}
+
+static void test_dense_snapshot(void **state) {
+  (void)state;
+  for (uint32_t shards = 1; shards <= 7; shards += 6) {
+    embps_table_t *t = make(0, shards, EMBPS_DTYPE_F32);
+    char *live = calloc(100000, 1);
+    int64_t ids[N];
+    train(t, ids, 0); /* scattered rows: at most one per bitmap word */
+    for (int i = 0; i < N; i++)
+      live[ids[i]] = 1;
+    /* and a run of consecutive rows: many per word, so the walk's
+     * batches fill inside one word */
+    int64_t run[2000];
+    float *g = calloc(2000 * DIM, sizeof *g);
+    for (int i = 0; i < 2000; i++)
+      live[run[i] = 40000 + i] = 1;
+    embps_table_scratch_t s;
+    embps_table_scratch_init(&s);
+    assert_int_equal(embps_table_apply(t, &s, run, g, 2000, 0), 0);
+    embps_table_scratch_close(&s);
+    check_dense_shards(t, live, 100000);
+    free(g);
+    free(live);
+    embps_table_unref(t);
+  }
+}
+
 static void test_empty(void **state) {
   (void)state;
   embps_table_t *t = make(1, 4, EMBPS_DTYPE_F32);
@@ -180,6 +246,7 @@ int main(void) {
       cmocka_unit_test(test_dense),
       cmocka_unit_test(test_dynamic),
       cmocka_unit_test(test_f16),
+      cmocka_unit_test(test_dense_snapshot),
       cmocka_unit_test(test_empty),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

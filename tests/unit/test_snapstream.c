@@ -8,7 +8,8 @@
  * gives (rows, optimizer state probed by one more step, steps, counters,
  * recency and shard state, the exactly-once table, shard LSNs); every
  * flipped byte and every cut of the stream is refused with the stream
- * named; the framing reader refuses what does not follow the format. */
+ * named; the framing reader refuses what does not follow the format; a
+ * head naming a newer checkpoint format is refused as a newer version's. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "le.h"
 #include "snapstream.h"
 #include "table.h"
 #include "util.h"
@@ -461,6 +463,39 @@ static void test_corruption_detected(void **state) {
   fx_free(&f);
 }
 
+/* A stream whose head says a checkpoint format above this build's (a newer
+ * server's) is refused as such, not as damage. */
+static void test_newer_format_refused(void **state) {
+  (void)state;
+  fx_t f;
+  fx_make(&f, 0);
+  mem_t m = {0};
+  embps_ckpt_t c = f.c;
+  c.n_tables = 1;
+  embps_ckpt_stream_t s;
+  embps_ckpt_stream_init(&s, mem_put, mem_put_block, &m);
+  embps_ckpt_result_t res;
+  char err[1024], want[128];
+  if (embps_ckpt_stream_head(&s, &c, 0, err, sizeof err) ||
+      embps_ckpt_emit(&s.base, &c, &res, err, sizeof err) ||
+      embps_ckpt_stream_end(&s, c.lsn, err, sizeof err))
+    fail_msg("%s", err);
+  embps_put32(m.p + 12, EMBPS_CKPT_FORMAT + 1); /* the checkpoint format */
+  src_t src = {m.p, m.n, 0, SIZE_MAX};
+  embps_snapstream_reader_t r;
+  embps_snapstream_reader_init(&r, src_next, &src);
+  embps_ckpt_t got;
+  assert_int_equal(embps_ckpt_load_stream(&r, 3, 1, &got, err, sizeof err),
+                   -1);
+  snprintf(want, sizeof want, "snapshot stream: written by a newer version "
+           "of embps (format %u; this binary reads up to %u)",
+           EMBPS_CKPT_FORMAT + 1, EMBPS_CKPT_FORMAT);
+  if (strcmp(err, want))
+    fail_msg("refused with \"%s\", want \"%s\"", err, want);
+  free(m.p);
+  fx_free(&f);
+}
+
 /* The reader's own checks: a stream's framing, given by hand. */
 static void test_reader_refuses_bad_framing(void **state) {
   (void)state;
@@ -562,6 +597,7 @@ int main(void) {
       cmocka_unit_test(test_load_equals_directory),
       cmocka_unit_test(test_corruption_detected),
       cmocka_unit_test(test_reader_refuses_bad_framing),
+      cmocka_unit_test(test_newer_format_refused),
       cmocka_unit_test(test_big_files_equal_directory),
       cmocka_unit_test(test_big_load_equals_directory),
   };

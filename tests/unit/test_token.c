@@ -1,7 +1,10 @@
 /* test_token.c - the token file rule (token.c) on every owner, group and
  * mode that matters, for a server running as root and as another user;
  * reading a real file: line ends trimmed, empty and oversize files, a
- * directory, the kubelet's symlink chain, and refusals naming the fix.
+ * directory, the kubelet's symlink chain, and refusals naming the fix;
+ * the two tokens of a rotation (one per line; blank lines, a third token
+ * and oversize ones refused), the hello check against them (auth.c) and
+ * the first line clients present (common/util.c).
  * (tests/ops/test_token.sh runs a real server as a non-root user.) */
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,7 +19,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "token.h"
+#include "util.h"
 
 #define SERVER_UID 10001
 #define SERVER_GID 10001
@@ -219,6 +224,69 @@ static void test_read_follows_the_kubelet_chain(void **state) {
   assert_non_null(strstr(err, "defaultMode: 0440"));
 }
 
+/* embps_tokens_read of dir/name */
+static int read_toks(const char *name, embps_tokens_t *t) {
+  char p[256];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  err[0] = 0;
+  return embps_tokens_read(p, t, err, sizeof err);
+}
+
+static void test_tokens_of_a_rotation(void **state) {
+  (void)state;
+  embps_tokens_t t;
+  put("one", "A1\n", 0600);
+  assert_int_equal(read_toks("one", &t), 0);
+  assert_int_equal(t.n, 1);
+  assert_true(t.len[0] == 2 && !memcmp(t.token[0], "A1", 2));
+  put("two", "new token\r\nold\r\n\n", 0600);
+  assert_int_equal(read_toks("two", &t), 0);
+  assert_int_equal(t.n, 2);
+  assert_true(t.len[0] == 9 && !memcmp(t.token[0], "new token", 9));
+  assert_true(t.len[1] == 3 && !memcmp(t.token[1], "old", 3));
+  embps_tokens_t kept = t;
+  put("blank", "new\n\nold\n", 0600);
+  assert_int_equal(read_toks("blank", &t), -1);
+  assert_non_null(strstr(err, "line 2: empty"));
+  put("three", "a\nb\nc\n", 0600);
+  assert_int_equal(read_toks("three", &t), -1);
+  assert_non_null(strstr(err, "line 3: a third token"));
+  char big[300];
+  memset(big, 'x', sizeof big);
+  memcpy(big, "ok\n", 3);
+  big[3 + 257] = 0; /* 257 bytes on line 2 */
+  put("long", big, 0600);
+  assert_int_equal(read_toks("long", &t), -1);
+  assert_non_null(strstr(err, "line 2: too long"));
+  assert_memory_equal(&t, &kept, sizeof t); /* refusals change nothing */
+
+  /* the hello check: both tokens, nothing else, exact lengths */
+  embps_auth_t a;
+  embps_auth_init(&a, &t);
+  assert_true(embps_auth_check(&a, "new token", 9));
+  assert_true(embps_auth_check(&a, "old", 3));
+  assert_false(embps_auth_check(&a, "old", 2));
+  assert_false(embps_auth_check(&a, "oldx", 4));
+  assert_false(embps_auth_check(&a, "", 0));
+  char cur[EMBPS_TOKEN_MAX + 1];
+  assert_int_equal(embps_auth_current(&a, cur, sizeof cur), 9);
+  assert_string_equal(cur, "new token");
+  assert_int_equal(read_toks("one", &t), 0); /* the rotation ends */
+  embps_auth_set(&a, &t);
+  assert_false(embps_auth_check(&a, "old", 3));
+  assert_true(embps_auth_check(&a, "A1", 2));
+  embps_auth_close(&a);
+  embps_auth_init(&a, NULL); /* no token: every hello passes */
+  assert_true(embps_auth_check(&a, "anything", 8));
+  assert_int_equal(embps_auth_current(&a, cur, sizeof cur), 0);
+  embps_auth_close(&a);
+
+  /* what a client presents: the first line */
+  assert_int_equal(embps_token_first_line("new\r\nold\n", 9), 3);
+  assert_int_equal(embps_token_first_line("only", 4), 4);
+  assert_int_equal(embps_token_first_line("crlf\r\n", 6), 4);
+}
+
 static int setup(void **state) {
   (void)state;
   return mkdtemp(dir) ? 0 : -1;
@@ -244,6 +312,7 @@ int main(void) {
       cmocka_unit_test(test_read_refuses_bad_sizes),
       cmocka_unit_test(test_read_refuses_open_modes),
       cmocka_unit_test(test_read_follows_the_kubelet_chain),
+      cmocka_unit_test(test_tokens_of_a_rotation),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
