@@ -2,7 +2,8 @@
 # test_coord_ops.sh SERVER CLI ETCD - what an operator sees of automatic
 # failover (--coordinator) on two real servers of one member and a real
 # etcd on loopback: the /metrics coordinator series (promtool-valid, the
-# role of each server, a failover counted on the one elected), stats
+# role of each server, a failover counted on the one elected, every
+# series a row of README.md's metrics table), stats
 # naming the primary on both servers, the CLI given only the follower's
 # address reaching the primary for a push (its hello names it), a push
 # sent with no retries to the follower refused with EMBPS_ENOTPRIMARY
@@ -83,6 +84,9 @@ curl -s "$MA/metrics" >"$TMP/ma"
 curl -s "$MB/metrics" >"$TMP/mb"
 check "promtool check metrics (primary)" promtool check metrics <"$TMP/ma"
 check "promtool check metrics (follower)" promtool check metrics <"$TMP/mb"
+check "README's metrics table: every series a coordinated primary and follower export" \
+  python3 "$(dirname "$0")/metrics_documented.py" \
+  "$(dirname "$0")/../../README.md" "$TMP/ma" "$TMP/mb"
 m() { awk -v k="$2" '$1 == k {print $2}' "$1"; }
 [ "$(m "$TMP/ma" 'embps_coord_role{role="primary"}')" = 1 ] &&
   ok "a: embps_coord_role primary" || bad "a: embps_coord_role primary"
