@@ -848,6 +848,39 @@ static void print_durability(const embps_server_stats_t *x, int json) {
     printf("  DURABILITY FAILED: %s\n", x->durability_failed);
 }
 
+/* Replication (issue 21): who the server follows, its epoch, LSN, lag. */
+static void print_replication(const embps_server_stats_t *x, int json) {
+  if (json) {
+#define FIGURE_(type, f, doc) printf(", \"" #f "\": %" PRIu64, (uint64_t)x->f);
+    EMBPS_SERVER_REPL_FIELDS(FIGURE_)
+#undef FIGURE_
+    printf(", \"primary\": ");
+    print_json_string(x->primary);
+    return;
+  }
+  if (x->role == 1)
+    printf("  follower of %s  epoch %u  applied LSN %" PRIu64 "  lag %" PRIu64
+           " records, %" PRIu64 " ms  received %" PRIu64 " bytes\n",
+           x->primary, x->epoch, x->applied_lsn, x->lag_records, x->lag_ms,
+           x->bytes_shipped);
+  else
+    printf("  primary  epoch %u  applied LSN %" PRIu64 "  followers %u (%u "
+           "in sync)  lag up to %" PRIu64 " records, %" PRIu64 " ms  shipped %"
+           PRIu64 " bytes\n", x->epoch, x->applied_lsn, x->followers,
+           x->followers_in_sync, x->lag_records, x->lag_ms, x->bytes_shipped);
+}
+
+static int cmd_promote(cmd_t *cmd) {
+  uint32_t epoch;
+  uint64_t lsn;
+  int rc = embps_promote(cmd->client, &epoch, &lsn);
+  if (rc)
+    return server_error(cmd->client, rc);
+  printf("promoted: primary of epoch %u from LSN %" PRIu64 "\n", epoch,
+         lsn + 1);
+  return 0;
+}
+
 static int cmd_checkpoint(cmd_t *cmd) {
   size_t n = embps_client_n_servers(cmd->client);
   embps_checkpoint_info_t *info = calloc(n ? n : 1, sizeof *info);
@@ -941,6 +974,7 @@ static int cmd_stats(cmd_t *cmd) {
       }
       printf("]");
       print_durability(x, 1);
+      print_replication(x, 1);
       printf(", \"missing_tables\": [");
       int any = 0;
       for (size_t t = 0; t < n_names; t++)
@@ -960,6 +994,7 @@ static int cmd_stats(cmd_t *cmd) {
       printf("  bytes in %" PRIu64 "  out %" PRIu64 "\n", x->bytes_in,
              x->bytes_out);
       print_durability(x, 0);
+      print_replication(x, 0);
       for (size_t t = 0; t < x->n_tables; t++) {
         printf("  table %-20s dim %-5u %-8s %-5s rows %" PRIu64
                "  bytes %" PRIu64 "  step %" PRIu64 "\n",
@@ -1035,6 +1070,10 @@ static const command_t commands[] = {
      "evict the expired rows now, and those of L2 norm "
      "below the table's --evict-l2-below",
      no_groups, NULL, cmd_evict},
+    {"promote", NULL,
+     "the follower addressed (its only server, or --member I) stops "
+     "following and becomes a primary of a new epoch",
+     no_groups, NULL, cmd_promote},
     {"backup", NULL,
      "copy every member (or --member I) while it serves: DIR/member-I is a "
      "data dir (--data-dir) holding its state at one LSN",

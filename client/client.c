@@ -1308,3 +1308,111 @@ int embps_write_rows(embps_client_t *c, const char *table,
   send_parts(c, t, &m, &rows_ops, &src, set_step);
   return embps_wait(c, t);
 }
+
+/* ------------------------------------------------------------ promote */
+
+int embps_promote(embps_client_t *c, uint32_t *epoch, uint64_t *lsn) {
+  if (c->member >= c->n && c->n != 1)
+    return embps_client_error_(c, EMBPS_EINVAL, "promote addresses one "
+                               "server: give the follower alone, or its "
+                               "member (--member I)");
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PROMOTE;
+  embps_ticket_t *t;
+  int rc = broadcast(c, &m, c->member < c->n ? c->member : 0, &t);
+  if (rc)
+    return rc;
+  if (epoch)
+    *epoch = t->parts[0].reply.u.promote.epoch;
+  if (lsn)
+    *lsn = t->parts[0].reply.u.promote.lsn;
+  embps_ticket_free_(t);
+  return 0;
+}
+
+/* ------------------------------------------------------------ peers */
+
+int embps_client_create_peer_(const char *addr, const char *token,
+                              size_t token_len, int timeout_ms,
+                              embps_client_t **out, char *err,
+                              size_t err_len) {
+  *out = NULL;
+  err[0] = 0;
+  if (token_len > EMBPS_TOKEN_MAX || strchr(addr, ',')) {
+    snprintf(err, err_len, "bad peer \"%s\" or token", addr);
+    return EMBPS_EINVAL;
+  }
+  embps_client_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    snprintf(err, err_len, "out of memory");
+    return -ENOMEM;
+  }
+  embps_dedup_init(&c->dedup);
+  embps_bufpool_init(&c->pool, 64 << 10, (size_t)16 << 20);
+  c->peer = 1;
+  c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+  c->retry_ms = -1;
+  c->member = UINT32_MAX;
+  memcpy(c->token, token, token_len);
+  c->token_len = token_len;
+  int rc = parse_servers(c, addr, err, err_len);
+  if (!rc && (rc = embps_client_connect_(c, 0)) != 0)
+    snprintf(err, err_len, "%s", c->last_error);
+  if (rc) {
+    embps_client_destroy(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+int embps_client_send_(embps_client_t *c, const embps_msg_t *m,
+                       embps_ticket_t **out) {
+  embps_ticket_t *t = embps_ticket_new_(OP_SIMPLE, 1);
+  *out = NULL;
+  if (!t)
+    return embps_client_error_(c, -ENOMEM, "out of memory");
+  int rc = embps_part_send_msg_(c, 0, &t->parts[0], m);
+  if (rc) {
+    embps_ticket_free_(t);
+    return rc;
+  }
+  t->sent_ns = embps_now_ns();
+  *out = t;
+  return 0;
+}
+
+int embps_client_wait_(embps_client_t *c, embps_ticket_t *t,
+                       embps_msg_t *reply, uint8_t **bulk, size_t *bulk_len,
+                       uint64_t *err_lsn) {
+  part_t *p = &t->parts[0];
+  int rc = embps_ticket_run_(c, t);
+  memset(reply, 0, sizeof *reply);
+  *bulk = NULL;
+  *bulk_len = 0;
+  if (err_lsn)
+    *err_lsn = p->has_reply && p->reply.kind == EMBPS_KIND_ERROR
+                   ? p->reply.u.error.lsn
+                   : 0;
+  if (rc) {
+    embps_client_error_(c, rc, "%s",
+                        t->error[0] ? t->error : embps_strerror(rc));
+  } else {
+    *reply = p->reply;
+    p->has_reply = 0;
+    *bulk = p->rbulk;
+    *bulk_len = p->rbulk_len;
+    p->rbulk = NULL;
+  }
+  embps_ticket_free_(t);
+  return rc;
+}
+
+void embps_client_cancel_(embps_client_t *c, embps_ticket_t *t) {
+  if (!t)
+    return;
+  if (c && t->n_done < t->n_parts)
+    embps_ticket_cancel_(c, t, EMBPS_ECONN);
+  embps_ticket_free_(t);
+}

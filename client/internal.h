@@ -153,6 +153,7 @@ struct embps_client {
   /* an owed push a server refused since the last embps_push_resume */
   int owed_lost_code;
   char owed_lost[EMBPS_MESSAGE_MAX + 128];
+  int peer; /* embps_client_create_peer_ (peer.c): any place in a cluster */
 };
 
 /* ---- errors ---- */
@@ -185,6 +186,9 @@ void embps_ticket_allow_retry_(const embps_client_t *c, embps_ticket_t *t);
 /* Runs I/O until every part of t is done; returns t's result (0 or the
  * first error, with t->error). */
 int embps_ticket_run_(embps_client_t *c, embps_ticket_t *t);
+/* Ends t's retries: its parts still pending anywhere fail with code, so
+ * none stays linked once t is freed. */
+void embps_ticket_cancel_(embps_client_t *c, embps_ticket_t *t, int code);
 
 /* ---- sending ---- */
 
@@ -213,6 +217,30 @@ int embps_client_connect_(embps_client_t *c, uint32_t s);
  * leaves its owed copy in its place); frees its buffers. */
 void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry);
 
+/* ---- a server talking to another (peer.c; issue 21: a follower and its
+ * primary) ---- */
+
+/* A client of the one server at addr ("HOST:PORT"), whatever its place in
+ * its cluster, saying hello with token; each call gets timeout_ms, none
+ * is retried. 0, or an error with err. */
+int embps_client_create_peer_(const char *addr, const char *token,
+                              size_t token_len, int timeout_ms,
+                              embps_client_t **out, char *err,
+                              size_t err_len);
+/* Sends request m (no bulk) to the peer; *t is the ticket to wait on
+ * (several may be in flight). 0 or an error (c's last error). */
+int embps_client_send_(embps_client_t *c, const embps_msg_t *m,
+                       embps_ticket_t **t);
+/* Waits for t and frees it: 0 with *reply (release with embps_msg_free)
+ * and *bulk (malloc'd, NULL when none; the caller frees it), or an error
+ * (an ERROR reply's code, its message c's last error, its LSN in
+ * *err_lsn when err_lsn is not NULL). */
+int embps_client_wait_(embps_client_t *c, embps_ticket_t *t,
+                       embps_msg_t *reply, uint8_t **bulk, size_t *bulk_len,
+                       uint64_t *err_lsn);
+/* Frees t without waiting (a reply still owed drops its connection);
+ * NULL-safe. c may be NULL once destroyed. */
+void embps_client_cancel_(embps_client_t *c, embps_ticket_t *t);
 /* ---- a request of any kind (snapshot.c) ---- */
 
 /* Sends m (no bulk) to server s now, as a ticket of its own; the bulk of

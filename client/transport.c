@@ -150,7 +150,7 @@ void embps_ticket_free_(embps_ticket_t *t) {
  * server's answer (or ours) and final. */
 static int code_retryable(int code) {
   return code == EMBPS_ECONN || code == EMBPS_ETIMEDOUT ||
-         code == EMBPS_ESHUTDOWN;
+         code == EMBPS_ESHUTDOWN || code == EMBPS_ENOREPLICAS;
 }
 
 static void pending_append(conn_t *k, part_t *p) {
@@ -686,14 +686,18 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
     }
     const char *bad = reply_mismatch(p, &m, in_place);
     if (bad || (m.kind == EMBPS_KIND_ERROR &&
-                m.u.error.code == EMBPS_ESHUTDOWN)) {
-      /* a lying server is dropped; one going away is retried elsewhere */
+                (m.u.error.code == EMBPS_ESHUTDOWN ||
+                 (m.u.error.code == EMBPS_ENOREPLICAS &&
+                  p->t->retry_until_ns > embps_now_ns())))) {
+      /* a lying server is dropped; one going away is retried elsewhere,
+       * as is a write it could not get enough followers for (the same
+       * bytes: exactly once, whether it was applied or not) */
       char why[EMBPS_MESSAGE_MAX + 64];
       if (!bad)
         escape_server_text(m.u.error.message, sizeof m.u.error.message);
       snprintf(why, sizeof why, "%s", bad ? bad : m.u.error.message);
       embps_msg_free(&m);
-      conn_fail(k, bad ? EMBPS_EPROTO : EMBPS_ESHUTDOWN, why);
+      conn_fail(k, bad ? EMBPS_EPROTO : m.u.error.code, why);
       return EMBPS_FRAMER_STOP;
     }
     unlink_part(k, p);
@@ -861,7 +865,7 @@ static void ticket_expire(embps_client_t *c, embps_ticket_t *t) {
 
 /* Ends t's retries: its parts still pending anywhere fail with code (or
  * their connection's reason), so none stays linked once t is freed. */
-static void ticket_cancel(embps_client_t *c, embps_ticket_t *t, int code) {
+void embps_ticket_cancel_(embps_client_t *c, embps_ticket_t *t, int code) {
   t->retry_until_ns = 0;
   ticket_abandon(c, t, code);
   ticket_expire(c, t);
@@ -906,7 +910,7 @@ int embps_ticket_run_(embps_client_t *c, embps_ticket_t *t) {
         embps_ticket_fail_(t, EMBPS_ETIMEDOUT, "no reply within %d ms%s",
                            c->timeout_ms,
                            t->retry_until_ns ? " (retries over)" : "");
-        ticket_cancel(c, t, EMBPS_ETIMEDOUT);
+        embps_ticket_cancel_(c, t, EMBPS_ETIMEDOUT);
         break;
       }
       ticket_abandon(c, t, EMBPS_ETIMEDOUT); /* and try again */
@@ -925,7 +929,7 @@ int embps_ticket_run_(embps_client_t *c, embps_ticket_t *t) {
     int rc = progress(c, t, ms);
     if (rc) {
       embps_ticket_fail_(t, rc, "%s", embps_strerror(rc));
-      ticket_cancel(c, t, rc);
+      embps_ticket_cancel_(c, t, rc);
       break;
     }
   }
@@ -961,7 +965,7 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   if (!rc) {
     const embps_hello_reply_t *r = &p->reply.u.hello_reply;
     k->max_frame = r->max_frame_bytes;
-    if (r->cluster_size != c->n || r->cluster_index != index) {
+    if (!c->peer && (r->cluster_size != c->n || r->cluster_index != index)) {
       rc = EMBPS_EWRONGSERVER;
       snprintf(t->error, sizeof t->error, "%s is server %u of a cluster of "
                "%u, but the client lists it as server %u of %u", k->addr,
@@ -1085,8 +1089,9 @@ int embps_push_outcome_(embps_client_t *c, embps_ticket_t *t, int rc) {
     n[NOT_APPLIED] += n[OWED];
     n[OWED] = 0;
   }
+  /* EMBPS_ENOREPLICAS: the server's message says whether it applied it */
   if (!n[APPLIED] && !n[OWED])
-    return code_retryable(rc)
+    return code_retryable(rc) && rc != EMBPS_ENOREPLICAS
                ? embps_client_error_(c, rc, "%s; no server applied push seq "
                                      "%llu (pushing it again applies it "
                                      "once)", t->error,

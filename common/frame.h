@@ -32,6 +32,8 @@ enum embps_kind {
   EMBPS_KIND_WRITE_ROWS = 11, /* import: set rows (and state) */
   EMBPS_KIND_ALTER = 12,
   EMBPS_KIND_EVICT = 13, /* issue 12: a table's TTL and L2-norm eviction */
+  EMBPS_KIND_FETCH = 14,   /* issue 21: a follower's fetch of log records */
+  EMBPS_KIND_PROMOTE = 15, /* issue 21: a follower becomes a primary */
   /* snapshot sessions (server/snapshot.h): a copy of the tables */
   EMBPS_KIND_SNAPSHOT_BEGIN = 20,
   EMBPS_KIND_SNAPSHOT_READ = 21,

@@ -144,6 +144,52 @@ static int infos_from_pb(Embps__TableInfo **src, size_t n,
   return 0;
 }
 
+/* ---- epochs (issue 21) ---- */
+
+/* Protobuf views of n epochs: *out (items then pointers, one allocation)
+ * or NULL when n is 0. 0 or -ENOMEM. */
+static int epochs_to_pb(const embps_epoch_t *src, size_t n,
+                        Embps__Epoch ***out) {
+  *out = NULL;
+  if (!n)
+    return 0;
+  void *mem = calloc(n, sizeof(Embps__Epoch) + sizeof(Embps__Epoch *));
+  if (!mem)
+    return -ENOMEM;
+  Embps__Epoch *items = mem;
+  Embps__Epoch **ptrs = (Embps__Epoch **)(items + n);
+  for (size_t i = 0; i < n; i++) {
+    embps__epoch__init(&items[i]);
+    items[i].epoch = src[i].epoch;
+    items[i].start = src[i].start;
+    ptrs[i] = &items[i];
+  }
+  *out = ptrs;
+  return 0;
+}
+
+/* Frees what epochs_to_pb made (from its pointer array). */
+static void epochs_pb_free(Embps__Epoch **ptrs, size_t n) {
+  if (ptrs)
+    free((Embps__Epoch *)ptrs - n);
+}
+
+static int epochs_from_pb(Embps__Epoch **src, size_t n, embps_epoch_t **out,
+                          size_t *n_out) {
+  *out = NULL;
+  *n_out = 0;
+  if (n > EMBPS_EPOCHS_MAX)
+    return EMBPS_EPROTO;
+  if (!n)
+    return 0;
+  if (!(*out = malloc(n * sizeof **out)))
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++)
+    (*out)[i] = (embps_epoch_t){src[i]->epoch, src[i]->start};
+  *n_out = n;
+  return 0;
+}
+
 /* ---- generic pack: build the protobuf view of m, then size or pack it ---- */
 
 /* Calls protobuf's packer on the view of m: with out == NULL it returns the
@@ -172,6 +218,11 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     p.cluster_index = m->u.hello_reply.cluster_index;
     p.max_frame_bytes = m->u.hello_reply.max_frame_bytes;
     p.server_version = (char *)m->u.hello_reply.server_version;
+    p.has_role = p.has_epoch = p.has_applied_lsn = 1;
+    p.role = m->u.hello_reply.role;
+    p.epoch = m->u.hello_reply.epoch;
+    p.applied_lsn = m->u.hello_reply.applied_lsn;
+    p.primary = (char *)m->u.hello_reply.primary;
     r = RUN_(hello_reply, p);
     break;
   }
@@ -179,6 +230,8 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     Embps__Error p = EMBPS__ERROR__INIT;
     p.code = m->u.error.code;
     p.message = (char *)m->u.error.message;
+    p.has_lsn = m->u.error.lsn != 0;
+    p.lsn = m->u.error.lsn;
     r = RUN_(error, p);
     break;
   }
@@ -253,6 +306,8 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     Embps__PullReply p = EMBPS__PULL_REPLY__INIT;
     p.n_rows = m->u.pull_reply.n_rows;
     p.dim = m->u.pull_reply.dim;
+    p.has_lsn = 1;
+    p.lsn = m->u.pull_reply.lsn;
     r = RUN_(pull_reply, p);
     break;
   }
@@ -290,6 +345,12 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
   p.field = s->field;
     EMBPS_SERVER_STATS_FIELDS(STAT_TO_PB_)
 #undef STAT_TO_PB_
+#define REPL_TO_PB_(type, field, doc)                                          \
+  p.has_##field = 1;                                                           \
+  p.field = s->field;
+    EMBPS_SERVER_REPL_FIELDS(REPL_TO_PB_)
+#undef REPL_TO_PB_
+    p.primary = (char *)s->primary;
     p.version = (char *)s->version;
     p.data_dir = (char *)s->data_dir;
     p.fsync = (char *)s->fsync;
@@ -331,7 +392,59 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     p.next_cursor = q->next_cursor;
     p.done = q->done != 0;
     p.step = q->step;
+    p.has_lsn = 1;
+    p.lsn = q->lsn;
     r = RUN_(scan_reply, p);
+    break;
+  }
+  case EMBPS_KIND_FETCH: {
+    Embps__Fetch p = EMBPS__FETCH__INIT;
+    const embps_fetch_t *q = &m->u.fetch;
+    p.has_from_lsn = p.has_stream = p.has_follower_id = 1;
+    p.has_applied_lsn = p.has_durable_lsn = p.has_max_bytes = 1;
+    p.has_wait_ms = 1;
+    p.from_lsn = q->from_lsn;
+    p.stream = q->stream;
+    p.follower_id = q->follower_id;
+    p.name = (char *)q->name;
+    p.applied_lsn = q->applied_lsn;
+    p.durable_lsn = q->durable_lsn;
+    p.max_bytes = q->max_bytes;
+    p.wait_ms = q->wait_ms;
+    if (epochs_to_pb(q->history, q->n_history, &p.history))
+      return 0;
+    p.n_history = q->n_history;
+    r = RUN_(fetch, p);
+    epochs_pb_free(p.history, p.n_history);
+    break;
+  }
+  case EMBPS_KIND_FETCH | EMBPS_KIND_REPLY: {
+    Embps__FetchReply p = EMBPS__FETCH_REPLY__INIT;
+    const embps_fetch_reply_t *q = &m->u.fetch_reply;
+    p.has_first_lsn = p.has_n_records = p.has_last_lsn = p.has_epoch = 1;
+    p.has_lag_ms = p.has_shards = p.has_cluster_size = 1;
+    p.has_cluster_index = 1;
+    p.first_lsn = q->first_lsn;
+    p.n_records = q->n_records;
+    p.last_lsn = q->last_lsn;
+    p.epoch = q->epoch;
+    p.lag_ms = q->lag_ms;
+    p.shards = q->shards;
+    p.cluster_size = q->cluster_size;
+    p.cluster_index = q->cluster_index;
+    if (epochs_to_pb(q->history, q->n_history, &p.history))
+      return 0;
+    p.n_history = q->n_history;
+    r = RUN_(fetch_reply, p);
+    epochs_pb_free(p.history, p.n_history);
+    break;
+  }
+  case EMBPS_KIND_PROMOTE | EMBPS_KIND_REPLY: {
+    Embps__PromoteReply p = EMBPS__PROMOTE_REPLY__INIT;
+    p.has_epoch = p.has_lsn = 1;
+    p.epoch = m->u.promote.epoch;
+    p.lsn = m->u.promote.lsn;
+    r = RUN_(promote_reply, p);
     break;
   }
   case EMBPS_KIND_WRITE_ROWS: {
@@ -398,6 +511,7 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
+  case EMBPS_KIND_PROMOTE:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
   case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY:
@@ -556,13 +670,18 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
     snprintf(m->u.hello_reply.server_version,
              sizeof m->u.hello_reply.server_version, "%s",
              p->server_version ? p->server_version : "");
-    rc = 0;
+    m->u.hello_reply.role = p->role;
+    m->u.hello_reply.epoch = p->epoch;
+    m->u.hello_reply.applied_lsn = p->applied_lsn;
+    rc = bounded_copy(m->u.hello_reply.primary,
+                      sizeof m->u.hello_reply.primary, p->primary);
     FREE_(hello_reply, p);
     break;
   }
   case EMBPS_KIND_ERROR: {
     UNPACK_(error, p);
     m->u.error.code = p->code;
+    m->u.error.lsn = p->lsn;
     snprintf(m->u.error.message, sizeof m->u.error.message, "%s",
              p->message ? p->message : "");
     rc = 0;
@@ -633,6 +752,7 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
     UNPACK_(pull_reply, p);
     m->u.pull_reply.n_rows = p->n_rows;
     m->u.pull_reply.dim = p->dim;
+    m->u.pull_reply.lsn = p->lsn;
     rc = 0;
     FREE_(pull_reply, p);
     break;
@@ -665,7 +785,12 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
 #define STAT_FROM_PB_(type, field, source, doc) s->field = p->field;
     EMBPS_SERVER_STATS_FIELDS(STAT_FROM_PB_)
 #undef STAT_FROM_PB_
+#define REPL_FROM_PB_(type, field, doc) s->field = p->field;
+    EMBPS_SERVER_REPL_FIELDS(REPL_FROM_PB_)
+#undef REPL_FROM_PB_
     rc = bounded_copy(s->version, sizeof s->version, p->version);
+    if (!rc && p->primary)
+      rc = bounded_copy(s->primary, sizeof s->primary, p->primary);
     if (!rc && p->data_dir)
       rc = bounded_copy(s->data_dir, sizeof s->data_dir, p->data_dir);
     if (!rc && p->fsync)
@@ -706,8 +831,50 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
     q->next_cursor = p->next_cursor;
     q->done = p->done;
     q->step = p->step;
+    q->lsn = p->lsn;
     rc = 0;
     FREE_(scan_reply, p);
+    break;
+  }
+  case EMBPS_KIND_FETCH: {
+    UNPACK_(fetch, p);
+    embps_fetch_t *q = &m->u.fetch;
+    q->from_lsn = p->from_lsn;
+    q->stream = p->stream;
+    q->follower_id = p->follower_id;
+    q->applied_lsn = p->applied_lsn;
+    q->durable_lsn = p->durable_lsn;
+    q->max_bytes = p->max_bytes;
+    q->wait_ms = p->wait_ms;
+    rc = bounded_copy(q->name, sizeof q->name, p->name);
+    if (!rc)
+      rc = epochs_from_pb(p->history, p->n_history, &q->history,
+                          &q->n_history);
+    FREE_(fetch, p);
+    break;
+  }
+  case EMBPS_KIND_FETCH | EMBPS_KIND_REPLY: {
+    UNPACK_(fetch_reply, p);
+    embps_fetch_reply_t *q = &m->u.fetch_reply;
+    q->first_lsn = p->first_lsn;
+    q->n_records = p->n_records;
+    q->last_lsn = p->last_lsn;
+    q->epoch = p->epoch;
+    q->lag_ms = p->lag_ms;
+    q->shards = p->shards;
+    q->cluster_size = p->cluster_size;
+    q->cluster_index = p->cluster_index;
+    rc = epochs_from_pb(p->history, p->n_history, &q->history,
+                        &q->n_history);
+    FREE_(fetch_reply, p);
+    break;
+  }
+  case EMBPS_KIND_PROMOTE | EMBPS_KIND_REPLY: {
+    UNPACK_(promote_reply, p);
+    m->u.promote.epoch = p->epoch;
+    m->u.promote.lsn = p->lsn;
+    rc = 0;
+    FREE_(promote_reply, p);
     break;
   }
   case EMBPS_KIND_WRITE_ROWS: {
@@ -774,6 +941,7 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
   case EMBPS_KIND_LIST:
   case EMBPS_KIND_STATS:
   case EMBPS_KIND_CHECKPOINT:
+  case EMBPS_KIND_PROMOTE:
   case EMBPS_KIND_CREATE | EMBPS_KIND_REPLY:
   case EMBPS_KIND_DROP | EMBPS_KIND_REPLY:
   case EMBPS_KIND_WRITE_ROWS | EMBPS_KIND_REPLY:
@@ -802,6 +970,14 @@ void embps_msg_free(embps_msg_t *m) {
     free(m->u.stats.tables);
     m->u.stats.tables = NULL;
     m->u.stats.n_tables = 0;
+  } else if (m->kind == EMBPS_KIND_FETCH) {
+    free(m->u.fetch.history);
+    m->u.fetch.history = NULL;
+    m->u.fetch.n_history = 0;
+  } else if (m->kind == (EMBPS_KIND_FETCH | EMBPS_KIND_REPLY)) {
+    free(m->u.fetch_reply.history);
+    m->u.fetch_reply.history = NULL;
+    m->u.fetch_reply.n_history = 0;
   }
 }
 

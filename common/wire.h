@@ -8,6 +8,7 @@
  *   PUSH        n x int64 indices, then n x dim x float32 values
  *   SCAN reply  n x int64 ids, n x dim x float32, n x k x dim float32 state
  *   WRITE_ROWS  the same as a SCAN reply
+ *   FETCH reply log records, each a 32-byte header and its payload
  *   SNAPSHOT_READ reply  the chunk's bytes of the snapshot stream
  */
 #ifndef EMBPS_WIRE_H
@@ -20,6 +21,18 @@
 
 #define EMBPS_TOKEN_MAX 256
 #define EMBPS_MESSAGE_MAX 512
+#define EMBPS_ADDR_MAX 300 /* "HOST:PORT", host up to 255 bytes */
+/* Epochs a FETCH or its reply may carry (history.h keeps as many). */
+#define EMBPS_EPOCHS_MAX 65536
+
+/* Replication roles (issue 21). */
+enum { EMBPS_ROLE_PRIMARY = 0, EMBPS_ROLE_FOLLOWER = 1 };
+
+/* An epoch of a log and the first LSN made in it (server/history.h). */
+typedef struct {
+  uint32_t epoch;
+  uint64_t start;
+} embps_epoch_t;
 
 typedef struct {
   uint32_t version;
@@ -31,11 +44,15 @@ typedef struct {
   uint32_t version, cluster_size, cluster_index;
   uint64_t max_frame_bytes;
   char server_version[32];
+  uint32_t role, epoch; /* issue 21: EMBPS_ROLE_*, the log's epoch */
+  uint64_t applied_lsn;
+  char primary[EMBPS_ADDR_MAX]; /* a follower's primary, else empty */
 } embps_hello_reply_t;
 
 typedef struct {
   int32_t code;
   char message[EMBPS_MESSAGE_MAX];
+  uint64_t lsn; /* the LSN the error is about (EMBPS_EDIVERGED), or 0 */
 } embps_error_t;
 
 typedef struct {
@@ -45,6 +62,7 @@ typedef struct {
 
 typedef struct {
   uint32_t n_rows, dim;
+  uint64_t lsn;
 } embps_pull_reply_t;
 
 typedef struct {
@@ -67,9 +85,32 @@ typedef struct {
 
 typedef struct {
   uint32_t n_rows, dim, state_floats;
-  uint64_t next_cursor, step;
+  uint64_t next_cursor, step, lsn;
   int done;
 } embps_scan_reply_t;
+
+/* FETCH (issue 21); history malloc'd (freed by embps_msg_free), or NULL. */
+typedef struct {
+  uint64_t from_lsn, stream, follower_id, applied_lsn, durable_lsn,
+      max_bytes;
+  uint32_t wait_ms;
+  char name[EMBPS_ADDR_MAX];
+  embps_epoch_t *history;
+  size_t n_history;
+} embps_fetch_t;
+
+/* FETCH | REPLY; bulk: n_records log records (wal.h). */
+typedef struct {
+  uint64_t first_lsn, last_lsn, lag_ms;
+  uint32_t n_records, epoch, shards, cluster_size, cluster_index;
+  embps_epoch_t *history;
+  size_t n_history;
+} embps_fetch_reply_t;
+
+typedef struct {
+  uint32_t epoch;
+  uint64_t lsn;
+} embps_promote_reply_t;
 
 typedef struct {
   char table[EMBPS_TABLE_NAME_MAX];
@@ -125,6 +166,9 @@ typedef struct {
     embps_scan_reply_t scan_reply;   /* SCAN | REPLY */
     embps_write_rows_t write_rows;   /* WRITE_ROWS; its reply: none */
     uint64_t evicted;                /* EVICT | REPLY (EVICT: name) */
+    embps_fetch_t fetch;             /* FETCH */
+    embps_fetch_reply_t fetch_reply; /* FETCH | REPLY */
+    embps_promote_reply_t promote;   /* PROMOTE | REPLY (PROMOTE: none) */
     embps_snapshot_begin_t snap_begin;             /* SNAPSHOT_BEGIN */
     embps_snapshot_begin_reply_t snap_begin_reply; /* ... | REPLY */
     embps_snapshot_read_t snap_read;               /* SNAPSHOT_READ */

@@ -15,8 +15,9 @@ void embps_server_version_print(FILE *out) {
   fprintf(out,
           "embps-server %s (revision %s)\n"
           "protocol %d\n"
-          "data directory: checkpoint format %u (reads %u-%u), log format %u\n",
+          "data directory: checkpoint format %u (reads %u-%u), log format %u "
+          "(reads %u-%u)\n",
           EMBPS_VERSION_STRING, EMBPS_REVISION, EMBPS_PROTOCOL_VERSION,
           EMBPS_CKPT_FORMAT, EMBPS_CKPT_FORMAT_OLDEST, EMBPS_CKPT_FORMAT,
-          EMBPS_WAL_FORMAT);
+          EMBPS_WAL_FORMAT, EMBPS_WAL_FORMAT_OLDEST, EMBPS_WAL_FORMAT);
 }

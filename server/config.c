@@ -14,6 +14,7 @@
 #include "about.h"
 #include "cgroup.h"
 #include "cluster.h"
+#include "feed.h"
 #include "flags.h"
 #include "server.h"
 #include "space.h"
@@ -83,6 +84,18 @@ static int set_log_level(const embps_flag_t *f, const char *v, void *obj,
   return embps_log_parse_level(v, &((embps_server_config_t *)obj)->log_level)
              ? embps_flag_refuse(f, v, err, err_len)
              : 0;
+}
+
+static int set_follow(const embps_flag_t *f, const char *v, void *obj,
+                      char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  char host[256];
+  int port;
+  if (embps_parse_hostport(v, host, sizeof host, &port) || !port ||
+      strlen(v) >= sizeof cfg->follow)
+    return embps_flag_refuse(f, v, err, err_len);
+  snprintf(cfg->follow, sizeof cfg->follow, "%s", v);
+  return 0;
 }
 
 /* The tokens in FILE (token.c: one per line, the current one first; the
@@ -233,6 +246,18 @@ static const embps_flag_t server_flags[] = {
          "(default: off)"),
     EMBPS_FLAG_TEXT("metrics-port-file", "FILE", CFG, metrics_port_file,
                     "write the bound metrics port to FILE"),
+    SET_("follow", "HOST:PORT", set_follow, "HOST:PORT",
+         "follow that primary: apply its log, serve reads, refuse writes "
+         "(default: a primary)"),
+    SIZE_("sync-followers", "N", sync_followers, 0, EMBPS_FEED_FOLLOWERS_MAX,
+          "acknowledge a write once N followers have its record (default 0: "
+          "asynchronous)"),
+    SIZE_("sync-timeout-ms", "MS", sync_timeout_ms, 1, 3600 * 1000,
+          "how long a write waits for them, then is refused (default 5000)"),
+    SIZE_("repl-backlog-bytes", "N", repl_backlog_bytes, 1ULL << 20,
+          1ULL << 40, "log records kept for followers (default 256M)"),
+    SIZE_("max-lag-ms", "MS", max_lag_ms, 1, 86400 * 1000,
+          "a follower is ready within MS of its primary (default 5000)"),
     EMBPS_FLAG_END};
 
 static const embps_flag_t info_flags[] = {
@@ -317,6 +342,9 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->log_level = EMBPS_LOG_INFO;
   d->fsync = EMBPS_FSYNC_EVERYSEC;
   d->hello_timeout_s = 5;
+  d->sync_timeout_ms = 5000;
+  d->repl_backlog_bytes = 256ULL << 20;
+  d->max_lag_ms = 5000;
   d->stall_timeout_s = 60;
   d->checkpoint_log_bytes = EMBPS_CHECKPOINT_LOG_AUTO;
   d->idle_timeout_s = 600; /* idle workers reconnect on their next call */

@@ -14,12 +14,12 @@
 #include <string.h>
 
 #include "durable.h"
+#include "feed.h"
 #include "server.h"
 
 /* 0, or -1 with req failed (EIO) when the log is failed for good. */
 static int log_usable(embps_apply_ctx_t *ctx, embps_request_t *req) {
-  embps_durable_t *dur = ctx->srv->dur;
-  const char *failed = dur ? embps_durable_failed(dur) : NULL;
+  const char *failed = embps_durable_failed(ctx->srv->dur);
   if (!failed)
     return 0;
   embps_request_fail(ctx->srv, req, EMBPS_EIO, "%s", failed);
@@ -67,36 +67,38 @@ static int create_table(embps_server_t *srv, embps_request_t *req) {
 
 void embps_ddl_create(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
-  embps_durable_t *dur = srv->dur;
   const char *name = req->msg.u.spec.name;
   uint64_t lsn = 0;
-  if (log_usable(ctx, req) || create_table(srv, req) || !dur) {
-    embps_durable_ack(dur, req, 0);
+  if (!embps_feed_gate(srv->feed, ctx, req))
+    return;
+  if (log_usable(ctx, req) || create_table(srv, req)) {
+    embps_durable_ack(ctx, req, 0);
     return;
   }
   embps_table_t *t = embps_registry_get(&srv->registry, name);
   if (t) {
     char msg[2048];
     embps_table_set_incarnation(t, ctx->lsn + 1);
-    int rc = embps_durable_log_create(dur, ctx->lsn + 1, t, msg, sizeof msg);
+    int rc = embps_durable_log_create(ctx, t, msg, sizeof msg);
     if (rc) {
       embps_registry_drop(&srv->registry, name);
       embps_request_fail(srv, req, rc, "%s", msg);
     } else {
-      lsn = embps_apply_logged(ctx, ctx->lsn + 1);
+      lsn = ctx->lsn;
     }
     embps_table_unref(t);
   }
-  embps_durable_ack(dur, req, lsn);
+  embps_durable_ack(ctx, req, lsn);
 }
 
 void embps_ddl_drop(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
-  embps_durable_t *dur = srv->dur;
   const char *name = req->msg.u.name;
   uint64_t lsn = 0;
+  if (!embps_feed_gate(srv->feed, ctx, req))
+    return;
   if (log_usable(ctx, req)) {
-    embps_durable_ack(dur, req, 0);
+    embps_durable_ack(ctx, req, 0);
     return;
   }
   embps_table_t *t = embps_registry_get(&srv->registry, name);
@@ -108,23 +110,21 @@ void embps_ddl_drop(embps_apply_ctx_t *ctx, embps_request_t *req) {
     embps_request_reply(srv, req, EMBPS_KIND_DROP, NULL, 0);
     embps_sync_forget_dropped(&ctx->sync, srv); /* its held pushes fail */
     char msg[2048];
-    int rc = dur && t ? embps_durable_log_drop(dur, ctx->lsn + 1, t, msg,
-                                               sizeof msg)
-                      : 0;
+    int rc = t ? embps_durable_log_drop(ctx, t, msg, sizeof msg) : 0;
     if (rc) {
       LOG_ERROR("table \"%s\" dropped but not logged: it returns at the "
                 "next restart", name);
       embps_request_fail(srv, req, rc, "%s", msg);
-    } else if (dur && t) {
-      lsn = embps_apply_logged(ctx, ctx->lsn + 1);
+    } else if (t) {
+      lsn = ctx->lsn;
     }
   }
   embps_table_unref(t);
-  embps_durable_ack(dur, req, lsn);
+  embps_durable_ack(ctx, req, lsn);
 }
 
-/* Alters the table of req, logged at ctx->lsn + 1 with --data-dir, and
- * replies. Returns the LSN logged (0: none: no data dir, or refused). */
+/* Alters the table of req, recorded at ctx->lsn + 1, and replies.
+ * Returns the LSN of its record (0: none: refused). */
 static uint64_t alter_table(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
   const char *name = req->msg.u.alter.name;
@@ -142,15 +142,13 @@ static uint64_t alter_table(embps_apply_ctx_t *ctx, embps_request_t *req) {
   uint64_t lsn = 0;
   int rc = embps_table_spec_alter(&spec, &req->msg.u.alter.set, why,
                                   sizeof why);
-  if (!rc && srv->dur)
-    rc = embps_durable_log_alter(srv->dur, ctx->lsn + 1, t, &spec, why,
-                                 sizeof why);
+  if (!rc)
+    rc = embps_durable_log_alter(ctx, t, &spec, why, sizeof why);
   if (rc) {
     embps_request_fail(srv, req, rc, "table \"%s\" not altered: %s", name,
                        why);
   } else {
-    if (srv->dur)
-      lsn = embps_apply_logged(ctx, ctx->lsn + 1);
+    lsn = ctx->lsn;
     embps_table_alter(t, &spec);
     LOG_DEBUG("altered table \"%s\": lr %g eps %g beta1 %g beta2 %g l1 %g "
               "l2 %g lr-power %g weight-decay %g", name, spec.lr, spec.eps,
@@ -170,6 +168,8 @@ static uint64_t alter_table(embps_apply_ctx_t *ctx, embps_request_t *req) {
 }
 
 void embps_ddl_alter(embps_apply_ctx_t *ctx, embps_request_t *req) {
+  if (!embps_feed_gate(ctx->srv->feed, ctx, req))
+    return;
   uint64_t lsn = log_usable(ctx, req) ? 0 : alter_table(ctx, req);
-  embps_durable_ack(ctx->srv->dur, req, lsn);
+  embps_durable_ack(ctx, req, lsn);
 }

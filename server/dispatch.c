@@ -11,7 +11,12 @@
  * SNAPSHOT kinds to snapshot.c (BEGIN's marker to the apply thread). Those
  * are answered later (DEFERRED), through req->complete. The connection
  * (conn.c) runs a request only once its earlier pushes are applied, so a
- * read sees the pushes sent before it. */
+ * read sees the pushes sent before it.
+ *
+ * Replication (issue 21): FETCH goes to the feed (feed.h), PROMOTE to the
+ * follower (follow.h); a follower refuses every write with
+ * EMBPS_ENOTPRIMARY naming its primary, and its reads say the LSN they
+ * saw. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +24,22 @@
 #include "ddl.h"
 #include "durable.h"
 #include "evict.h"
+#include "feed.h"
+#include "follow.h"
 #include "push.h"
 #include "rows.h"
 #include "server.h"
 #include "snapshot.h"
 #include "token.h"
+
+/* The kinds that change tables, refused by a follower (FETCH: it has no
+ * followers of its own). */
+static int is_write(uint16_t kind) {
+  return kind == EMBPS_KIND_PUSH || kind == EMBPS_KIND_CREATE ||
+         kind == EMBPS_KIND_DROP || kind == EMBPS_KIND_ALTER ||
+         kind == EMBPS_KIND_WRITE_ROWS || kind == EMBPS_KIND_EVICT ||
+         kind == EMBPS_KIND_FETCH;
+}
 
 /* Hands req to the apply thread, where run will answer it. */
 static embps_dispatch_t defer(embps_server_t *srv, embps_request_t *req,
@@ -56,6 +72,12 @@ static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
   m.u.hello_reply.max_frame_bytes = srv->cfg.max_frame_bytes;
   snprintf(m.u.hello_reply.server_version,
            sizeof m.u.hello_reply.server_version, "%s", EMBPS_VERSION_STRING);
+  m.u.hello_reply.role = (uint32_t)atomic_load(&srv->role);
+  m.u.hello_reply.epoch = embps_feed_epoch(srv->feed);
+  m.u.hello_reply.applied_lsn = embps_apply_lsn(srv->apply);
+  if (m.u.hello_reply.role == EMBPS_ROLE_FOLLOWER)
+    snprintf(m.u.hello_reply.primary, sizeof m.u.hello_reply.primary, "%s",
+             srv->cfg.follow);
   embps_request_reply(srv, req, EMBPS_KIND_HELLO, &m, 0);
   return EMBPS_DISPATCH_REPLY;
 }
@@ -92,12 +114,20 @@ static void do_pull(embps_server_t *srv, embps_request_t *req) {
   }
   embps_msg_t m;
   memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_PULL | EMBPS_KIND_REPLY;
   m.u.pull_reply.n_rows = p->n_ids;
   m.u.pull_reply.dim = p->dim;
   float *rows = embps_request_reply(srv, req, EMBPS_KIND_PULL, &m, (size_t)reply_bytes);
   if (!rows)
     goto out;
-  embps_table_gather(t, ids, p->n_ids, rows);
+  /* every record up to `before` is applied; the rows read are the state
+   * after the table's last change, whose LSN the gather returns */
+  uint64_t before = embps_apply_lsn(srv->apply);
+  uint64_t changed =
+      embps_table_gather_at(t, ids, p->n_ids, rows,
+                            atomic_load(&srv->role) == EMBPS_ROLE_FOLLOWER);
+  m.u.pull_reply.lsn = changed > before ? changed : before;
+  embps_msg_pack(&m, req->reply + EMBPS_FRAME_HEADER_LEN); /* same size */
   atomic_fetch_add_explicit(&srv->counters.pulls, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&srv->counters.pull_rows, p->n_ids,
                             memory_order_relaxed);
@@ -201,6 +231,7 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
   snprintf(s->version, sizeof s->version, "%s", EMBPS_VERSION_STRING);
   if (srv->dur)
     embps_durable_stats(srv->dur, s);
+  embps_follow_stats(srv, s);
   if (embps_registry_list(&srv->registry, &s->tables, &s->n_tables)) {
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
     return;
@@ -232,6 +263,13 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     embps_request_fail(srv, req, EMBPS_EAUTH, "the first request on a "
                        "connection must be a hello");
     return EMBPS_DISPATCH_CLOSE;
+  }
+  if (is_write(req->hdr.kind) &&
+      atomic_load(&srv->role) == EMBPS_ROLE_FOLLOWER) {
+    embps_request_fail(srv, req, EMBPS_ENOTPRIMARY, "this server follows "
+                       "%s: send writes there (or promote this one)",
+                       srv->cfg.follow);
+    return EMBPS_DISPATCH_REPLY;
   }
   switch (req->hdr.kind) {
   case EMBPS_KIND_CREATE: /* in order with the pushes, on the apply thread */
@@ -287,6 +325,17 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     if (embps_rows_write_check(srv, req))
       break;
     return defer(srv, req, embps_rows_run);
+  case EMBPS_KIND_FETCH:
+    if (!srv->feed) { /* a core embedded without replication */
+      embps_request_fail(srv, req, EMBPS_EINVAL, "this server ships no "
+                         "records");
+      break;
+    }
+    return embps_feed_fetch(srv->feed, req) ? EMBPS_DISPATCH_DEFERRED
+                                            : EMBPS_DISPATCH_REPLY;
+  case EMBPS_KIND_PROMOTE:
+    return embps_follow_promote(srv, req) ? EMBPS_DISPATCH_DEFERRED
+                                          : EMBPS_DISPATCH_REPLY;
   case EMBPS_KIND_SNAPSHOT_BEGIN: /* snapshot.h */
   case EMBPS_KIND_SNAPSHOT_READ:
   case EMBPS_KIND_SNAPSHOT_END:

@@ -5,8 +5,11 @@
 #define _GNU_SOURCE
 #include "durable.h"
 
+#include <assert.h>
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <omp.h>
 #include <pthread.h>
@@ -19,6 +22,7 @@
 #include <unistd.h>
 
 #include "failpoint.h"
+#include "feed.h"
 #include "marker.h"
 #include "optim.h"
 #include "redo.h"
@@ -69,10 +73,30 @@ static const char *fsync_name(embps_fsync_t m) {
          : m == EMBPS_FSYNC_NEVER ? "never" : "everysec";
 }
 
-/* ------------------------------------------------------------ logging */
+/* ------------------------------------------------------------ records */
 
 const char *embps_durable_failed(embps_durable_t *d) {
-  return embps_wal_failed(d->wal);
+  return d ? embps_wal_failed(d->wal) : NULL;
+}
+
+int embps_durable_syncs(const embps_durable_t *d) {
+  return d && d->srv->cfg.fsync == EMBPS_FSYNC_ALWAYS && !d->unsafe_ack;
+}
+
+uint64_t embps_durable_lsn(embps_durable_t *d) {
+  return embps_durable_syncs(d) ? embps_wal_synced(d->wal)
+                                : embps_wal_written(d->wal);
+}
+
+int embps_durable_wait(embps_durable_t *d, uint64_t lsn, char *err,
+                       size_t err_len) {
+  return embps_wal_sync(d->wal, lsn, err, err_len);
+}
+
+/* Whether a record must be built: for the log or for the feed. Otherwise
+ * the mutation only takes its LSN (no copy, no checksum). */
+static int record_wanted(const embps_apply_ctx_t *ctx) {
+  return ctx->srv->dur || embps_feed_active(ctx->srv->feed);
 }
 
 /* Wakes the checkpoint thread: a checkpoint may be due (space.h). */
@@ -90,9 +114,11 @@ static void log_refusal(embps_durable_t *d, const char *msg) {
               skipped);
 }
 
-/* Appends one record; records that make rows (pushes, imports) only into
- * the room the next checkpoint leaves (space.h). */
-static int log_record(embps_durable_t *d, uint32_t type, uint64_t lsn,
+/* Appends one record of header head (type: its type) to d's log; records
+ * that make rows (pushes, imports) only into the room the next checkpoint
+ * leaves (space.h). 0, or EMBPS_EIO with msg. */
+static int log_record(embps_durable_t *d, uint32_t type,
+                      const uint8_t head[EMBPS_WAL_HEADER_BYTES],
                       const struct iovec *parts, int n, char *msg,
                       size_t msg_len) {
   const char *failed = embps_wal_failed(d->wal);
@@ -109,7 +135,7 @@ static int log_record(embps_durable_t *d, uint32_t type, uint64_t lsn,
     wake_checkpoints(d);
     return EMBPS_EIO;
   }
-  int rc = embps_wal_append(d->wal, type, lsn, parts, n, msg, msg_len);
+  int rc = embps_wal_append(d->wal, head, parts, n, msg, msg_len);
   if (rc) {
     if (embps_space_write_failed(&d->space, -rc))
       wake_checkpoints(d);
@@ -121,11 +147,42 @@ static int log_record(embps_durable_t *d, uint32_t type, uint64_t lsn,
   return 0;
 }
 
-int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, uint64_t step,
-                           const embps_request_t *reqs, const int64_t *idx,
-                           const float *vals, size_t n, char *msg,
-                           size_t msg_len) {
+/* Makes the record of type and payload parts at ctx->lsn + 1: the log,
+ * the feed, then ctx->lsn. 0, or EMBPS_EIO with msg. */
+static int emit(embps_apply_ctx_t *ctx, uint32_t type,
+                const struct iovec *parts, int n, char *msg, size_t msg_len) {
+  embps_server_t *srv = ctx->srv;
+  embps_durable_t *d = srv->dur;
+  const uint64_t lsn = ctx->lsn + 1;
+  const int feed = embps_feed_active(srv->feed);
+  if (d || feed) {
+    uint8_t head[EMBPS_WAL_HEADER_BYTES];
+    if (embps_wal_head(head, type, lsn, ctx->epoch, parts, n, msg, msg_len))
+      return EMBPS_EIO;
+    if (d && log_record(d, type, head, parts, n, msg, msg_len))
+      return EMBPS_EIO;
+    if (feed)
+      embps_feed_append(srv->feed, head, parts, n);
+  }
+  embps_apply_logged(ctx, lsn);
+  return 0;
+}
+
+/* The mutation needs no record: it only takes its LSN. (A feed made
+ * active meanwhile misses it: its backlog starts after it.) */
+static int emit_bare(embps_apply_ctx_t *ctx, char *msg, size_t msg_len) {
+  (void)msg;
+  (void)msg_len;
+  embps_apply_logged(ctx, ctx->lsn + 1);
+  return 0;
+}
+
+int embps_durable_log_push(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           uint64_t step, const embps_request_t *reqs,
+                           const int64_t *idx, const float *vals, size_t n,
+                           char *msg, size_t msg_len) {
+  if (!record_wanted(ctx))
+    return emit_bare(ctx, msg, msg_len);
   uint64_t pairs_small[2 * 8], *pairs = pairs_small;
   uint32_t n_pairs = 0;
   for (const embps_request_t *r = reqs; r; r = r->next)
@@ -139,33 +196,49 @@ int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
     pairs[2 * i] = r->msg.u.push.client_id;
     pairs[2 * i + 1] = r->msg.u.push.seq;
   }
+  const embps_table_spec_t *spec = embps_table_spec(table);
   uint8_t head[EMBPS_REDO_PUSH_HEAD] = {0};
   uint64_t inc = embps_table_incarnation(table);
-  uint32_t rows = (uint32_t)n, dim = embps_table_spec(table)->dim;
+  uint32_t rows = (uint32_t)n, dim = spec->dim, flags = 0, ev[2] = {0, 0};
+  const int64_t *evicted = NULL;
+  if (spec->ttl_steps || spec->max_rows) { /* the evictions it decided */
+    flags |= EMBPS_REDO_PUSH_EVICTIONS;
+    if (embps_table_planned(table, &ctx->scratch, &evicted, &ev[0],
+                            &ev[1])) {
+      if (pairs != pairs_small)
+        free(pairs);
+      snprintf(msg, msg_len, "out of memory logging a push");
+      return EMBPS_EIO;
+    }
+  }
   memcpy(head, &inc, 8);
   memcpy(head + 8, &step, 8);
   memcpy(head + 16, &n_pairs, 4);
   memcpy(head + 20, &rows, 4);
   memcpy(head + 24, &dim, 4);
-  struct iovec parts[4] = {
+  memcpy(head + 28, &flags, 4);
+  struct iovec parts[6] = {
       {head, sizeof head},
       {pairs, (size_t)n_pairs * 16},
       {(void *)idx, n * sizeof *idx},
       {(void *)vals, n * dim * sizeof *vals},
+      {ev, flags ? sizeof ev : 0},
+      {(void *)evicted, ((size_t)ev[0] + ev[1]) * sizeof *evicted},
   };
-  int rc = log_record(d, EMBPS_WAL_PUSH, lsn, parts, 4, msg, msg_len);
+  int rc = emit(ctx, EMBPS_WAL_PUSH, parts, 6, msg, msg_len);
   if (pairs != pairs_small)
     free(pairs);
-  if (!rc)
+  if (!rc && ctx->srv->dur)
     embps_failpoint("log-after-write");
   return rc;
 }
 
-int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, const int64_t *ids,
-                           const float *w, const float *state, size_t n,
-                           int set_step, uint64_t step, char *msg,
-                           size_t msg_len) {
+int embps_durable_log_rows(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           const int64_t *ids, const float *w,
+                           const float *state, size_t n, int set_step,
+                           uint64_t step, char *msg, size_t msg_len) {
+  if (!record_wanted(ctx))
+    return emit_bare(ctx, msg, msg_len);
   const embps_table_spec_t *s = embps_table_spec(table);
   uint8_t head[EMBPS_REDO_ROWS_HEAD] = {0};
   uint64_t inc = embps_table_incarnation(table);
@@ -184,13 +257,15 @@ int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
       {(void *)w, n * dim * sizeof *w},
       {(void *)state, n * sf * dim * sizeof *w},
   };
-  return log_record(d, EMBPS_WAL_ROWS, lsn, parts, 4, msg, msg_len);
+  return emit(ctx, EMBPS_WAL_ROWS, parts, 4, msg, msg_len);
 }
 
 /* A CREATE or ALTER record: the incarnation, then spec packed. */
-static int log_spec(embps_durable_t *d, uint32_t type, uint64_t lsn,
+static int log_spec(embps_apply_ctx_t *ctx, uint32_t type,
                     embps_table_t *table, const embps_table_spec_t *spec,
                     char *msg, size_t msg_len) {
+  if (!record_wanted(ctx))
+    return emit_bare(ctx, msg, msg_len);
   embps_msg_t m;
   memset(&m, 0, sizeof m);
   m.kind = EMBPS_KIND_CREATE;
@@ -205,40 +280,61 @@ static int log_spec(embps_durable_t *d, uint32_t type, uint64_t lsn,
   memcpy(buf, &inc, 8);
   embps_msg_pack(&m, buf + 8);
   struct iovec part = {buf, 8 + len};
-  int rc = log_record(d, type, lsn, &part, 1, msg, msg_len);
+  int rc = emit(ctx, type, &part, 1, msg, msg_len);
   free(buf);
   return rc;
 }
 
-int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
-                             embps_table_t *table, char *msg,
-                             size_t msg_len) {
-  return log_spec(d, EMBPS_WAL_CREATE, lsn, table, embps_table_spec(table),
-                  msg, msg_len);
+int embps_durable_log_create(embps_apply_ctx_t *ctx, embps_table_t *table,
+                             char *msg, size_t msg_len) {
+  return log_spec(ctx, EMBPS_WAL_CREATE, table, embps_table_spec(table), msg,
+                  msg_len);
 }
 
-int embps_durable_log_alter(embps_durable_t *d, uint64_t lsn,
-                            embps_table_t *table,
+int embps_durable_log_alter(embps_apply_ctx_t *ctx, embps_table_t *table,
                             const embps_table_spec_t *spec, char *msg,
                             size_t msg_len) {
-  return log_spec(d, EMBPS_WAL_ALTER, lsn, table, spec, msg, msg_len);
+  return log_spec(ctx, EMBPS_WAL_ALTER, table, spec, msg, msg_len);
 }
 
-int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, char *msg, size_t msg_len) {
+int embps_durable_log_drop(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           char *msg, size_t msg_len) {
   uint64_t inc = embps_table_incarnation(table);
   struct iovec part = {&inc, 8};
-  return log_record(d, EMBPS_WAL_DROP, lsn, &part, 1, msg, msg_len);
+  return emit(ctx, EMBPS_WAL_DROP, &part, 1, msg, msg_len);
 }
 
-int embps_durable_log_evict(embps_durable_t *d, uint64_t lsn,
-                            embps_table_t *table, char *msg,
-                            size_t msg_len) {
+int embps_durable_log_evict(embps_apply_ctx_t *ctx, embps_table_t *table,
+                            char *msg, size_t msg_len) {
   embps_table_info_t info;
   embps_table_info(table, &info);
   uint64_t v[2] = {embps_table_incarnation(table), info.step};
   struct iovec part = {v, sizeof v};
-  return log_record(d, EMBPS_WAL_EVICT, lsn, &part, 1, msg, msg_len);
+  return emit(ctx, EMBPS_WAL_EVICT, &part, 1, msg, msg_len);
+}
+
+int embps_durable_log_copy(embps_apply_ctx_t *ctx, const embps_wal_rec_t *rec,
+                           const uint8_t head[EMBPS_WAL_HEADER_BYTES],
+                           char *msg, size_t msg_len) {
+  embps_server_t *srv = ctx->srv;
+  embps_durable_t *d = srv->dur;
+  struct iovec part = {(void *)rec->payload, rec->len};
+  assert(rec->lsn == ctx->lsn + 1);
+  if (d && log_record(d, rec->type, head, &part, 1, msg, msg_len))
+    return EMBPS_EIO;
+  if (embps_feed_active(srv->feed))
+    embps_feed_append(srv->feed, head, &part, 1);
+  embps_apply_logged(ctx, rec->lsn);
+  ctx->epoch = rec->epoch;
+  return 0;
+}
+
+/* After the log: the followers' acknowledgement, then the reply. */
+static void ack_after_log(embps_server_t *srv, embps_request_t *req) {
+  if (req->ack_lsn && embps_feed_syncs(srv->feed))
+    embps_feed_wait(srv->feed, req, req->ack_lsn);
+  else
+    req->complete(req);
 }
 
 /* The log's completion of a request waiting in it (req->wal): an error
@@ -247,24 +343,34 @@ static void wal_done(void *ctx, embps_wal_waiter_t *waiter, const char *err) {
   embps_durable_t *d = ctx;
   embps_request_t *req =
       (embps_request_t *)((char *)waiter - offsetof(embps_request_t, wal));
-  if (err)
+  if (err) {
     embps_request_fail(d->srv, req, EMBPS_EIO, "%s", err);
-  req->complete(req);
+    req->complete(req);
+    return;
+  }
+  ack_after_log(d->srv, req);
 }
 
-void embps_durable_ack(embps_durable_t *d, embps_request_t *reqs,
+void embps_durable_ack(embps_apply_ctx_t *ctx, embps_request_t *reqs,
                        uint64_t lsn) {
-  int wait = d && lsn && d->srv->cfg.fsync == EMBPS_FSYNC_ALWAYS &&
-             !d->unsafe_ack;
+  embps_server_t *srv = ctx->srv;
+  embps_durable_t *d = srv->dur;
+  const int wait = lsn && embps_durable_syncs(d);
   while (reqs) {
     embps_request_t *req = reqs;
     reqs = req->next;
     req->next = NULL;
+    req->ack_lsn = lsn;
     if (wait)
       embps_wal_wait(d->wal, &req->wal, lsn);
     else
-      req->complete(req);
+      ack_after_log(srv, req);
   }
+}
+
+int embps_durable_save_history(embps_durable_t *d, const embps_history_t *h,
+                               char *err, size_t err_len) {
+  return d ? embps_history_save(d->dir, h, err, err_len) : 0;
 }
 
 /* ------------------------------------------------------------ checkpoints */
@@ -297,6 +403,24 @@ static void marker_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   d->marker_done = 1;
   pthread_cond_broadcast(&d->cv);
   pthread_mutex_unlock(&d->mu);
+}
+
+/* The checkpoints older than ckpt-lsn and the log segments it covers
+ * go, but for the records a snapshot session pins and those a follower
+ * fetching lately has not applied (feed.h). */
+static void delete_covered(embps_durable_t *d, uint64_t lsn) {
+  embps_ckpt_delete_older(d->dir, lsn);
+  pthread_mutex_lock(&d->mu);
+  uint64_t keep = lsn; /* the log's records after a pin stay */
+  for (int i = 0; i < EMBPS_DURABLE_PINS; i++)
+    if (d->pins[i].id && d->pins[i].lsn < keep)
+      keep = d->pins[i].lsn;
+  pthread_mutex_unlock(&d->mu);
+  const uint64_t followers = embps_feed_retain(d->srv->feed);
+  if (followers < keep && /* and those a follower fetching lately lacks, */
+      atomic_load(&d->space.state) == EMBPS_SPACE_OK) /* room allowing */
+    keep = followers;
+  embps_wal_delete_upto(d->log_dir, keep);
 }
 
 /* Takes one checkpoint (checkpoint thread). 0, or -1 with err. */
@@ -334,14 +458,7 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
   }
   embps_failpoint("ckpt-after-rename");
   embps_failpoint("ckpt-before-delete");
-  embps_ckpt_delete_older(d->dir, lsn);
-  pthread_mutex_lock(&d->mu);
-  uint64_t keep = lsn; /* the log's records after a pin stay */
-  for (int i = 0; i < EMBPS_DURABLE_PINS; i++)
-    if (d->pins[i].id && d->pins[i].lsn < keep)
-      keep = d->pins[i].lsn;
-  pthread_mutex_unlock(&d->mu);
-  embps_wal_delete_upto(d->log_dir, keep);
+  delete_covered(d, lsn);
   embps_space_checkpointed(&d->space, 1, bytes);
   uint64_t ms = (embps_now_ns() - t0) / 1000000;
   pthread_mutex_lock(&d->mu);
@@ -355,6 +472,33 @@ static int checkpoint_once(embps_durable_t *d, char *err, size_t err_len) {
            PRIu64 " bytes in %" PRIu64 " ms, longest shard copy %.1f ms",
            lsn, lsn, d->why ? ", for " : "", d->why ? d->why : "", bytes, ms,
            (double)res.longest_copy_ns / 1e6);
+  return 0;
+}
+
+int embps_durable_adopt(embps_durable_t *d, const embps_ckpt_t *c,
+                        const embps_history_t *h, char *err, size_t err_len) {
+  if (embps_history_save(d->dir, h, err, err_len))
+    return -1;
+  embps_ckpt_result_t res;
+  uint64_t t0 = embps_now_ns();
+  if (embps_ckpt_write(d->dir, c, &res, err, err_len))
+    return -1;
+  LOG_INFO("data dir %s: the primary's copy at LSN %" PRIu64 " written as "
+           "a checkpoint (%" PRIu64 " bytes in %" PRIu64 " ms)", d->dir,
+           c->lsn, res.bytes, (embps_now_ns() - t0) / 1000000);
+  return 0;
+}
+
+int embps_durable_adopted(embps_apply_ctx_t *ctx, uint64_t lsn, char *err,
+                          size_t err_len) {
+  embps_durable_t *d = ctx->srv->dur;
+  if (embps_wal_restart_at(d->wal, lsn + 1, err, err_len))
+    return -1;
+  delete_covered(d, lsn);
+  pthread_mutex_lock(&d->mu);
+  d->last.lsn = lsn;
+  d->last.unix_s = (uint64_t)time(NULL);
+  pthread_mutex_unlock(&d->mu);
   return 0;
 }
 
@@ -563,7 +707,7 @@ static int restore(embps_durable_t *d, uint64_t *last, embps_seen_t *seen,
   embps_ckpt_t c;
   memset(&c, 0, sizeof c);
   embps_redo_t r;
-  embps_redo_init(&r, d->srv, seen);
+  embps_redo_init(&r, d->srv, &d->srv->registry, seen);
   int rc = embps_ckpt_latest(d->dir, &lsn, err, err_len);
   if (rc == 1) {
     rc = restore_checkpoint(d, lsn, &c, &r, seen, err, err_len);
@@ -580,6 +724,128 @@ static int restore(embps_durable_t *d, uint64_t *last, embps_seen_t *seen,
   embps_redo_close(&r);
   embps_ckpt_free(&c); /* shard_lsn arrays freed after the replay */
   return rc ? -1 : 0;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+                    struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path) && errno != ENOENT ? -1 : 0;
+}
+
+/* Moves the checkpoints, the log and the history of d into DIR/diverged
+ * (a previous one deleted) and starts an empty log. 0, or -1 with err. */
+static int set_aside(embps_durable_t *d, char *err, size_t err_len) {
+  char aside[1100], from[1300], to[1400];
+  snprintf(aside, sizeof aside, "%s/diverged", d->dir);
+  if (nftw(aside, rm_entry, 16, FTW_DEPTH | FTW_PHYS) && errno != ENOENT) {
+    snprintf(err, err_len, "data dir %s: cannot delete %s: %s", d->dir, aside,
+             strerror(errno));
+    return -1;
+  }
+  if (mkdir(aside, 0755)) {
+    snprintf(err, err_len, "data dir %s: %s: %s", d->dir, aside,
+             strerror(errno));
+    return -1;
+  }
+  DIR *dir = opendir(d->dir);
+  if (!dir) {
+    snprintf(err, err_len, "data dir %s: %s", d->dir, strerror(errno));
+    return -1;
+  }
+  int rc = 0;
+  for (struct dirent *e; !rc && (e = readdir(dir));) {
+    if (strncmp(e->d_name, "ckpt-", 5) && strcmp(e->d_name, "log") &&
+        strcmp(e->d_name, "HISTORY"))
+      continue;
+    snprintf(from, sizeof from, "%s/%s", d->dir, e->d_name);
+    snprintf(to, sizeof to, "%s/%s", aside, e->d_name);
+    if (rename(from, to)) {
+      snprintf(err, err_len, "data dir %s: cannot move %s to %s: %s", d->dir,
+               from, to, strerror(errno));
+      rc = -1;
+    }
+  }
+  closedir(dir);
+  if (!rc && mkdir(d->log_dir, 0755)) {
+    snprintf(err, err_len, "data dir %s: %s", d->log_dir, strerror(errno));
+    rc = -1;
+  }
+  if (!rc && embps_fsync_dir(d->dir)) {
+    snprintf(err, err_len, "data dir %s: cannot sync the directory", d->dir);
+    rc = -1;
+  }
+  return rc;
+}
+
+/* Before the restore: DIR/HISTORY into h (a log from before epochs is
+ * epoch 1's) and, for a follower (hooks.join), its log cut where it leaves
+ * its primary's history, the history with it. 0, or -1 with err. */
+static int prepare_history(embps_durable_t *d, embps_history_t *h, char *err,
+                           size_t err_len) {
+  if (embps_history_load(d->dir, h, err, err_len))
+    return -1;
+  uint64_t ck = 0, wlast = 0;
+  uint32_t wepoch;
+  int rc = embps_ckpt_latest(d->dir, &ck, err, err_len);
+  if (rc < 0)
+    return -1;
+  if (rc == 0)
+    ck = 0;
+  if (embps_wal_last(d->log_dir, &wlast, &wepoch, err, err_len))
+    return -1;
+  const uint64_t last = wlast > ck ? wlast : ck;
+  if (!h->n && last && embps_history_add(h, 1, 1)) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  if (!d->hooks.join)
+    return 0;
+  uint64_t keep = last, cut;
+  if (d->hooks.join(d->hooks.ctx, h, last, &keep, err, err_len))
+    return -1;
+  if (keep >= last)
+    return 0;
+  if (keep < ck) { /* the whole state goes: a copy of the primary comes */
+    if (set_aside(d, err, err_len))
+      return -1;
+    LOG_WARN("data dir %s: its checkpoint at LSN %" PRIu64 " holds records "
+             "after LSN %" PRIu64 ", where its log leaves the primary's "
+             "history (%" PRIu64 " records that were never acknowledged "
+             "with --sync-followers >= 1): its state is set aside in "
+             "%s/diverged, and the follower copies a snapshot of its "
+             "primary", d->dir, ck, keep, last - keep, d->dir);
+    h->n = 0;
+    return 0;
+  }
+  if (embps_wal_cut_after(d->log_dir, keep, &cut, err, err_len))
+    return -1;
+  LOG_WARN("data dir %s: cut %" PRIu64 " records (LSN %" PRIu64 " to %"
+           PRIu64 ") that are not on the primary's history: they were never "
+           "acknowledged with --sync-followers >= 1", d->dir, cut, keep + 1,
+           last);
+  while (h->n && h->v[h->n - 1].start > keep)
+    h->n--;
+  return embps_history_save(d->dir, h, err, err_len);
+}
+
+/* After the restore up to LSN last: the epoch records are made in now. A
+ * primary starts a new one at every start (recorded first), so a
+ * follower can tell its log from the records this start makes; a
+ * follower goes on in its last record's. 0, or -1 with err. */
+static int start_epoch(embps_durable_t *d, embps_history_t *h, uint64_t last,
+                       uint32_t *epoch, char *err, size_t err_len) {
+  if (d->hooks.join) {
+    *epoch = embps_history_epoch_at(h, last);
+    return 0;
+  }
+  *epoch = embps_history_epoch(h) + 1;
+  if (embps_history_add(h, *epoch, last + 1)) {
+    snprintf(err, err_len, "out of memory");
+    return -1;
+  }
+  return embps_history_save(d->dir, h, err, err_len);
 }
 
 /* flock on DIR/LOCK; the holder's pid is in the file. */
@@ -655,17 +921,28 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
   omp_set_num_threads(omp_get_num_procs());
   embps_seen_t seen;
   embps_seen_init(&seen);
-  int restored =
-      !lock_dir(d, err, err_len) && !restore(d, &last, &seen, err, err_len);
+  embps_history_t hist;
+  embps_history_init(&hist);
+  uint32_t epoch = 0;
+  int restored = !lock_dir(d, err, err_len) &&
+                 !prepare_history(d, &hist, err, err_len) &&
+                 !restore(d, &last, &seen, err, err_len) &&
+                 !start_epoch(d, &hist, last, &epoch, err, err_len);
   omp_set_num_threads(team);
+  if (restored && embps_feed_set_history(srv->feed, &hist)) {
+    snprintf(err, err_len, "out of memory");
+    restored = 0;
+  }
   if (restored)
-    d->hooks.restored(d->hooks.ctx, last, &seen);
+    d->hooks.restored(d->hooks.ctx, last, epoch, &seen);
   embps_seen_close(&seen);
+  embps_history_close(&hist);
   if (!restored)
     goto fail;
   if (embps_wal_open(d->log_dir, last + 1, srv->cfg.fsync, d->unsafe_ack,
                      wal_done, d, &d->wal, err, err_len))
     goto fail;
+  embps_feed_set_log(srv->feed, d->log_dir, d->wal);
   char restored_dir[1200];
   snprintf(restored_dir, sizeof restored_dir, "%s/ckpt-%016" PRIx64, d->dir,
            d->last.lsn);
@@ -688,14 +965,17 @@ int embps_durable_open(embps_server_t *srv, const embps_durable_hooks_t *hooks,
   if (limit)
     snprintf(trigger, sizeof trigger, "one per %" PRIu64 " bytes of log",
              limit);
-  LOG_INFO("data dir %s: --fsync %s, next LSN %" PRIu64 "; checkpoints: "
-           "%s; %" PRIu64 " of %" PRIu64 " bytes free (%" PRIu64 " kept for "
-           "the next checkpoint)", d->dir, fsync_name(srv->cfg.fsync),
-           last + 1, trigger, (uint64_t)atomic_load(&d->space.free_bytes),
+  LOG_INFO("data dir %s: --fsync %s, next LSN %" PRIu64 ", epoch %u; "
+           "checkpoints: %s; %" PRIu64 " of %" PRIu64 " bytes free (%" PRIu64
+           " kept for the next checkpoint)", d->dir,
+           fsync_name(srv->cfg.fsync), last + 1, epoch, trigger,
+           (uint64_t)atomic_load(&d->space.free_bytes),
            (uint64_t)atomic_load(&d->space.size_bytes),
            (uint64_t)atomic_load(&d->space.reserve));
   return 0;
 fail:
+  if (d->wal)
+    embps_feed_set_log(srv->feed, "", NULL);
   embps_wal_close(d->wal);
   if (d->space_ready)
     embps_space_close(&d->space);

@@ -1,6 +1,9 @@
-/* durable.h - --data-dir: the log of every mutation, the checkpoint
- * thread, and restore at start (DURABILITY.md). Without a data dir
- * srv->dur is NULL and none of this runs.
+/* durable.h - every mutation's record (logged with --data-dir, shipped to
+ * followers through the feed: feed.h), --data-dir's checkpoint thread,
+ * restore at start (DURABILITY.md), and the acknowledgement of a mutation
+ * once its record is durable (the log in --fsync always, --sync-followers
+ * followers). Without a data dir srv->dur is NULL: records still get their
+ * LSN (and go to the feed while it is active), nothing else runs.
  *
  * Threads: the apply thread's runs log each mutation (embps_durable_log_*)
  * between table prepare and commit and hand their replies to
@@ -22,6 +25,7 @@
 
 #include "apply.h"
 #include "ckpt.h"
+#include "history.h"
 #include "server.h"
 #include "wal.h"
 
@@ -34,9 +38,17 @@ typedef struct {
    * calls embps_durable_shutdown. */
   void (*submit)(void *ctx, embps_request_t *req);
   /* Restore is done, before the log and checkpoint threads start: the
-   * apply thread starts from lsn (the last LSN logged) and seen (its
-   * entries may be moved out; freed after the call). */
-  void (*restored)(void *ctx, uint64_t lsn, embps_seen_t *seen);
+   * apply thread starts from lsn (the last LSN logged), makes records in
+   * epoch, with seen (its entries may be moved out; freed after the
+   * call). */
+  void (*restored)(void *ctx, uint64_t lsn, uint32_t epoch,
+                   embps_seen_t *seen);
+  /* A follower (--follow), before anything is restored: its log holds up
+   * to LSN last, of history h; *keep = the LSN up to which it may keep
+   * it (its primary's history shares it; what is beyond is cut). May
+   * block (asking the primary). NULL for a primary. 0, or -1 with err. */
+  int (*join)(void *ctx, const embps_history_t *h, uint64_t last,
+              uint64_t *keep, char *err, size_t err_len);
   /* At each checkpoint marker, on the apply thread, before the state is
    * taken: the core's own work (the L2 eviction, which logs). May be
    * NULL. */
@@ -90,39 +102,74 @@ void embps_durable_space(embps_durable_t *d, embps_metrics_space_t *out);
  * thread. */
 uint64_t embps_durable_stall_ms(embps_durable_t *d);
 
-/* ---- apply thread ---- */
-/* The reason pushes are refused for good, or NULL. */
+/* Replaces DIR/HISTORY (a follower's new epoch, a promotion); NULL d:
+ * nothing to do. 0, or -1 with err. Any thread. */
+int embps_durable_save_history(embps_durable_t *d, const embps_history_t *h,
+                               char *err, size_t err_len);
+/* A follower installing a copy of its primary (follow.c), state c at LSN
+ * c->lsn (its tables changed by nothing else meanwhile), of history h.
+ * Follower thread, before the install: h becomes DIR/HISTORY and c a
+ * checkpoint, so a restart from here on restores the copy. 0, or -1 with
+ * err. */
+int embps_durable_adopt(embps_durable_t *d, const embps_ckpt_t *c,
+                        const embps_history_t *h, char *err, size_t err_len);
+/* Apply thread, as the copy at lsn replaces the tables: the log goes on at
+ * lsn + 1 (embps_wal_restart_at); the checkpoints and log segments older
+ * than the copy's go (a snapshot session's pin kept). 0, or -1 with err
+ * (the log failed). */
+int embps_durable_adopted(embps_apply_ctx_t *ctx, uint64_t lsn, char *err,
+                          size_t err_len);
+/* Whether the log syncs every record before its ack (--fsync always). */
+int embps_durable_syncs(const embps_durable_t *d);
+/* The last LSN durable in the log (--fsync always: synced; otherwise
+ * written), for a follower's acknowledgements. */
+uint64_t embps_durable_lsn(embps_durable_t *d);
+/* Blocks until the log is synced up to lsn (not the apply thread). 0, or
+ * -1 with err when the log failed. */
+int embps_durable_wait(embps_durable_t *d, uint64_t lsn, char *err,
+                       size_t err_len);
+
+/* ---- apply thread: records ----
+ * Each makes the record of one mutation at ctx->lsn + 1 in ctx->epoch:
+ * appended to the log (with --data-dir) and to the feed (while active),
+ * then ctx->lsn is its LSN (embps_apply_logged). 0, or EMBPS_EIO with msg
+ * (nothing logged: the mutation must not happen). */
+/* The reason mutations are refused for good, or NULL; d may be NULL. */
 const char *embps_durable_failed(embps_durable_t *d);
-/* Logs a push of table at lsn (the table's step after it: step), with the
- * (client, seq) of every request of reqs. 0, or EMBPS_EIO with msg. */
-int embps_durable_log_push(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, uint64_t step,
-                           const embps_request_t *reqs, const int64_t *idx,
-                           const float *vals, size_t n, char *msg,
-                           size_t msg_len);
-/* Logs an import (WRITE_ROWS) of n rows: weights w, state (NULL: reset
- * to the initial state), the table's step if set_step. 0 or EMBPS_EIO. */
-int embps_durable_log_rows(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, const int64_t *ids,
-                           const float *w, const float *state, size_t n,
-                           int set_step, uint64_t step, char *msg,
-                           size_t msg_len);
-int embps_durable_log_create(embps_durable_t *d, uint64_t lsn,
-                             embps_table_t *table, char *msg, size_t msg_len);
+/* A push of table (the table's step after it: step), with the (client,
+ * seq) of every request of reqs, and the evictions its commit makes (the
+ * ids in scratch's plan: embps_table_planned). */
+int embps_durable_log_push(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           uint64_t step, const embps_request_t *reqs,
+                           const int64_t *idx, const float *vals, size_t n,
+                           char *msg, size_t msg_len);
+/* An import (WRITE_ROWS) of n rows: weights w, state (NULL: reset to the
+ * initial state), the table's step if set_step. */
+int embps_durable_log_rows(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           const int64_t *ids, const float *w,
+                           const float *state, size_t n, int set_step,
+                           uint64_t step, char *msg, size_t msg_len);
+int embps_durable_log_create(embps_apply_ctx_t *ctx, embps_table_t *table,
+                             char *msg, size_t msg_len);
 /* An ALTER: table's spec becomes spec (its alterable fields). */
-int embps_durable_log_alter(embps_durable_t *d, uint64_t lsn,
-                            embps_table_t *table,
+int embps_durable_log_alter(embps_apply_ctx_t *ctx, embps_table_t *table,
                             const embps_table_spec_t *spec, char *msg,
                             size_t msg_len);
-int embps_durable_log_drop(embps_durable_t *d, uint64_t lsn,
-                           embps_table_t *table, char *msg, size_t msg_len);
+int embps_durable_log_drop(embps_apply_ctx_t *ctx, embps_table_t *table,
+                           char *msg, size_t msg_len);
 /* An eviction of table (embps evict, or the L2 eviction of a checkpoint)
  * at its current step. */
-int embps_durable_log_evict(embps_durable_t *d, uint64_t lsn,
-                            embps_table_t *table, char *msg, size_t msg_len);
-/* Completes every request of the list reqs (linked by next; replies set):
- * with --fsync always once the log is durable up to lsn, else at once; at
- * once too without a data dir (d NULL) or with lsn 0 (nothing logged). */
-void embps_durable_ack(embps_durable_t *d, embps_request_t *reqs,
+int embps_durable_log_evict(embps_apply_ctx_t *ctx, embps_table_t *table,
+                            char *msg, size_t msg_len);
+/* A follower: appends rec (a record of its primary, checked, at
+ * ctx->lsn + 1) to its own log as it is, and to its feed. 0 or EMBPS_EIO. */
+int embps_durable_log_copy(embps_apply_ctx_t *ctx, const embps_wal_rec_t *rec,
+                           const uint8_t head[EMBPS_WAL_HEADER_BYTES],
+                           char *msg, size_t msg_len);
+/* Completes every request of the list reqs (linked by next; replies set)
+ * once the record at lsn is durable: in the log with --fsync always, at
+ * --sync-followers followers (feed.h); at once with lsn 0 (nothing
+ * logged: a refusal) or when neither applies. */
+void embps_durable_ack(embps_apply_ctx_t *ctx, embps_request_t *reqs,
                        uint64_t lsn);
 #endif

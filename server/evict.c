@@ -6,26 +6,22 @@
 #include <string.h>
 
 #include "durable.h"
+#include "feed.h"
 #include "server.h"
 
-/* Logs (with --data-dir) then runs an eviction of t. 0, or an error code
- * with msg; nothing evicted then. */
+/* Records then runs an eviction of t. 0, or an error code with msg;
+ * nothing evicted then. */
 static int evict_logged(embps_apply_ctx_t *ctx, embps_table_t *t,
                         uint64_t *evicted, char *msg, size_t msg_len) {
-  embps_durable_t *dur = ctx->srv->dur;
-  uint64_t at = 0;
-  if (dur) {
-    const char *failed = embps_durable_failed(dur);
-    if (failed) {
-      snprintf(msg, msg_len, "%s", failed);
-      return EMBPS_EIO;
-    }
-    int rc = embps_durable_log_evict(dur, ctx->lsn + 1, t, msg, msg_len);
-    if (rc)
-      return rc;
-    at = embps_apply_logged(ctx, ctx->lsn + 1);
+  const char *failed = embps_durable_failed(ctx->srv->dur);
+  if (failed) {
+    snprintf(msg, msg_len, "%s", failed);
+    return EMBPS_EIO;
   }
-  embps_table_evict(t, embps_table_spec(t)->evict_l2_below, at, NULL,
+  int rc = embps_durable_log_evict(ctx, t, msg, msg_len);
+  if (rc)
+    return rc;
+  embps_table_evict(t, embps_table_spec(t)->evict_l2_below, ctx->lsn, NULL,
                     evicted);
   return 0;
 }
@@ -55,12 +51,16 @@ static uint64_t evict_request(embps_apply_ctx_t *ctx, embps_request_t *req) {
 }
 
 void embps_evict_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
-  embps_durable_ack(ctx->srv->dur, req, evict_request(ctx, req));
+  if (!embps_feed_gate(ctx->srv->feed, ctx, req))
+    return;
+  embps_durable_ack(ctx, req, evict_request(ctx, req));
 }
 
 void embps_evict_at_checkpoint(embps_apply_ctx_t *ctx) {
   embps_table_t **v;
   size_t n;
+  if (atomic_load(&ctx->srv->role) != EMBPS_ROLE_PRIMARY)
+    return; /* a follower evicts what its primary's records say, only */
   if (embps_registry_refs(&ctx->srv->registry, &v, &n))
     return;
   for (size_t i = 0; i < n; i++) {

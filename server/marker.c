@@ -9,13 +9,19 @@
 
 int embps_marker_take(embps_apply_ctx_t *ctx, embps_ckpt_t *c, char *err,
                       size_t err_len) {
-  embps_server_t *srv = ctx->srv;
+  return embps_marker_build(ctx->srv, &ctx->srv->registry, &ctx->seen,
+                            ctx->lsn, c, err, err_len);
+}
+
+int embps_marker_build(const embps_server_t *srv, embps_registry_t *registry,
+                       const embps_seen_t *seen, uint64_t lsn,
+                       embps_ckpt_t *c, char *err, size_t err_len) {
   memset(c, 0, sizeof *c);
-  c->lsn = ctx->lsn;
+  c->lsn = lsn;
   c->cluster_size = srv->cfg.cluster_size;
   c->cluster_index = srv->cfg.cluster_index;
   c->shards = srv->cfg.shards;
-  c->seen = embps_seen_copy(&ctx->seen, &c->n_seen);
+  c->seen = embps_seen_copy(seen, &c->n_seen);
   if (!c->seen) {
     c->n_seen = 0;
     LOG_WARN("no memory to copy the exactly-once table: the checkpoint "
@@ -23,7 +29,7 @@ int embps_marker_take(embps_apply_ctx_t *ctx, embps_ckpt_t *c, char *err,
   }
   embps_table_t **tables = NULL;
   size_t n = 0;
-  if (embps_registry_refs(&srv->registry, &tables, &n) ||
+  if (embps_registry_refs(registry, &tables, &n) ||
       !(c->tables = calloc(n ? n : 1, sizeof *c->tables))) {
     snprintf(err, err_len, "out of memory");
     for (size_t i = 0; i < n; i++)

@@ -13,6 +13,8 @@
 
 #include "apply.h"
 #include "ckpt.h"
+#include "registry.h"
+#include "seen.h"
 
 /* Fills c (zeroed first) with the state at ctx->lsn: S, the server's
  * cluster slot and shards, the exactly-once table (none, with a warning,
@@ -21,4 +23,12 @@
  * c with embps_ckpt_free all the same). Apply thread. */
 int embps_marker_take(embps_apply_ctx_t *ctx, embps_ckpt_t *c, char *err,
                       size_t err_len);
+/* The same for the tables of registry and the exactly-once table seen,
+ * which nothing changes meanwhile, at lsn (a follower's copy of its
+ * primary, checkpointed before it is installed: follow.c). */
+struct embps_server;
+int embps_marker_build(const struct embps_server *srv,
+                       embps_registry_t *registry, const embps_seen_t *seen,
+                       uint64_t lsn, embps_ckpt_t *c, char *err,
+                       size_t err_len);
 #endif

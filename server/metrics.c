@@ -578,6 +578,66 @@ static int durable_ready(char *why, size_t len) {
   return 1;
 }
 
+/* Replication figures (issue 21): this server's role and position, and a
+ * primary's followers one by one. */
+static void put_replication(text_t *t, embps_server_t *srv) {
+  if (!m.hooks.repl_stats)
+    return;
+  embps_server_stats_t s;
+  memset(&s, 0, sizeof s);
+  m.hooks.repl_stats(srv, &s);
+  head(t, "embps_repl_role", "gauge", "0 a primary (or alone), 1 a follower.");
+  put(t, "embps_repl_role %u\n", s.role);
+  head(t, "embps_repl_epoch", "gauge", "The epoch this server's log is in.");
+  put(t, "embps_repl_epoch %u\n", s.epoch);
+  head(t, "embps_repl_applied_lsn", "gauge",
+       "The LSN of the last log record applied.");
+  put(t, "embps_repl_applied_lsn %llu\n", (unsigned long long)s.applied_lsn);
+  head(t, "embps_repl_lag_records", "gauge",
+       "A follower: records behind its primary; a primary: the largest of "
+       "its followers'.");
+  put(t, "embps_repl_lag_records %llu\n", (unsigned long long)s.lag_records);
+  head(t, "embps_repl_lag_seconds", "gauge",
+       "The same as a time: how long the oldest record not applied waits.");
+  put(t, "embps_repl_lag_seconds %.3f\n", (double)s.lag_ms / 1e3);
+  head(t, "embps_repl_bytes_total", "counter",
+       "Log bytes shipped to followers (a follower: received).");
+  put(t, "embps_repl_bytes_total %llu\n",
+      (unsigned long long)s.bytes_shipped);
+  if (s.role != 0 || !m.hooks.repl_followers)
+    return;
+  head(t, "embps_repl_followers", "gauge",
+       "Followers fetching, and of them in sync (counted by "
+       "--sync-followers).");
+  put(t, "embps_repl_followers{state=\"fetching\"} %u\n", s.followers);
+  put(t, "embps_repl_followers{state=\"in_sync\"} %u\n",
+      s.followers_in_sync);
+  embps_follower_info_t v[16];
+  size_t n = m.hooks.repl_followers(srv, v, sizeof v / sizeof *v);
+  if (!n)
+    return;
+  head(t, "embps_repl_follower_lag_records", "gauge",
+       "Each follower's lag in records.");
+  for (size_t i = 0; i < n; i++)
+    put(t, "embps_repl_follower_lag_records{follower=\"%s\"} %llu\n",
+        v[i].name, (unsigned long long)v[i].lag_records);
+  head(t, "embps_repl_follower_lag_seconds", "gauge",
+       "Each follower's lag in time.");
+  for (size_t i = 0; i < n; i++)
+    put(t, "embps_repl_follower_lag_seconds{follower=\"%s\"} %.3f\n",
+        v[i].name, (double)v[i].lag_ms / 1e3);
+  head(t, "embps_repl_follower_durable_lsn", "gauge",
+       "The LSN each follower holds durable (its acknowledgement).");
+  for (size_t i = 0; i < n; i++)
+    put(t, "embps_repl_follower_durable_lsn{follower=\"%s\"} %llu\n",
+        v[i].name, (unsigned long long)v[i].durable_lsn);
+  head(t, "embps_repl_follower_bytes_total", "counter",
+       "Log bytes shipped to each follower.");
+  for (size_t i = 0; i < n; i++)
+    put(t, "embps_repl_follower_bytes_total{follower=\"%s\"} %llu\n",
+        v[i].name, (unsigned long long)v[i].bytes_shipped);
+}
+
 /* ------------------------------------------------------------ HTTP */
 
 /* The listener answers probes whatever its peers do. It is
@@ -756,6 +816,13 @@ static enum MHD_Result readyz(struct MHD_Connection *conn) {
     int n = snprintf(body, sizeof why + 16, "not ready: %s\n", why);
     return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, body, (size_t)n, 2);
   }
+  if (m.hooks.repl_ready && !m.hooks.repl_ready(m.srv, why, sizeof why)) {
+    char *body = malloc(sizeof why + 16);
+    if (!body)
+      return STATIC_(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    int n = snprintf(body, sizeof why + 16, "not ready: %s\n", why);
+    return respond(conn, MHD_HTTP_SERVICE_UNAVAILABLE, body, (size_t)n, 2);
+  }
   if (!m.hooks.cluster_ready)
     return STATIC_(conn, MHD_HTTP_OK, "ready\n");
   char *body;
@@ -808,8 +875,10 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
   text_t t = {0};
   put_server(&t, m.srv);
   put_process(&t, m.srv);
-  if (atomic_load(&m.ready)) /* srv->dur is set up once restored */
+  if (atomic_load(&m.ready)) { /* srv->dur is set up once restored */
     put_durability(&t, m.srv);
+    put_replication(&t, m.srv);
+  }
   put_tables(&t, m.srv, names_allowed(conn));
   if (t.failed) {
     free(t.p);

@@ -23,6 +23,13 @@ struct embps_server;
 struct embps_request;
 struct embps_durable;
 
+/* One follower of a primary, as /metrics shows it (issue 21). */
+typedef struct {
+  char name[300]; /* its address */
+  uint64_t applied_lsn, durable_lsn, lag_records, lag_ms, bytes_shipped;
+  int in_sync;
+} embps_follower_info_t;
+
 /* The data dir's disk (durable.h, space.h). */
 typedef struct {
   uint64_t free_bytes, size_bytes, reserve_bytes, log_limit_bytes,
@@ -47,6 +54,13 @@ typedef struct {
   /* /readyz's cluster part: 1 when it holds, else 0; *body (malloc'd,
    * NULL when out of memory) says why. */
   int (*cluster_ready)(char **body, size_t *len);
+  /* Replication (issue 21): the replication fields of a stats reply; a
+   * primary's followers (at most cap, how many returned); /readyz's
+   * replication part (1 when it holds, else 0 with why). */
+  void (*repl_stats)(struct embps_server *srv, embps_server_stats_t *s);
+  size_t (*repl_followers)(struct embps_server *srv,
+                           embps_follower_info_t *v, size_t cap);
+  int (*repl_ready)(struct embps_server *srv, char *why, size_t why_len);
 } embps_metrics_hooks_t;
 
 /* Starts the HTTP server on cfg->metrics_host:metrics_port (when set) and

@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "util.h"
 
@@ -307,56 +308,208 @@ void embps_policy_count_pending_locked(shard_t *sh, int64_t id,
   }
 }
 
-/* embps_policy_after_push_locked, untimed. */
-static void evict_after_push_locked(embps_table_t *t, shard_t *sh,
-                                    uint64_t now, uint32_t budget,
-                                    dyn_count_t *c) {
-  while (t->spec.ttl_steps && sh->lru_head && budget--) {
-    uint32_t slot = sh->lru_head - 1;
-    if (!expired_at(t, sh->meta[slot].last_step, now))
-      break;
-    embps_policy_evict_slot_locked(t, sh, slot);
-    c->evicted[WHY_TTL]++;
+/* ------------------------------------------------- evictions after a push
+ *
+ * A push's evictions are decided before the push changes anything (at
+ * prepare: they go into its log record, and a replay or a follower
+ * applies them as recorded), as if decided right after it: the push's
+ * rows move to the tail of the recency list with the push's step (or
+ * leave it: W_DROP), new rows join them there, and from the head of what
+ * precedes them (the list without the push's rows, in its order) come
+ * the expired rows reclaimed, at most SWEEP_MIN + 2 x the push's positions
+ * in the shard, up to the first that has not expired; then, while the
+ * shard holds more than its capacity, LRU takes the next rows of that
+ * list, LFU the rows of fewest pushes (then oldest, then smallest id)
+ * among those not of the push, by a best-first walk of its heap. A row
+ * last pushed at the push's own step is never taken (a push's rows). */
+
+/* The set of slots of a push's shard (and those planned already): open
+ * addressing on slot + 1 in s->mark, sized for n at most half full. */
+static int mark_reset(embps_table_scratch_t *s, size_t n) {
+  size_t cap = 16;
+  while (cap < 2 * n + 2)
+    cap *= 2;
+  if (cap > s->mark_cap) {
+    uint32_t *m = malloc(cap * sizeof *m);
+    if (!m)
+      return -ENOMEM;
+    free(s->mark);
+    s->mark = m;
+    s->mark_cap = cap;
   }
-  if (!t->cap_shard)
-    return;
-  uint32_t aside = 0; /* LFU: rows of this push popped, put back after */
-  while ((uint64_t)embps_hstore_n_live(&sh->hs) > t->cap_shard) {
-    uint32_t slot;
-    if (uses_heap(t)) {
-      if (!sh->heap_n)
-        break;
-      slot = sh->heap[0];
-      if (sh->meta[slot].last_step == now) {
-        heap_remove(sh, slot);
-        sh->heap[sh->heap_cap - 1 - aside++] = slot;
-        continue;
-      }
-    } else {
-      if (!sh->lru_head)
-        break;
-      slot = sh->lru_head - 1;
-      if (sh->meta[slot].last_step == now)
-        break;
-    }
-    embps_policy_evict_slot_locked(t, sh, slot);
-    c->evicted[WHY_CAP]++;
-  }
-  while (aside) {
-    uint32_t slot = sh->heap[sh->heap_cap - aside--];
-    heap_set(sh, sh->heap_n++, slot);
-    heap_up(sh, sh->heap_n - 1);
-  }
+  memset(s->mark, 0, s->mark_cap * sizeof *s->mark);
+  return 0;
 }
 
-void embps_policy_after_push_locked(embps_table_t *t, shard_t *sh,
-                                    uint64_t now, uint32_t pushed,
-                                    dyn_count_t *c) {
+static inline size_t mark_home(const embps_table_scratch_t *s, uint32_t slot) {
+  return (size_t)((slot * 2654435761u) & (uint32_t)(s->mark_cap - 1));
+}
+
+static void mark_add(embps_table_scratch_t *s, uint32_t slot) {
+  size_t i = mark_home(s, slot);
+  while (s->mark[i] && s->mark[i] != slot + 1)
+    i = (i + 1) & (s->mark_cap - 1);
+  s->mark[i] = slot + 1;
+}
+
+static int marked(const embps_table_scratch_t *s, uint32_t slot) {
+  for (size_t i = mark_home(s, slot); s->mark[i];
+       i = (i + 1) & (s->mark_cap - 1))
+    if (s->mark[i] == slot + 1)
+      return 1;
+  return 0;
+}
+
+/* Appends slot to s's plan. 0 or -ENOMEM. */
+static int plan_add(embps_table_scratch_t *s, uint32_t slot) {
+  if (s->plan_n == s->plan_cap) {
+    size_t cap = s->plan_cap ? 2 * s->plan_cap : 256;
+    uint32_t *v = realloc(s->plan_slot, cap * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    s->plan_slot = v;
+    s->plan_cap = cap;
+  }
+  s->plan_slot[s->plan_n++] = slot;
+  return 0;
+}
+
+/* LFU: appends the `excess` least-used rows of sh not marked (nor pushed
+ * at `now`) to s's plan, by a best-first walk of the heap from its root
+ * (a min-heap's k smallest: each taken or skipped node opens its two
+ * children). 0 or -ENOMEM. */
+static int plan_lfu(const shard_t *sh, embps_table_scratch_t *s,
+                    uint64_t excess, uint64_t now) {
+  uint32_t *open = NULL; /* heap positions, a min-heap by their slots */
+  size_t n = 0, cap = 0;
+  int rc = 0;
+#define LESS_(a, b) lfu_less(sh, sh->heap[open[a]], sh->heap[open[b]])
+#define SWAP_(a, b)                                                            \
+  do {                                                                         \
+    uint32_t t_ = open[a];                                                     \
+    open[a] = open[b];                                                         \
+    open[b] = t_;                                                              \
+  } while (0)
+#define PUSH_(pos)                                                             \
+  do {                                                                         \
+    if (n == cap) {                                                            \
+      size_t c_ = cap ? 2 * cap : 64;                                          \
+      uint32_t *v_ = realloc(open, c_ * sizeof *v_);                           \
+      if (!v_) {                                                               \
+        rc = -ENOMEM;                                                          \
+        goto out;                                                              \
+      }                                                                        \
+      open = v_;                                                               \
+      cap = c_;                                                                \
+    }                                                                          \
+    size_t i_ = n++;                                                           \
+    open[i_] = (pos);                                                          \
+    while (i_ && LESS_(i_, (i_ - 1) / 2)) {                                    \
+      SWAP_(i_, (i_ - 1) / 2);                                                 \
+      i_ = (i_ - 1) / 2;                                                       \
+    }                                                                          \
+  } while (0)
+  if (sh->heap_n)
+    PUSH_(0);
+  while (excess && n) {
+    uint32_t pos = open[0];
+    open[0] = open[--n];
+    for (size_t i = 0;;) { /* sift down */
+      size_t c = 2 * i + 1;
+      if (c >= n)
+        break;
+      if (c + 1 < n && LESS_(c + 1, c))
+        c++;
+      if (!LESS_(c, i))
+        break;
+      SWAP_(c, i);
+      i = c;
+    }
+    if (2 * pos + 1 < sh->heap_n)
+      PUSH_(2 * pos + 1);
+    if (2 * pos + 2 < sh->heap_n)
+      PUSH_(2 * pos + 2);
+    const uint32_t slot = sh->heap[pos];
+    if (marked(s, slot) || sh->meta[slot].last_step == now)
+      continue;
+    if ((rc = plan_add(s, slot)))
+      goto out;
+    excess--;
+  }
+out:
+#undef LESS_
+#undef SWAP_
+#undef PUSH_
+  free(open);
+  return rc;
+}
+
+int embps_policy_plan_shard(const embps_table_t *t, embps_table_scratch_t *s,
+                            uint32_t k, uint64_t now) {
+  const shard_t *sh = &t->shards[k];
+  const uint32_t a = s->start[k], b = s->start[k + 1];
+  s->plan_start[k] = (uint32_t)s->plan_n;
+  s->plan_ttl[k] = 0;
+  if (!t->has_meta || a == b || (!t->spec.ttl_steps && !t->cap_shard))
+    return 0;
+  uint32_t cursor = sh->lru_head, budget = SWEEP_MIN + 2 * (b - a);
+  int rc = mark_reset(s, (size_t)(b - a) + budget); /* the push, the swept */
+  if (rc)
+    return rc;
+  uint64_t live = embps_hstore_n_live(&sh->hs);
+  for (uint32_t p = a; p < b; p++) {
+    if (s->what[p] == W_LIVE || s->what[p] == W_RESET || s->what[p] == W_DROP)
+      mark_add(s, s->slot[p]);
+    live += s->what[p] == W_NEW;
+    live -= s->what[p] == W_DROP;
+  }
+  while (t->spec.ttl_steps && cursor && budget) {
+    const uint32_t slot = cursor - 1;
+    cursor = sh->meta[slot].next;
+    if (marked(s, slot))
+      continue;
+    if (!expired_at(t, sh->meta[slot].last_step, now)) {
+      cursor = slot + 1; /* the first that stays: the head after */
+      break;
+    }
+    if ((rc = plan_add(s, slot)))
+      return rc;
+    mark_add(s, slot);
+    s->plan_ttl[k]++;
+    live--;
+    budget--;
+  }
+  if (!t->cap_shard || live <= t->cap_shard)
+    return 0;
+  uint64_t excess = live - t->cap_shard;
+  if (uses_heap(t))
+    return plan_lfu(sh, s, excess, now);
+  while (excess && cursor) {
+    const uint32_t slot = cursor - 1;
+    cursor = sh->meta[slot].next;
+    if (marked(s, slot))
+      continue;
+    if (sh->meta[slot].last_step == now)
+      break;
+    if ((rc = plan_add(s, slot)))
+      return rc;
+    excess--;
+  }
+  return 0;
+}
+
+void embps_policy_evict_planned_locked(embps_table_t *t, shard_t *sh,
+                                       const embps_table_scratch_t *s,
+                                       uint32_t k, dyn_count_t *c) {
+  const uint32_t a = s->plan_start[k], b = s->plan_start[k + 1];
+  if (a == b)
+    return;
   const uint64_t t0 = embps_now_ns();
-  const uint64_t evicted = c->evicted[WHY_TTL] + c->evicted[WHY_CAP];
-  evict_after_push_locked(t, sh, now, SWEEP_MIN + 2 * pushed, c);
-  if (c->evicted[WHY_TTL] + c->evicted[WHY_CAP] != evicted)
-    embps_policy_note_stall(t, embps_now_ns() - t0);
+  for (uint32_t i = a; i < b; i++) {
+    embps_policy_evict_slot_locked(t, sh, s->plan_slot[i]);
+    c->evicted[i - a < s->plan_ttl[k] ? WHY_TTL : WHY_CAP]++;
+  }
+  embps_policy_note_stall(t, embps_now_ns() - t0);
 }
 
 void embps_policy_note_stall(embps_table_t *t, uint64_t ns) {
@@ -406,6 +559,7 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
     return;
   const uint64_t now = atomic_load(&t->step);
   const double below2 = l2_below * l2_below;
+  change_begin(t);
   for (uint32_t k = 0; k < t->n_shards; k++) {
     shard_t *sh = &t->shards[k];
     if (shard_lsn && lsn <= shard_lsn[k])
@@ -438,6 +592,7 @@ void embps_table_evict(embps_table_t *t, double l2_below, uint64_t lsn,
       *evicted += c.evicted[WHY_TTL] + c.evicted[WHY_L2];
     }
   }
+  change_end(t, lsn);
 }
 
 int embps_table_row_live(embps_table_t *t, int64_t id) {

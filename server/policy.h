@@ -17,7 +17,9 @@
  *    (a bounded number per push), or all at once by embps_table_evict.
  *  - capacity: each shard holds at most cap_shard = ceil(max_rows /
  *    servers / shards) rows; a push that passes it evicts after applying,
- *    never a row of the push itself.
+ *    never a row of the push itself. What a push evicts (capacity, and
+ *    the expired rows it reclaims) is decided at its prepare and recorded
+ *    in its log record, so a replay or a follower evicts exactly those.
  * Evicted slots go on the shard's free list; the next new rows reuse them,
  * so memory stays at the capacity plus one push. Every decision depends
  * only on the table's state and the order of pushes, so replaying the log
@@ -82,14 +84,22 @@ uint32_t embps_policy_find_shard(const embps_table_t *t,
  * sketch ages. Write lock held. */
 void embps_policy_count_pending_locked(shard_t *sh, int64_t id,
                                        dyn_count_t *c);
-/* After a push at step `now` of `pushed` positions to shard sh: reclaims
- * a bounded number of expired rows (8 + 2 x pushed) from the list head,
- * then evicts down to the capacity (never a row pushed at `now`),
- * counting them in c; the time taken, if it evicted, is an eviction stall.
- * Write lock held; tables with eviction (has_meta). */
-void embps_policy_after_push_locked(embps_table_t *t, shard_t *sh,
-                                    uint64_t now, uint32_t pushed,
-                                    dyn_count_t *c);
+/* After embps_policy_find_shard of a push grouped in s (fates, slots),
+ * plans the evictions that follow it in shard k once applied at table
+ * step `now` (the push's): a bounded number of expired rows (8 + 2 x its
+ * positions there) from the head of the recency list, then the rows past
+ * the shard's capacity (never a row of the push), as s->plan_slot from
+ * plan_start[k] (the first plan_ttl[k] TTL reclaims; policy.c says how
+ * each is chosen). Shards are planned in order, 0 first. The applying
+ * thread, no lock (the only writer). 0 or -ENOMEM. */
+int embps_policy_plan_shard(const embps_table_t *t, embps_table_scratch_t *s,
+                            uint32_t k, uint64_t now);
+/* Evicts shard k's planned rows (after the push's rows were applied),
+ * counting them in c; the time taken is an eviction stall. Write lock
+ * held. */
+void embps_policy_evict_planned_locked(embps_table_t *t, shard_t *sh,
+                                       const embps_table_scratch_t *s,
+                                       uint32_t k, dyn_count_t *c);
 /* Adds the counters c of a push's (or an eviction's, or a restore's) part
  * in shard sh to the shard's, under its write lock, and to the table's.
  * The shard's pending count stays >= 0; c->pending becomes the change

@@ -1,4 +1,6 @@
-/* push.c - see push.h. One step: prepare the table (rows made, memory
+/* push.c - see push.h. A push first passes the replication gate (feed.h:
+ * --sync-followers: not applied while too few followers are in sync),
+ * then one step: prepare the table (rows made, memory
  * reserved; may refuse with nothing changed), refuse it if a value it
  * would write is not finite (a dry run of the update: PyTorch and
  * TensorFlow do not check, and a row that overflowed stays inf or NaN for
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "durable.h"
+#include "feed.h"
 #include "server.h"
 
 /* "applied" (built in place: this is every push's reply). */
@@ -36,10 +39,9 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
                      embps_table_t *table, const int64_t *idx,
                      const float *vals, size_t n) {
   embps_server_t *srv = ctx->srv;
-  embps_durable_t *dur = srv->dur;
   char msg[2048] = "";
   uint64_t lsn = 0;
-  const char *failed = dur ? embps_durable_failed(dur) : NULL;
+  const char *failed = embps_durable_failed(srv->dur);
   int rc = failed ? EMBPS_EIO : 0;
   if (failed)
     snprintf(msg, sizeof msg, "%s", failed);
@@ -65,11 +67,11 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
              "row %lld of table \"%s\" non-finite (a weight or its optimizer "
              "state past float32%s)", (long long)idx[bad], info.spec.name,
              info.spec.dtype == EMBPS_DTYPE_F32 ? "" : " or the table's dtype");
-  if (!rc && dur) {
-    rc = embps_durable_log_push(dur, ctx->lsn + 1, table, info.step + 1,
-                                reqs, idx, vals, n, msg, sizeof msg);
+  if (!rc) {
+    rc = embps_durable_log_push(ctx, table, info.step + 1, reqs, idx, vals,
+                                n, msg, sizeof msg);
     if (!rc)
-      lsn = embps_apply_logged(ctx, ctx->lsn + 1);
+      lsn = ctx->lsn;
   }
   if (!rc)
     embps_table_commit(table, &ctx->scratch, idx, vals, n, lsn);
@@ -102,25 +104,27 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
 void embps_push_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
   const embps_push_t *p = &req->msg.u.push;
+  if (!embps_feed_gate(srv->feed, ctx, req))
+    return; /* parked, or refused: too few followers in sync */
   if (embps_seen_applied(&ctx->seen, p->client_id, p->seq)) {
     push_reply(srv, req, 1); /* acknowledged once what it saw is durable */
-    embps_durable_ack(srv->dur, req, ctx->lsn);
+    embps_durable_ack(ctx, req, ctx->lsn);
     return;
   }
-  if (srv->dur) { /* dropped since dispatch: its pushes are not logged */
+  { /* dropped since dispatch: its pushes are not recorded */
     embps_table_t *now = embps_registry_get(&srv->registry, p->table);
     embps_table_unref(now);
     if (now != req->table) {
       embps_request_fail(srv, req, EMBPS_ENOTABLE, "table \"%s\" was "
                          "dropped", p->table);
-      embps_durable_ack(srv->dur, req, 0);
+      embps_durable_ack(ctx, req, 0);
       return;
     }
   }
   if (!embps_table_spec(req->table)->sync_workers) {
     uint64_t lsn =
         step(ctx, req, req->table, req->idx, req->vals, req->n_unique);
-    embps_durable_ack(srv->dur, req, lsn);
+    embps_durable_ack(ctx, req, lsn);
     return;
   }
   embps_request_t *ready = NULL;
@@ -129,11 +133,11 @@ void embps_push_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   size_t n = 0;
   int rc = embps_sync_offer(&ctx->sync, srv, req, &ready, &idx, &vals, &n);
   if (rc < 0) {
-    embps_durable_ack(srv->dur, req, 0);
+    embps_durable_ack(ctx, req, 0);
   } else if (rc == 1) {
     uint64_t lsn = step(ctx, ready, req->table, idx, vals, n);
-    embps_durable_ack(srv->dur, ready, lsn);
+    embps_durable_ack(ctx, ready, lsn);
   } else if (rc == 2) {
-    embps_durable_ack(srv->dur, ready, 0);
+    embps_durable_ack(ctx, ready, 0);
   } /* rc == 0: held until the step's other pushes arrive */
 }

@@ -2,7 +2,9 @@
 #define _GNU_SOURCE
 #include "redo.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +14,11 @@
 #include "route.h"
 #include "server.h"
 
-void embps_redo_init(embps_redo_t *r, embps_server_t *srv, embps_seen_t *seen) {
+void embps_redo_init(embps_redo_t *r, embps_server_t *srv,
+                     embps_registry_t *registry, embps_seen_t *seen) {
   memset(r, 0, sizeof *r);
   r->srv = srv;
+  r->registry = registry;
   r->seen = seen;
   embps_table_scratch_init(&r->scratch);
 }
@@ -47,6 +51,19 @@ int embps_redo_add_table(embps_redo_t *r, embps_table_t *t, uint64_t inc,
   }
   r->v[r->n++] = (embps_redo_table_t){t, inc, file_shards, shard_lsn};
   return 0;
+}
+
+/* 0 when this server may hold every id of ids[n], else -1 with err. */
+static int check_ids(embps_redo_t *r, const embps_redo_table_t *k,
+                     const int64_t *ids, size_t n, char *err,
+                     size_t err_len) {
+  size_t bad;
+  if (!embps_table_check_ids(k->table, ids, n, r->srv->cfg.cluster_size,
+                             r->srv->cfg.cluster_index, &bad))
+    return 0;
+  snprintf(err, err_len, "record holds id %lld this server cannot hold",
+           (long long)ids[bad]);
+  return -1;
 }
 
 /* Copies the rows of a PUSH or ROWS record that are not in their old
@@ -85,15 +102,42 @@ static int keep_rows(embps_redo_t *r, const embps_redo_table_t *k, uint64_t lsn,
       memcpy(b_out + kept * b_floats, b + i * b_floats * 4, b_floats * 4);
     kept++;
   }
-  size_t bad;
-  if (embps_table_check_ids(k->table, r->ids, kept, r->srv->cfg.cluster_size,
-                            r->srv->cfg.cluster_index, &bad)) {
-    snprintf(err, err_len, "record holds id %lld this server cannot hold",
-             (long long)r->ids[bad]);
+  if (check_ids(r, k, r->ids, kept, err, err_len))
     return -1;
-  }
   *m = kept;
   return 0;
+}
+
+/* The evictions a PUSH record carries (n_ttl then n_cap ids at ev), but
+ * those of shards whose snapshot already holds the record, made the plan
+ * of the push just prepared in r->scratch. 0, EMBPS_EINVAL with err (an
+ * id without a row here: this is not the state the record followed) or
+ * -ENOMEM. */
+static int given_evictions(embps_redo_t *r, const embps_redo_table_t *k,
+                           uint64_t lsn, const uint8_t *ev, uint64_t n_ttl,
+                           uint64_t n_cap, char *err, size_t err_len) {
+  const uint64_t n = n_ttl + n_cap;
+  int64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (!ids)
+    return -ENOMEM;
+  size_t kept = 0, kept_ttl = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    int64_t id;
+    memcpy(&id, ev + i * 8, 8);
+    if (k->file_shards &&
+        lsn <= k->shard_lsn[embps_route_shard(id, k->file_shards)])
+      continue; /* already in that shard's snapshot */
+    ids[kept++] = id;
+    kept_ttl += i < n_ttl;
+  }
+  int64_t bad = 0;
+  int rc = embps_table_plan_given(k->table, &r->scratch, ids, kept_ttl,
+                                  ids + kept_ttl, kept - kept_ttl, &bad);
+  if (rc == EMBPS_EINVAL)
+    snprintf(err, err_len, "push record evicts row %lld, which is not here",
+             (long long)bad);
+  free(ids);
+  return rc;
 }
 
 static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
@@ -105,13 +149,22 @@ static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
   }
   uint64_t inc = embps_get64(p), step = embps_get64(p + 8);
   uint64_t n_pairs = embps_get32(p + 16), rows = embps_get32(p + 20),
-           dim = embps_get32(p + 24);
-  if (rec->len !=
-      EMBPS_REDO_PUSH_HEAD + n_pairs * 16 + rows * 8 + rows * dim * 4) {
+           dim = embps_get32(p + 24), flags = embps_get32(p + 28);
+  const uint64_t body =
+      EMBPS_REDO_PUSH_HEAD + n_pairs * 16 + rows * 8 + rows * dim * 4;
+  uint64_t n_ttl = 0, n_cap = 0;
+  if ((flags & EMBPS_REDO_PUSH_EVICTIONS) && rec->len >= body + 8) {
+    n_ttl = embps_get32(p + body);
+    n_cap = embps_get32(p + body + 4);
+  }
+  if ((flags & ~(uint64_t)EMBPS_REDO_PUSH_EVICTIONS) ||
+      rec->len != body + ((flags & EMBPS_REDO_PUSH_EVICTIONS)
+                              ? 8 + (n_ttl + n_cap) * 8
+                              : 0)) {
     snprintf(err, err_len,
              "push record of %u bytes does not match its "
-             "%" PRIu64 " rows of dim %" PRIu64,
-             rec->len, rows, dim);
+             "%" PRIu64 " rows of dim %" PRIu64 " (flags %" PRIx64 ")",
+             rec->len, rows, dim, flags);
     return -1;
   }
   embps_redo_table_t *k = table_of(r, inc);
@@ -131,16 +184,31 @@ static int redo_push(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
   const uint8_t *pairs = p + EMBPS_REDO_PUSH_HEAD;
   const uint8_t *ids = pairs + n_pairs * 16;
   const uint8_t *vals = ids + rows * 8;
-  size_t m;
-  if (keep_rows(r, k, rec->lsn, ids, rows, vals, dim, NULL, 0, &m, err,
-                err_len))
-    return -1;
+  size_t m = rows;
+  const int64_t *use_ids = (const int64_t *)(const void *)ids;
+  const float *use_g = (const float *)(const void *)vals;
+  if (k->file_shards || (uintptr_t)ids % 8 || (uintptr_t)vals % 4) {
+    if (keep_rows(r, k, rec->lsn, ids, rows, vals, dim, NULL, 0, &m, err,
+                  err_len))
+      return -1;
+    use_ids = r->ids;
+    use_g = r->g;
+  } else if (check_ids(r, k, use_ids, rows, err, err_len)) {
+    return -1; /* a follower's records: every row applies, read in place */
+  }
   embps_table_set_step(t, step - 1);
-  if (embps_table_prepare(t, &r->scratch, r->ids, m, 0)) {
-    snprintf(err, err_len, "out of memory replaying a push");
+  r->scratch.given = (flags & EMBPS_REDO_PUSH_EVICTIONS) != 0;
+  int rc = embps_table_prepare(t, &r->scratch, use_ids, m, 0);
+  if (!rc && r->scratch.given)
+    rc = given_evictions(r, k, rec->lsn, p + body + 8, n_ttl, n_cap, err,
+                         err_len);
+  r->scratch.given = 0;
+  if (rc) {
+    if (rc != EMBPS_EINVAL)
+      snprintf(err, err_len, "out of memory replaying a push");
     return -1;
   }
-  embps_table_commit(t, &r->scratch, r->ids, r->g, m, rec->lsn);
+  embps_table_commit(t, &r->scratch, use_ids, use_g, m, rec->lsn);
   for (uint64_t i = 0; i < n_pairs; i++)
     if (embps_get64(pairs + i * 16) && embps_get64(pairs + i * 16 + 8))
       embps_seen_note(r->seen, embps_get64(pairs + i * 16),
@@ -255,7 +323,7 @@ int embps_redo_apply(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
       return -1;
     }
     embps_table_set_incarnation(t, inc);
-    if (embps_registry_add(&srv->registry, t)) {
+    if (embps_registry_add(r->registry, t)) {
       snprintf(err, err_len, "table \"%s\" created twice", m.u.spec.name);
       embps_table_unref(t);
       return -1;
@@ -277,7 +345,7 @@ int embps_redo_apply(embps_redo_t *r, const embps_wal_rec_t *rec, char *err,
                inc);
       return -1;
     }
-    embps_registry_drop(&srv->registry, embps_table_spec(k->table)->name);
+    embps_registry_drop(r->registry, embps_table_spec(k->table)->name);
     k->table = NULL;
     return 0;
   }

@@ -5,8 +5,13 @@
  *
  * Payloads (little-endian; the record types are wal.h's):
  *   PUSH   u64 incarnation, u64 step after the push, u32 pairs, u32 rows,
- *          u32 dim, u32 0, pairs x {u64 client, u64 seq}, rows x int64 id,
- *          rows x dim x float32 (the merged gradient, sync: averaged)
+ *          u32 dim, u32 flags, pairs x {u64 client, u64 seq}, rows x int64
+ *          id, rows x dim x float32 (the merged gradient, sync: averaged);
+ *          with flags & EVICTIONS (every push to a table with ttl_steps or
+ *          max_rows, since log format 2): u32 n_ttl, u32 n_cap, then
+ *          n_ttl + n_cap int64 ids, the rows the push's commit evicted
+ *          (TTL reclaims, then capacity), evicted again exactly so.
+ *          Without the flag (older logs) the replay decides them again.
  *   CREATE u64 incarnation, packed TableSpec
  *   ALTER  u64 incarnation, packed TableSpec (the spec after the alter)
  *   DROP   u64 incarnation
@@ -26,11 +31,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "registry.h"
 #include "seen.h"
 #include "table.h"
 #include "wal.h"
 
 #define EMBPS_REDO_PUSH_HEAD 32
+#define EMBPS_REDO_PUSH_EVICTIONS 1u
 #define EMBPS_REDO_ROWS_HEAD 32
 #define EMBPS_REDO_ROWS_SET_STEP 1u
 
@@ -44,7 +51,8 @@ typedef struct {
 } embps_redo_table_t;
 
 typedef struct {
-  struct embps_server *srv; /* its registry, shards and cluster */
+  struct embps_server *srv; /* its shards and cluster */
+  embps_registry_t *registry; /* the tables CREATE and DROP records change */
   embps_seen_t *seen;       /* gets the (client, seq) pairs of pushes */
   embps_redo_table_t *v;
   size_t n, cap;
@@ -54,10 +62,12 @@ typedef struct {
   size_t rows_cap, floats_cap; /* of ids and g: rows x floats a row */
 } embps_redo_t;
 
-/* Applies records to srv's tables (registry), recording the exactly-once
- * pairs of pushes in seen. The applying thread only. */
+/* Applies records to the tables of registry (srv's, or a follower's
+ * copy being made: follow.c) for a server of srv's shards and cluster
+ * slot, recording the exactly-once pairs of pushes in seen. The applying
+ * thread only. */
 void embps_redo_init(embps_redo_t *r, struct embps_server *srv,
-                     embps_seen_t *seen);
+                     embps_registry_t *registry, embps_seen_t *seen);
 void embps_redo_close(embps_redo_t *r);
 /* A table restored from a checkpoint (in the registry already): records of
  * incarnation apply to it, a row only when their LSN is above

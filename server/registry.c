@@ -138,3 +138,18 @@ int embps_registry_refs(embps_registry_t *r, embps_table_t ***out,
   *out = v;
   return 0;
 }
+
+void embps_registry_swap(embps_registry_t *a, embps_registry_t *b) {
+  pthread_rwlock_wrlock(&a->lock);
+  pthread_rwlock_wrlock(&b->lock);
+  embps_table_t **v = a->tables;
+  size_t n = a->n, cap = a->cap;
+  a->tables = b->tables;
+  a->n = b->n;
+  a->cap = b->cap;
+  b->tables = v;
+  b->n = n;
+  b->cap = cap;
+  pthread_rwlock_unlock(&b->lock);
+  pthread_rwlock_unlock(&a->lock);
+}

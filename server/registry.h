@@ -30,6 +30,9 @@ embps_table_t *embps_registry_get(embps_registry_t *r, const char *name);
 /* Registers an existing table (restore), taking the caller's reference.
  * 0 or EMBPS_EEXIST / -ENOMEM (the reference stays the caller's). */
 int embps_registry_add(embps_registry_t *r, embps_table_t *t);
+/* Exchanges the tables of a and b (a follower installing a copy of its
+ * primary: a lookup sees all the old tables or all the new ones). */
+void embps_registry_swap(embps_registry_t *a, embps_registry_t *b);
 /* Every table, referenced (*out malloc'd). 0 or -ENOMEM. */
 int embps_registry_refs(embps_registry_t *r, embps_table_t ***out, size_t *n);
 /* Infos of all tables, sorted by name; *out malloc'd. 0 or -ENOMEM. */

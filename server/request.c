@@ -19,13 +19,30 @@ void embps_request_free(embps_request_t *req) {
   free(req);
 }
 
+static void fail_v(embps_server_t *srv, embps_request_t *req, int code,
+                   uint64_t lsn, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
+
 void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
                         const char *fmt, ...) {
-  char raw[EMBPS_MESSAGE_MAX], msg[EMBPS_MESSAGE_MAX];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(raw, sizeof raw, fmt, ap);
+  fail_v(srv, req, code, 0, fmt, ap);
   va_end(ap);
+}
+
+void embps_request_fail_at(embps_server_t *srv, embps_request_t *req,
+                           int code, uint64_t lsn, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fail_v(srv, req, code, lsn, fmt, ap);
+  va_end(ap);
+}
+
+static void fail_v(embps_server_t *srv, embps_request_t *req, int code,
+                   uint64_t lsn, const char *fmt, va_list ap) {
+  char raw[EMBPS_MESSAGE_MAX], msg[EMBPS_MESSAGE_MAX];
+  vsnprintf(raw, sizeof raw, fmt, ap);
   embps_escape(raw, msg, sizeof msg); /* it may echo a peer's bytes */
   free(req->reply);
   req->reply = NULL;
@@ -37,8 +54,14 @@ void embps_request_fail(embps_server_t *srv, embps_request_t *req, int code,
   }
   LOG_DEBUG("request %u kind %u refused: %s", req->hdr.req_id, req->hdr.kind,
             msg);
-  if (embps_frame_error(req->hdr.req_id, code, msg, &req->reply,
-                        &req->reply_len))
+  embps_msg_t m;
+  memset(&m, 0, sizeof m);
+  m.kind = EMBPS_KIND_ERROR;
+  m.u.error.code = code;
+  m.u.error.lsn = lsn;
+  snprintf(m.u.error.message, sizeof m.u.error.message, "%s", msg);
+  if (embps_frame_build(&m, req->hdr.req_id, 0, &req->reply, &req->reply_len,
+                        NULL))
     req->reply_len = 0; /* out of memory: the connection will be closed */
 }
 

@@ -49,6 +49,8 @@ typedef struct embps_request {
   void (*complete)(struct embps_request *req);
   void *owner;
   embps_wal_waiter_t wal; /* while it waits for the log (durable.c) */
+  uint64_t ack_lsn;       /* its reply waits until this LSN is durable */
+  uint64_t deadline_ns;   /* parked or held: when it gives up (monotonic) */
 } embps_request_t;
 
 /* Frees req and what it owns, and lets go of req->table; NULL-safe. */
@@ -58,6 +60,11 @@ void embps_request_free(embps_request_t *req);
 void embps_request_fail(struct embps_server *srv, embps_request_t *req,
                         int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same, the error naming an LSN (EMBPS_EDIVERGED: the last one the
+ * two logs share). */
+void embps_request_fail_at(struct embps_server *srv, embps_request_t *req,
+                           int code, uint64_t lsn, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 /* Sets req->reply to the reply frame of kind|REPLY for m (NULL: an empty
  * message) with bulk_len bulk bytes; returns where the bulk goes, or NULL
  * with req failed (out of memory). */

@@ -17,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apply.h"
 #include "durable.h"
+#include "feed.h"
 #include "optim.h"
 #include "server.h"
 
@@ -64,6 +66,7 @@ void embps_rows_scan(embps_server_t *srv, embps_request_t *req) {
   size_t n = 0;
   int done = 0, rc = -1;
   uint64_t cursor = q->cursor;
+  m.u.scan_reply.lsn = embps_apply_lsn(srv->apply); /* rows: at or after */
   if (ids && w && (!k || state))
     rc = embps_table_scan(t, &cursor, cap, ids, w, state, &n, &done);
   if (rc == EMBPS_EINVAL) {
@@ -226,7 +229,6 @@ refuse:
  * was logged at (0: none: refused, or no data dir). */
 static uint64_t rows_apply(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
-  embps_durable_t *dur = srv->dur;
   const embps_write_rows_t *q = &req->msg.u.write_rows;
   embps_table_t *t = req->table;
   const size_t n = req->n_unique;
@@ -234,7 +236,7 @@ static uint64_t rows_apply(embps_apply_ctx_t *ctx, embps_request_t *req) {
   const float *state = q->state_floats ? req->vals + n * dim : NULL;
   char msg[2048];
   uint64_t lsn = 0;
-  if (dur) { /* dropped since dispatch: not logged */
+  { /* dropped since dispatch: not recorded */
     embps_table_t *now = embps_registry_get(&srv->registry, q->table);
     embps_table_unref(now);
     if (now != t) {
@@ -243,19 +245,18 @@ static uint64_t rows_apply(embps_apply_ctx_t *ctx, embps_request_t *req) {
       return 0;
     }
   }
-  const char *failed = dur ? embps_durable_failed(dur) : NULL;
+  const char *failed = embps_durable_failed(srv->dur);
   int rc = failed ? EMBPS_EIO : 0;
   if (failed)
     snprintf(msg, sizeof msg, "%s", failed);
   if (!rc)
     rc = embps_table_prepare_rows(t, &ctx->scratch, req->idx, n,
                                   srv->cfg.max_memory);
-  if (!rc && dur) {
-    rc = embps_durable_log_rows(dur, ctx->lsn + 1, t, req->idx, req->vals,
-                                state, n, q->has_step, q->step, msg,
-                                sizeof msg);
+  if (!rc) {
+    rc = embps_durable_log_rows(ctx, t, req->idx, req->vals, state, n,
+                                q->has_step, q->step, msg, sizeof msg);
     if (!rc)
-      lsn = embps_apply_logged(ctx, ctx->lsn + 1);
+      lsn = ctx->lsn;
   }
   if (rc == EMBPS_EIO) {
     embps_request_fail(srv, req, rc, "%s", msg);
@@ -275,5 +276,7 @@ static uint64_t rows_apply(embps_apply_ctx_t *ctx, embps_request_t *req) {
 }
 
 void embps_rows_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
-  embps_durable_ack(ctx->srv->dur, req, rows_apply(ctx, req));
+  if (!embps_feed_gate(ctx->srv->feed, ctx, req))
+    return;
+  embps_durable_ack(ctx, req, rows_apply(ctx, req));
 }

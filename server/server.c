@@ -29,6 +29,7 @@
  * restore), the daemon's start-up guard does (signals.c). */
 #define _GNU_SOURCE /* accept4 */
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -45,6 +46,8 @@
 #include "conn.h"
 #include "durable.h"
 #include "evict.h"
+#include "feed.h"
+#include "follow.h"
 #include "notify.h"
 #include "server.h"
 #include "snapshot.h"
@@ -220,6 +223,7 @@ static void begin_stop(net_t *net) {
   /* the signal handles stay (unreferenced: they keep no loop alive), so a
    * second SIGTERM or a SIGHUP while stopping neither kills nor reloads */
   embps_apply_drain(net->srv.apply);
+  embps_feed_drain(net->srv.feed);
   embps_snapshots_drain(net->srv.snap);
   io_drain_all(net);
 }
@@ -405,6 +409,9 @@ static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stall_ms = embps_durable_stall_ms,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
+    .repl_stats = embps_follow_stats,
+    .repl_followers = embps_follow_followers,
+    .repl_ready = embps_follow_ready,
 };
 
 /* The durable layer's way back into the core (embps_durable_hooks_t). */
@@ -413,9 +420,49 @@ static void durable_submit(void *ctx, embps_request_t *req) {
   embps_apply_submit(srv->apply, req);
 }
 
-static void durable_restored(void *ctx, uint64_t lsn, embps_seen_t *seen) {
+static void durable_restored(void *ctx, uint64_t lsn, uint32_t epoch,
+                             embps_seen_t *seen) {
   embps_server_t *srv = ctx;
-  embps_apply_restore(srv->apply, lsn, seen);
+  embps_apply_restore(srv->apply, lsn, epoch, seen);
+}
+
+/* A snapshot session keeps the feed's records after its LSN (a
+ * follower's copy fetches them next: copy.h); the pin's number + 1 is its
+ * handle. With --data-dir the log keeps them (the session pins it). */
+static void *snapshot_pin(void *ctx, uint64_t lsn) {
+  embps_server_t *srv = ctx;
+  uint32_t pin;
+  if (srv->dur)
+    return NULL;
+  if (embps_feed_pin(srv->feed, lsn + 1, &pin)) {
+    LOG_WARN("snapshot session: the replication backlog cannot keep the "
+             "records after LSN %" PRIu64 ": a follower copying it may have "
+             "to copy again", lsn);
+    return NULL;
+  }
+  return (void *)(uintptr_t)(pin + 1);
+}
+
+static void snapshot_unpin(void *ctx, void *pin) {
+  embps_server_t *srv = ctx;
+  embps_feed_unpin(srv->feed, (uint32_t)((uintptr_t)pin - 1));
+}
+
+/* Without --data-dir: a primary begins epoch 1 at LSN 1; a follower
+ * starts empty, its history its primary's. 0 or -ENOMEM. */
+static int start_memory_only(embps_server_t *srv) {
+  embps_history_t h;
+  embps_history_init(&h);
+  embps_seen_t seen;
+  embps_seen_init(&seen);
+  int rc = srv->cfg.follow[0] ? 0 : embps_history_add(&h, 1, 1);
+  if (!rc)
+    rc = embps_feed_set_history(srv->feed, &h);
+  if (!rc)
+    embps_apply_restore(srv->apply, 0, srv->cfg.follow[0] ? 0 : 1, &seen);
+  embps_history_close(&h);
+  embps_seen_close(&seen);
+  return rc;
 }
 
 /* create's steps in order; on failure the caller undoes those done. */
@@ -427,8 +474,20 @@ static int net_start(net_t *net) {
     LOG_ERROR("cannot start the apply thread");
     return rc;
   }
+  rc = embps_feed_create(srv, &srv->feed);
+  if (rc) {
+    LOG_ERROR("cannot start the replication feed");
+    return rc;
+  }
+  atomic_store(&srv->role, cfg->follow[0] ? EMBPS_ROLE_FOLLOWER
+                                          : EMBPS_ROLE_PRIMARY);
+  if (cfg->follow[0] && embps_follow_create(srv))
+    return EMBPS_EINVAL;
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
+  const embps_snapshot_feed_t snap_feed = {
+      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv};
+  embps_snapshot_set_feed(srv->snap, &snap_feed);
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
     return EMBPS_EINVAL;
@@ -439,12 +498,15 @@ static int net_start(net_t *net) {
         .submit = durable_submit,
         .restored = durable_restored,
         .at_marker = embps_evict_at_checkpoint,
+        .join = cfg->follow[0] ? embps_follow_join : NULL,
         .ctx = srv,
     };
     if (embps_durable_open(srv, &hooks, err, sizeof err)) {
       LOG_ERROR("%s", err);
       return EMBPS_EIO;
     }
+  } else if (start_memory_only(srv)) {
+    return EMBPS_ENOMEM;
   }
   rc = listen_on(cfg, &net->port);
   if (rc < 0)
@@ -468,6 +530,8 @@ static int net_start(net_t *net) {
   if (embps_cluster_start(srv)) /* /readyz: the tables the others hold */
     return EMBPS_EINVAL;
   net->cluster_started = cfg->cluster_servers != NULL;
+  if (srv->follow && embps_follow_run(srv, net->port))
+    return EMBPS_EINVAL;
   if (cfg->port_file[0] &&
       (rc = write_port_file(cfg->port_file, net->port))) {
     LOG_ERROR("cannot write --port-file %s: %s", cfg->port_file,
@@ -495,8 +559,11 @@ static int net_stop_threads(net_t *net) {
   net->threads_stopped = 1;
   if (net->cluster_started)
     embps_cluster_stop();
-  if (!net->stopping)
+  embps_follow_destroy(srv); /* hands the apply thread nothing more */
+  if (!net->stopping) {
+    embps_feed_drain(srv->feed);
     io_drain_all(net);
+  }
   for (uint32_t i = 0; i < net->n_io; i++)
     embps_io_join(net->io[i]);
   embps_snapshots_destroy(srv->snap); /* no READ can come any more */
@@ -509,6 +576,8 @@ static int net_stop_threads(net_t *net) {
   }
   if (net->metrics_started)
     embps_metrics_stop(); /* before what it reads goes */
+  embps_feed_destroy(srv->feed);
+  srv->feed = NULL;
   embps_durable_close(srv);
   return status;
 }

@@ -18,6 +18,9 @@
  *                 OpenMP (apply.h); each reply goes back to the owning loop
  *                 (queue + uv_async_send).
  *   log thread, checkpoint thread   with --data-dir (durable.h).
+ *   feed thread   held FETCHes and acknowledgement deadlines (feed.h).
+ *   follower thread   --follow: fetches its primary's records and hands
+ *                 them to the apply thread (follow.h).
  * A request crosses threads only through those queues.
  *
  * Files, top down: each calls only files after it (no two call each
@@ -29,8 +32,11 @@
  *   dispatch.c     each request kind on its I/O thread
  *   apply.c        the apply thread: runs req->run, in order
  *   push.c rows.c ddl.c evict.c   what runs there (rows.c: scans too)
+ *   follow.c       --follow: the follower thread, promotion
+ *   copy.c         a follower's copy of its primary (a snapshot session)
  *   snapshot.c     snapshot sessions: the tables as a checkpoint stream
  *   durable.c      --data-dir: log records, acks, checkpoints, restore
+ *   feed.c         records shipped to followers, their acknowledgements
  *   space.c        the data dir's disk: log-size trigger, checkpoint room
  *   redo.c         one log record applied to the tables
  *   ckpt.c dio.c wal.c   checkpoint directories; the log's segments
@@ -96,6 +102,12 @@ typedef struct {
   int log_json; /* --log-format json */
   const char *cluster_servers; /* --cluster-servers (in argv), or NULL */
   int complete_tables;         /* --complete-tables */
+  /* replication (issue 21) */
+  char follow[EMBPS_ADDR_MAX];  /* --follow HOST:PORT; empty: a primary */
+  uint32_t sync_followers;      /* --sync-followers */
+  uint32_t sync_timeout_ms;     /* --sync-timeout-ms */
+  uint64_t repl_backlog_bytes;  /* --repl-backlog-bytes */
+  uint32_t max_lag_ms;          /* --max-lag-ms: a follower's readiness */
   int handle_signals; /* not a flag: SIGTERM/SIGINT stop it (the daemon) */
 } embps_server_config_t;
 
@@ -138,6 +150,10 @@ struct embps_server {
   embps_auth_t auth; /* the tokens hellos are checked against (reload) */
   struct embps_apply *apply;
   struct embps_durable *dur; /* NULL without --data-dir */
+  /* replication (issue 21) */
+  struct embps_feed *feed;     /* records for followers (feed.h) */
+  struct embps_follow *follow; /* --follow: the follower thread (follow.h) */
+  atomic_int role;             /* EMBPS_ROLE_*: a follower until promoted */
   struct embps_snapshots *snap; /* snapshot sessions (snapshot.h) */
 };
 

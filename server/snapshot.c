@@ -514,22 +514,6 @@ void embps_snapshots_destroy(embps_snapshots_t *m) {
 
 /* ------------------------------------------------------------ requests */
 
-/* A server without --data-dir logs nothing: its mutations have no LSN and
- * its tables incarnation 0, which cannot name their files. The stream
- * numbers them 1..n and calls its state LSN n (at least), so a data dir
- * restored from it goes on from LSN n + 1 without reusing a number. */
-static void number_tables(embps_ckpt_t *c) {
-  int unnamed = 0;
-  for (size_t i = 0; i < c->n_tables; i++)
-    unnamed |= !c->tables[i].incarnation;
-  if (!unnamed)
-    return;
-  for (size_t i = 0; i < c->n_tables; i++)
-    c->tables[i].incarnation = i + 1;
-  if (c->lsn < c->n_tables)
-    c->lsn = c->n_tables;
-}
-
 /* BEGIN's run, on the apply thread: the marker, the pins, the thread. */
 static void begin_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
@@ -551,8 +535,6 @@ static void begin_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
     snprintf(err, sizeof err, "server shutting down");
   }
   s->runs = ctx->runs;
-  if (!rc && !srv->dur)
-    number_tables(&s->c);
   if (!rc && srv->dur) {
     s->log_pin = embps_durable_pin(srv->dur, ctx->lsn, s->with_log, err,
                                    sizeof err);

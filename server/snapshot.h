@@ -40,9 +40,9 @@
  * session (a backup) fails with EMBPS_ENODATADIR if anything ran on the
  * apply thread while its shards were copied, unless the record feed can
  * write the records after S (its records hook); a follower's session
- * (without with_log) completes the copy itself from the feed. Such a
- * server's tables have no incarnation (their CREATE has no LSN): the
- * stream numbers them 1..n and calls its state LSN n (at least). */
+ * (without with_log) completes the copy itself from the feed (copy.h).
+ * Every mutation has an LSN, with or without --data-dir, so every table
+ * has its incarnation (its CREATE's LSN) to name its file. */
 #ifndef EMBPS_SNAPSHOT_H
 #define EMBPS_SNAPSHOT_H
 #include <stdint.h>

@@ -19,9 +19,11 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "init.h"
 #include "policy.h"
@@ -58,6 +60,11 @@ void embps_table_scratch_close(embps_table_scratch_t *s) {
   free(s->wide);
   free(s->what);
   free(s->slot);
+  free(s->plan_slot);
+  free(s->plan_start);
+  free(s->plan_ttl);
+  free(s->mark);
+  free(s->plan_ids);
   free(s->check);
   embps_table_scratch_init(s);
 }
@@ -93,6 +100,9 @@ static int scratch_reserve(embps_table_scratch_t *s, size_t n, uint32_t S) {
     }
     free(s->start);
     free(s->fresh);
+    free(s->plan_start); /* sized with shard_cap, on demand (apply only) */
+    free(s->plan_ttl);
+    s->plan_start = s->plan_ttl = NULL;
     s->start = st;
     s->fresh = fr;
     s->shard_cap = S + 1;
@@ -147,6 +157,16 @@ static int scratch_reserve_apply(const embps_table_t *t,
       free(s->slot);
       s->what = NULL;
       s->slot = NULL;
+      return -ENOMEM;
+    }
+  }
+  if (t->has_meta && !s->plan_start) {
+    s->plan_start = calloc(s->shard_cap, sizeof *s->plan_start);
+    s->plan_ttl = calloc(s->shard_cap, sizeof *s->plan_ttl);
+    if (!s->plan_start || !s->plan_ttl) {
+      free(s->plan_start);
+      free(s->plan_ttl);
+      s->plan_start = s->plan_ttl = NULL;
       return -ENOMEM;
     }
   }
@@ -543,11 +563,47 @@ PREFETCH_HELPER prefetch_known(const embps_table_t *t,
  * whole between two pushes. A push to a shard waits for the pulls holding
  * its lock (they read concurrently: about one pull's length), and pulls
  * that come meanwhile wait for the push. */
-void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
-                        float *out) {
-  const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
+/* Takes every shard's read lock, in shard order, at a moment no change of
+ * rows is under way (the writer's wseq even): a change that began waits
+ * for the locks, one under way is let finish (the locks dropped, taken
+ * again once it has). Returns the LSN of the last change. */
+static uint64_t lock_whole(embps_table_t *t) {
+  for (unsigned spins = 0;; spins++) {
+    for (uint32_t k = 0; k < t->n_shards; k++)
+      pthread_rwlock_rdlock(&t->shards[k].lock);
+    const uint64_t seq = atomic_load(&t->wseq);
+    if (!(seq & 1))
+      return atomic_load(&t->lsn_at);
+    for (uint32_t k = t->n_shards; k > 0; k--)
+      pthread_rwlock_unlock(&t->shards[k - 1].lock);
+    while (atomic_load(&t->wseq) == seq) {
+      if (spins < 64) {
+        sched_yield();
+      } else {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+      }
+    }
+  }
+}
+
+/* Takes every shard's read lock, in shard order; returns the LSN of the
+ * last change done (one may be under way). */
+static uint64_t lock_all(embps_table_t *t) {
   for (uint32_t k = 0; k < t->n_shards; k++)
     pthread_rwlock_rdlock(&t->shards[k].lock);
+  return atomic_load(&t->lsn_at);
+}
+
+uint64_t embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
+                            float *out) {
+  return embps_table_gather_at(t, ids, n, out, 0);
+}
+
+uint64_t embps_table_gather_at(embps_table_t *t, const int64_t *ids,
+                               size_t n, float *out, int whole) {
+  const uint32_t dim = t->dim, bytes = t->w_off + t->w_bytes;
+  const uint64_t lsn = whole ? lock_whole(t) : lock_all(t);
   const uint64_t now = atomic_load(&t->visible_step);
   for (size_t i = 0; i < n; i++) {
     if (i + PREFETCH_AHEAD < n)
@@ -569,6 +625,7 @@ void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
   for (uint32_t k = t->n_shards; k > 0; k--)
     pthread_rwlock_unlock(&t->shards[k - 1].lock);
   atomic_fetch_add(&t->pulls, 1);
+  return lsn;
 }
 
 /* ------------------------------------------------------------ apply */
@@ -735,7 +792,26 @@ static void apply_shard_policy(embps_table_t *t, const embps_table_scratch_t *s,
       apply_record(t, rec, g + (size_t)i * t->dim, wide);
   }
   if (t->has_meta)
-    embps_policy_after_push_locked(t, sh, now, b - s->start[k], c);
+    embps_policy_evict_planned_locked(t, sh, s, k, c);
+}
+
+/* The evictions of the push grouped in s (policy.h), shard by shard; or
+ * none yet when they will be given (s->given). 0 or -ENOMEM. */
+static int plan_evictions(const embps_table_t *t, embps_table_scratch_t *s) {
+  const uint64_t now = atomic_load(&t->step) + 1; /* the push's step */
+  s->plan_n = 0;
+  for (uint32_t k = 0; k < t->n_shards; k++) {
+    if (s->given) {
+      s->plan_start[k] = 0;
+      s->plan_ttl[k] = 0;
+      continue;
+    }
+    int rc = embps_policy_plan_shard(t, s, k, now);
+    if (rc)
+      return rc;
+  }
+  s->plan_start[t->n_shards] = (uint32_t)s->plan_n;
+  return 0;
 }
 
 /* ------------------------------------------------------------ finite */
@@ -830,7 +906,89 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
   if (!rc)
     rc = t->hashed ? reserve_hashed(t, s, ids, n, max_bytes)
                    : reserve_array(t, ids, n, max_bytes);
+  if (!rc && t->has_meta && !s->import) /* an import evicts nothing */
+    rc = plan_evictions(t, s);
   return rc;
+}
+
+int embps_table_planned(const embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t **ids, uint32_t *n_ttl,
+                        uint32_t *n_cap) {
+  *ids = NULL;
+  *n_ttl = *n_cap = 0;
+  if (!t->has_meta || !s->plan_n)
+    return 0;
+  if (s->plan_n > s->plan_ids_cap) {
+    int64_t *v = malloc(s->plan_n * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    free(s->plan_ids);
+    s->plan_ids = v;
+    s->plan_ids_cap = s->plan_n;
+  }
+  size_t at = 0;
+  for (int pass = 0; pass < 2; pass++) /* TTL reclaims, then capacity */
+    for (uint32_t k = 0; k < t->n_shards; k++) {
+      const shard_t *sh = &t->shards[k];
+      const uint32_t a = s->plan_start[k], b = s->plan_start[k + 1];
+      const uint32_t mid = a + s->plan_ttl[k];
+      for (uint32_t i = pass ? mid : a; i < (pass ? b : mid); i++)
+        s->plan_ids[at++] = sh->meta[s->plan_slot[i]].id;
+      if (!pass)
+        *n_ttl = (uint32_t)at;
+    }
+  *n_cap = (uint32_t)(at - *n_ttl);
+  *ids = s->plan_ids;
+  return 0;
+}
+
+int embps_table_plan_given(embps_table_t *t, embps_table_scratch_t *s,
+                           const int64_t *ttl, size_t n_ttl,
+                           const int64_t *cap, size_t n_cap, int64_t *bad) {
+  const uint32_t S = t->n_shards;
+  if (!t->has_meta || !s->plan_start)
+    return n_ttl + n_cap ? EMBPS_EINVAL : 0;
+  const size_t n = n_ttl + n_cap;
+  if (n > s->plan_cap) {
+    uint32_t *v = realloc(s->plan_slot, n * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    s->plan_slot = v;
+    s->plan_cap = n;
+  }
+  /* counted per shard, then placed: each shard's TTL ids first */
+  memset(s->plan_start, 0, (S + 1) * sizeof *s->plan_start);
+  memset(s->plan_ttl, 0, S * sizeof *s->plan_ttl);
+  for (size_t i = 0; i < n; i++) {
+    const int64_t id = i < n_ttl ? ttl[i] : cap[i - n_ttl];
+    const uint32_t k = embps_route_shard(id, S);
+    s->plan_start[k + 1]++;
+    s->plan_ttl[k] += i < n_ttl;
+  }
+  for (uint32_t k = 0; k < S; k++)
+    s->plan_start[k + 1] += s->plan_start[k];
+  uint32_t *fill = malloc(S * sizeof *fill);
+  if (!fill)
+    return -ENOMEM;
+  for (uint32_t k = 0; k < S; k++)
+    fill[k] = s->plan_start[k];
+  for (size_t i = 0; i < n; i++) {
+    const int64_t id = i < n_ttl ? ttl[i] : cap[i - n_ttl];
+    const uint32_t k = embps_route_shard(id, S);
+    const shard_t *sh = &t->shards[k];
+    const uint32_t slot = embps_hstore_find_slot(&sh->hs, id);
+    if (slot == EMBPS_HSTORE_NONE || !slot_live(t, sh, slot)) {
+      *bad = id;
+      s->plan_n = 0;
+      memset(s->plan_start, 0, (S + 1) * sizeof *s->plan_start);
+      free(fill);
+      return EMBPS_EINVAL;
+    }
+    s->plan_slot[fill[k]++] = slot;
+  }
+  free(fill);
+  s->plan_n = n;
+  return 0;
 }
 
 /* embps_table_commit for a table with a policy, the push being step
@@ -858,17 +1016,30 @@ static void commit_policy(embps_table_t *t, embps_table_scratch_t *s,
   atomic_fetch_add(&t->pushes, 1);
 }
 
+static void commit_plain(embps_table_t *t, embps_table_scratch_t *s,
+                         const int64_t *ids, const float *g, size_t n,
+                         uint64_t lsn, uint64_t t_step);
+
 void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, const float *g, size_t n,
                         uint64_t lsn) {
-  const uint32_t S = t->n_shards;
   uint64_t t_step = atomic_fetch_add(&t->step, 1) + 1;
   embps_optim_begin_step(&t->optim, t_step);
-  uint64_t created_total = 0;
-  if (t->policy) {
+  change_begin(t);
+  if (t->policy)
     commit_policy(t, s, ids, g, n, lsn, t_step);
-    return;
-  }
+  else
+    commit_plain(t, s, ids, g, n, lsn, t_step);
+  change_end(t, lsn);
+}
+
+/* embps_table_commit for a table without admission or eviction. */
+static void commit_plain(embps_table_t *t, embps_table_scratch_t *s,
+                         const int64_t *ids, const float *g, size_t n,
+                         uint64_t lsn, uint64_t t_step) {
+  const uint32_t S = t->n_shards;
+  uint64_t created_total = 0;
+  (void)t_step;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created_total) \
     if (n >= PARALLEL_MIN_ROWS && S > 1)
   for (uint32_t k = 0; k < S; k++) {
@@ -905,8 +1076,13 @@ uint64_t embps_table_incarnation(const embps_table_t *t) {
   return t->incarnation;
 }
 
+void embps_table_set_lsn(embps_table_t *t, uint64_t lsn) {
+  atomic_store(&t->lsn_at, lsn);
+}
+
 void embps_table_set_incarnation(embps_table_t *t, uint64_t incarnation) {
   t->incarnation = incarnation;
+  atomic_store(&t->lsn_at, incarnation); /* it exists from there on */
 }
 
 uint32_t embps_table_n_shards(const embps_table_t *t) { return t->n_shards; }
@@ -920,6 +1096,7 @@ void embps_table_place_rows(embps_table_t *t, embps_table_scratch_t *s,
   uint64_t created = 0;
   const uint32_t S = t->n_shards;
   const size_t n = s->start[S];
+  change_begin(t);
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : created) \
     if (n * t->row_bytes >= PARALLEL_MIN_BYTES && S > 1)
   for (uint32_t k = 0; k < S; k++) {
@@ -960,6 +1137,7 @@ void embps_table_place_rows(embps_table_t *t, embps_table_scratch_t *s,
       sh->lsn = lsn;
     pthread_rwlock_unlock(&sh->lock);
   }
+  change_end(t, lsn);
   atomic_fetch_add(&t->rows_allocated, created);
   if (!t->hashed)
     embps_table_add_bytes(t, (int64_t)(created * t->row_bytes));

@@ -57,6 +57,16 @@ typedef struct {
   int raw;              /* restore: no admission, no expiry */
   int import;           /* write rows: no admission */
   size_t cap, shard_cap, wide_floats;
+  /* The evictions a push's commit makes (tables with ttl or max_rows):
+   * decided at prepare (policy.h), or given by a log record (replay, a
+   * follower: embps_table_plan_given), never decided again. Shard k's
+   * are plan_slot[plan_start[k] .. plan_start[k + 1]), its TTL reclaims
+   * (the first plan_ttl[k]) then its capacity evictions. */
+  uint32_t *plan_slot, *plan_start, *plan_ttl, *mark;
+  size_t plan_cap, plan_n, mark_cap;
+  int64_t *plan_ids; /* embps_table_planned's answer */
+  size_t plan_ids_cap;
+  int given; /* the next prepare plans nothing: plan_given follows */
 } embps_table_scratch_t;
 
 void embps_table_scratch_init(embps_table_scratch_t *s);
@@ -94,9 +104,19 @@ int embps_table_check_ids(const embps_table_t *t, const int64_t *ids,
                           uint32_t cluster_index, size_t *bad);
 
 /* Copies the weights of ids[i] into out[i*dim..] (checked ids). Padding
- * ids read as zeros, rows never pushed as their initial value. */
-void embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
-                        float *out);
+ * ids read as zeros, rows never pushed as their initial value. Returns
+ * the LSN of the table's last change of rows (0: none). Each row is read
+ * whole, but a change under way (a push's commit goes shard by shard)
+ * may be seen in part. */
+uint64_t embps_table_gather(embps_table_t *t, const int64_t *ids, size_t n,
+                            float *out);
+/* The same; with `whole`, the read never sees part of a change (commit,
+ * write_rows, evict: it lets one under way finish first, and blocks the
+ * next while it reads), so every row is the table's at one LSN: the one
+ * returned, or any later one up to the table's next change. A follower's
+ * reads (issue 21): they say the LSN they saw. */
+uint64_t embps_table_gather_at(embps_table_t *t, const int64_t *ids,
+                               size_t n, float *out, int whole);
 
 /* Applies one optimizer step to n distinct, checked rows with merged
  * gradients g (n x dim). Padding ids are skipped. All memory the step
@@ -118,6 +138,21 @@ int embps_table_prepare(embps_table_t *t, embps_table_scratch_t *s,
 void embps_table_commit(embps_table_t *t, embps_table_scratch_t *s,
                         const int64_t *ids, const float *g, size_t n,
                         uint64_t lsn);
+/* After embps_table_prepare (a table with eviction): the evictions its
+ * commit will make, as row ids in *ids (scratch memory, valid until the
+ * next prepare): *n_ttl TTL reclaims, then *n_cap capacity evictions.
+ * Other tables: 0 and 0. 0 or -ENOMEM. */
+int embps_table_planned(const embps_table_t *t, embps_table_scratch_t *s,
+                        const int64_t **ids, uint32_t *n_ttl,
+                        uint32_t *n_cap);
+/* Replay of a push whose record carries its evictions: after
+ * embps_table_prepare with s->given set, the commit evicts exactly these
+ * rows (ttl[n_ttl] as TTL reclaims, cap[n_cap] as capacity evictions:
+ * rows this table holds, not of the push) and decides nothing. 0,
+ * EMBPS_EINVAL (*bad: an id without a row here) or -ENOMEM. */
+int embps_table_plan_given(embps_table_t *t, embps_table_scratch_t *s,
+                           const int64_t *ttl, size_t n_ttl,
+                           const int64_t *cap, size_t n_cap, int64_t *bad);
 /* After prepare, before commit: whether commit would leave every value it
  * writes finite (weights rounded to the table's dtype, and the optimizer
  * state). Proved from bounds when the table's values and the gradients
@@ -135,6 +170,9 @@ void embps_table_set_step(embps_table_t *t, uint64_t step);
 /* A number naming this table's life across restarts (its CREATE's LSN). */
 uint64_t embps_table_incarnation(const embps_table_t *t);
 void embps_table_set_incarnation(embps_table_t *t, uint64_t incarnation);
+/* The table's rows are its state at lsn (a follower's copy of its primary
+ * going in, copy.h): the LSN the next gather returns, until a change. */
+void embps_table_set_lsn(embps_table_t *t, uint64_t lsn);
 uint32_t embps_table_n_shards(const embps_table_t *t);
 
 /* Checkpoints. A file record is the hashed record whatever the storage:

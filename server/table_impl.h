@@ -92,9 +92,25 @@ struct embps_table {
   atomic_uint_fast64_t visible_step; /* step pulls judge ttl by */
   atomic_uint_fast64_t admitted, pending, ev_ttl, ev_cap, ev_l2, stall_ns;
   atomic_int refs;
+  /* Whole-change reads (issue 21): wseq is odd while a change of rows
+   * (commit, write_rows, evict) is under way; lsn_at is the LSN of the
+   * last one done. A gather retries while wseq is odd (embps_table_gather
+   * says why). */
+  atomic_uint_fast64_t wseq, lsn_at;
   atomic_int unbounded; /* a stored value may lie outside the envelope
                            (table.c, "finite"): set for good */
 };
+
+/* A change of rows begins, and ends having made the table what it is at
+ * lsn (0: unknown, lsn_at kept). */
+static inline void change_begin(embps_table_t *t) {
+  atomic_fetch_add(&t->wseq, 1);
+}
+static inline void change_end(embps_table_t *t, uint64_t lsn) {
+  if (lsn)
+    atomic_store(&t->lsn_at, lsn);
+  atomic_fetch_add(&t->wseq, 1);
+}
 
 /* The fate of each position of a push to a table with a policy
  * (embps_policy_find_shard), in the scratch's `what`. */

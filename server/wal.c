@@ -1,8 +1,10 @@
 /* wal.c - see wal.h. Layout of a segment header: char magic[8]
  * "EMBPSLOG", u32 version, u32 reserved, u64 first_lsn, u32 reserved,
- * u32 crc of the first 28 bytes. All integers little-endian. Format 2
- * (format 1 is still read): a record appended after a sync began starts
- * a new page, the gap before it zeros.
+ * u32 crc of the first 28 bytes. All integers little-endian. Format 3
+ * (formats 1 and 2 are still read): a record appended after a sync began
+ * starts a new page, the gap before it zeros (from format 2 on), and its
+ * header's u32 at offset 24 is its epoch (format 3; 0 before, read as
+ * epoch 1).
  *
  * The log thread sleeps on a condition variable timed on CLOCK_MONOTONIC
  * (pthread_condattr_setclock), so a step of the wall clock neither delays
@@ -49,6 +51,7 @@
 #define REC_MAGIC 0x52534245u /* "EBSR" */
 #define VERSION EMBPS_WAL_FORMAT
 #define VERSION_PAGED 2 /* from this version on: a new page after a sync */
+#define VERSION_EPOCHS 3 /* from this version on: each record's epoch */
 #define UNSAFE_DELAY_MS 200   /* test-only late writes */
 
 typedef struct deferred {
@@ -111,14 +114,67 @@ static void seg_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint64_t first) {
 }
 
 static void rec_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint32_t type,
-                       uint64_t lsn, uint32_t len, uint32_t crc) {
+                       uint64_t lsn, uint32_t epoch, uint32_t len,
+                       uint32_t crc) {
   memset(h, 0, EMBPS_WAL_HEADER_BYTES);
   embps_put32(h, REC_MAGIC);
   embps_put32(h + 4, type);
   embps_put64(h + 8, lsn);
   embps_put32(h + 16, len);
   embps_put32(h + 20, crc);
+  embps_put32(h + 24, epoch);
   embps_put32(h + 28, embps_crc32c(0, h, 28));
+}
+
+int embps_wal_head(uint8_t head[EMBPS_WAL_HEADER_BYTES], uint32_t type,
+                   uint64_t lsn, uint32_t epoch, const struct iovec *parts,
+                   int n_parts, char *err, size_t err_len) {
+  uint64_t len = 0;
+  uint32_t crc = 0;
+  if (n_parts > EMBPS_WAL_PARTS_MAX) {
+    snprintf(err, err_len, "log record of %d parts", n_parts);
+    return -EINVAL;
+  }
+  for (int i = 0; i < n_parts; i++) {
+    len += parts[i].iov_len;
+    crc = embps_crc32c(crc, parts[i].iov_base, parts[i].iov_len);
+  }
+  if (len > UINT32_MAX) {
+    snprintf(err, err_len, "log record of %" PRIu64 " bytes is too large",
+             len);
+    return -EFBIG;
+  }
+  rec_header(head, type, lsn, epoch, (uint32_t)len, crc);
+  return 0;
+}
+
+size_t embps_wal_parse(const uint8_t *p, size_t avail, int trusted,
+                       embps_wal_rec_t *r, char *err, size_t err_len) {
+  if (avail < EMBPS_WAL_HEADER_BYTES) {
+    snprintf(err, err_len, "record header cut short (%zu bytes)", avail);
+    return 0;
+  }
+  if (embps_get32(p) != REC_MAGIC ||
+      embps_get32(p + 28) != embps_crc32c(0, p, 28)) {
+    snprintf(err, err_len, "record header checksum mismatch");
+    return 0;
+  }
+  r->type = embps_get32(p + 4);
+  r->lsn = embps_get64(p + 8);
+  r->len = embps_get32(p + 16);
+  r->epoch = embps_get32(p + 24);
+  r->payload = p + EMBPS_WAL_HEADER_BYTES;
+  if (avail - EMBPS_WAL_HEADER_BYTES < r->len) {
+    snprintf(err, err_len, "record LSN %" PRIu64 " of %u bytes cut short",
+             r->lsn, r->len);
+    return 0;
+  }
+  if (!trusted && embps_crc32c(0, r->payload, r->len) != embps_get32(p + 20)) {
+    snprintf(err, err_len, "record LSN %" PRIu64 ": checksum mismatch",
+             r->lsn);
+    return 0;
+  }
+  return EMBPS_WAL_HEADER_BYTES + (size_t)r->len;
 }
 
 typedef struct {
@@ -304,9 +360,13 @@ static int replay_segment(const char *path, uint64_t first, int last,
                embps_get32(h + 28) != embps_crc32c(0, h, 28)) {
       snprintf(what, sizeof what, "header checksum mismatch");
     } else {
+      /* formats 1 and 2 wrote no epoch: their records are epoch 1's */
       r = (embps_wal_rec_t){.type = embps_get32(h + 4),
                             .lsn = embps_get64(h + 8),
-                            .len = embps_get32(h + 16)};
+                            .len = embps_get32(h + 16),
+                            .epoch = version < VERSION_EPOCHS
+                                         ? 1
+                                         : embps_get32(h + 24)};
       if (r.lsn != lsn_next) {
         snprintf(what, sizeof what, "LSN %" PRIu64 " where %" PRIu64
                  " was expected", r.lsn, lsn_next);
@@ -342,7 +402,7 @@ static int replay_segment(const char *path, uint64_t first, int last,
         goto out;
       }
       char why[400];
-      if (visit(ctx, &r, why, sizeof why)) {
+      if (visit && visit(ctx, &r, why, sizeof why)) {
         snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": %s",
                  path, off - EMBPS_WAL_HEADER_BYTES - r.len, why);
         goto out;
@@ -683,29 +743,21 @@ const char *embps_wal_failed(embps_wal_t *w) {
   return f;
 }
 
-int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
+int embps_wal_append(embps_wal_t *w, const uint8_t head[EMBPS_WAL_HEADER_BYTES],
                      const struct iovec *parts, int n_parts, char *err,
                      size_t err_len) {
-  struct iovec iov[8];
+  struct iovec iov[EMBPS_WAL_PARTS_MAX + 1];
   uint8_t h[EMBPS_WAL_HEADER_BYTES];
-  uint64_t len = 0;
-  uint32_t crc = 0;
+  const uint64_t lsn = embps_get64(head + 8);
+  const uint64_t len = embps_get32(head + 16);
   assert(lsn == w->appended + 1); /* replay refuses a gap */
-  if (n_parts > 7) {
+  if (n_parts > EMBPS_WAL_PARTS_MAX) {
     snprintf(err, err_len, "log record of %d parts", n_parts);
     return -EINVAL;
   }
-  for (int i = 0; i < n_parts; i++) {
-    len += parts[i].iov_len;
-    crc = embps_crc32c(crc, parts[i].iov_base, parts[i].iov_len);
+  memcpy(h, head, sizeof h);
+  for (int i = 0; i < n_parts; i++)
     iov[i + 1] = parts[i];
-  }
-  if (len > UINT32_MAX) {
-    snprintf(err, err_len, "log record of %" PRIu64 " bytes is too large",
-             len);
-    return -EFBIG;
-  }
-  rec_header(h, type, lsn, (uint32_t)len, crc);
   iov[0].iov_base = h;
   iov[0].iov_len = sizeof h;
   if (w->unsafe_ack) { /* test only: written later by the log thread */
@@ -719,7 +771,8 @@ int embps_wal_append(embps_wal_t *w, uint32_t type, uint64_t lsn,
     d->len = sizeof h + len;
     size_t off = 0;
     for (int i = 0; i <= n_parts; i++) {
-      memcpy(d->bytes + off, iov[i].iov_base, iov[i].iov_len);
+      if (iov[i].iov_len) /* an empty part may have no base */
+        memcpy(d->bytes + off, iov[i].iov_base, iov[i].iov_len);
       off += iov[i].iov_len;
     }
     pthread_mutex_lock(&w->mu);
@@ -839,6 +892,168 @@ int embps_wal_rotate(embps_wal_t *w, uint64_t next_lsn, char *err,
   }
   pthread_mutex_unlock(&w->def_mu);
   return rc;
+}
+
+int embps_wal_restart_at(embps_wal_t *w, uint64_t next_lsn, char *err,
+                         size_t err_len) {
+  assert(next_lsn > w->appended);
+  if (embps_wal_sync(w, w->appended, err, err_len))
+    return -1;
+  pthread_mutex_lock(&w->wmu);
+  pthread_mutex_lock(&w->mu);
+  const int waiting = w->wait_head != NULL || w->def_head != NULL;
+  if (!waiting)
+    w->written = w->synced = next_lsn - 1;
+  pthread_mutex_unlock(&w->mu);
+  pthread_mutex_unlock(&w->wmu);
+  if (waiting) {
+    snprintf(err, err_len, "log %s: records still wait for their sync",
+             w->dir);
+    return -1;
+  }
+  w->appended = next_lsn - 1;
+  if (!embps_wal_rotate(w, next_lsn, err, err_len))
+    return 0;
+  pthread_mutex_lock(&w->mu); /* the counters moved: nothing is written */
+  if (!w->failed[0]) {
+    snprintf(w->failed, sizeof w->failed, "data dir: the log cannot start "
+             "again at LSN %" PRIu64 " (%s); records refused until restart",
+             next_lsn, err);
+    LOG_ERROR("%s", w->failed);
+    pthread_cond_broadcast(&w->synced_cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return -1;
+}
+
+static int note_last(void *ctx, const embps_wal_rec_t *r, char *err,
+                     size_t err_len) {
+  *(uint32_t *)ctx = r->epoch;
+  return 0;
+}
+
+int embps_wal_last(const char *log_dir, uint64_t *lsn, uint32_t *epoch,
+                   char *err, size_t err_len) {
+  seg_t *segs;
+  size_t n;
+  int rc = list_segments(log_dir, &segs, &n);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  uint64_t after = n ? segs[0].first - 1 : 0;
+  free(segs);
+  *epoch = 0;
+  return embps_wal_replay(log_dir, after, note_last, epoch, lsn, err,
+                          err_len);
+}
+
+uint64_t embps_wal_synced(embps_wal_t *w) {
+  pthread_mutex_lock(&w->mu);
+  uint64_t v = w->synced;
+  pthread_mutex_unlock(&w->mu);
+  return v;
+}
+
+uint64_t embps_wal_written(embps_wal_t *w) {
+  pthread_mutex_lock(&w->mu);
+  uint64_t v = w->written;
+  pthread_mutex_unlock(&w->mu);
+  return v;
+}
+
+/* The byte offset in the segment at path (first LSN first) of the record
+ * lsn + 1 (or where the zeros before it begin: the gap after a sync), or
+ * of the end when the segment ends at or before it; -1 with err when the
+ * segment does not read. The segment was checked by a replay. */
+static int64_t offset_after(const char *path, uint64_t first, uint64_t lsn,
+                            char *err, size_t err_len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    snprintf(err, err_len, "log %s: %s", path, strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  uint64_t size = (uint64_t)st.st_size, off = EMBPS_WAL_HEADER_BYTES;
+  uint8_t *m = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (m == MAP_FAILED) {
+    snprintf(err, err_len, "log %s: mmap: %s", path, strerror(errno));
+    return -1;
+  }
+  for (uint64_t at = first; at <= lsn && off < size;) {
+    const uint64_t page_end = (off / EMBPS_WAL_PAGE + 1) * EMBPS_WAL_PAGE;
+    if (all_zero(m + off, size - off))
+      break;
+    if (off % EMBPS_WAL_PAGE && page_end < size &&
+        all_zero(m + off, page_end - off)) {
+      off = page_end; /* the gap after a sync */
+      continue;
+    }
+    embps_wal_rec_t r;
+    char why[256];
+    size_t n = embps_wal_parse(m + off, size - off, 1, &r, why, sizeof why);
+    if (!n || r.lsn != at) {
+      snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": %s", path,
+               off, n ? "LSN out of sequence" : why);
+      munmap(m, size);
+      return -1;
+    }
+    off += n;
+    at++;
+  }
+  if (m)
+    munmap(m, size);
+  return (int64_t)(off < size ? off : size);
+}
+
+int embps_wal_cut_after(const char *log_dir, uint64_t lsn, uint64_t *cut,
+                        char *err, size_t err_len) {
+  seg_t *segs;
+  size_t n;
+  uint64_t last;
+  *cut = 0;
+  int rc = list_segments(log_dir, &segs, &n);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  /* what is there (a torn tail cut first): the records above lsn */
+  uint32_t epoch;
+  rc = embps_wal_last(log_dir, &last, &epoch, err, err_len);
+  if (!rc && last > lsn)
+    *cut = last - lsn;
+  for (size_t i = n; !rc && i-- > 0;) {
+    char path[1100];
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    if (segs[i].first > lsn + 1 || (segs[i].first == lsn + 1 && i > 0)) {
+      if (unlink(path)) {
+        snprintf(err, err_len, "log %s: cannot delete: %s", path,
+                 strerror(errno));
+        rc = -1;
+      }
+      continue;
+    }
+    int64_t off = offset_after(path, segs[i].first, lsn, err, err_len);
+    int fd = off < 0 ? -1 : open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, off) || fsync(fd)) {
+      if (off >= 0)
+        snprintf(err, err_len, "log %s: cannot cut at offset %" PRId64 ": %s",
+                 path, off, strerror(errno));
+      rc = -1;
+    }
+    if (fd >= 0)
+      close(fd);
+    break;
+  }
+  free(segs);
+  if (!rc && embps_fsync_dir(log_dir)) {
+    snprintf(err, err_len, "log %s: cannot sync the directory", log_dir);
+    rc = -1;
+  }
+  return rc ? -1 : 0;
 }
 
 void embps_wal_delete_upto(const char *log_dir, uint64_t lsn) {
@@ -961,6 +1176,166 @@ int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
     rc = -1;
   }
   free(segs);
+  return rc;
+}
+
+/* ------------------------------------------------------------ reading */
+
+/* A segment open for embps_wal_read: its fd and whether its records carry
+ * their epoch. */
+typedef struct {
+  int fd;
+  int old; /* format 1 or 2: the epoch word is 0 */
+} rseg_t;
+
+static int rseg_open(rseg_t *g, const char *path, uint64_t first, char *err,
+                     size_t err_len) {
+  g->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (g->fd < 0)
+    return errno == ENOENT ? 1 : (snprintf(err, err_len, "log %s: %s", path,
+                                           strerror(errno)),
+                                  -1);
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  const uint32_t v = pread(g->fd, h, sizeof h, 0) == (ssize_t)sizeof h
+                         ? embps_get32(h + 8)
+                         : 0;
+  if (memcmp(h, SEG_MAGIC, 8) || embps_get32(h + 28) != embps_crc32c(0, h, 28) ||
+      embps_get64(h + 16) != first || v < 1 || v > VERSION) {
+    snprintf(err, err_len, "log %s: segment header at offset 0: short or "
+             "does not check", path);
+    close(g->fd);
+    return -1;
+  }
+  g->old = v < VERSION_EPOCHS;
+  return 0;
+}
+
+/* Appends the record at off of g (header h read, LSN lsn) to *out: its
+ * payload read and checked, an old segment's epoch word made 1. 0, or -1
+ * with err. */
+static int read_record(const rseg_t *g, const char *path, uint64_t off,
+                       const uint8_t *h, uint8_t **out, size_t *len,
+                       size_t *cap, char *err, size_t err_len) {
+  const size_t rec = EMBPS_WAL_HEADER_BYTES + embps_get32(h + 16);
+  if (*len + rec > *cap) {
+    size_t ncap = *cap ? *cap : 1 << 16;
+    while (ncap < *len + rec)
+      ncap *= 2;
+    uint8_t *p = realloc(*out, ncap);
+    if (!p) {
+      snprintf(err, err_len, "out of memory reading the log");
+      return -1;
+    }
+    *out = p;
+    *cap = ncap;
+  }
+  uint8_t *r = *out + *len;
+  memcpy(r, h, EMBPS_WAL_HEADER_BYTES);
+  const size_t plen = rec - EMBPS_WAL_HEADER_BYTES;
+  if ((size_t)pread(g->fd, r + EMBPS_WAL_HEADER_BYTES, plen,
+                    (off_t)(off + EMBPS_WAL_HEADER_BYTES)) != plen ||
+      embps_crc32c(0, r + EMBPS_WAL_HEADER_BYTES, plen) != embps_get32(h + 20)) {
+    snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": short or "
+             "checksum mismatch", path, off);
+    return -1;
+  }
+  if (g->old) { /* formats 1 and 2: epoch 1's */
+    embps_put32(r + 24, 1);
+    embps_put32(r + 28, embps_crc32c(0, r, 28));
+  }
+  *len += rec;
+  return 0;
+}
+
+int embps_wal_read(const char *log_dir, uint64_t from, uint64_t upto,
+                   size_t max_bytes, embps_wal_cursor_t *hint, uint8_t **out,
+                   size_t *len, uint32_t *n, char *err, size_t err_len) {
+  *out = NULL;
+  *len = 0;
+  *n = 0;
+  seg_t *segs;
+  size_t nsegs, cap = 0;
+  int rc = list_segments(log_dir, &segs, &nsegs);
+  if (rc) {
+    snprintf(err, err_len, "log %s: %s", log_dir, strerror(-rc));
+    return -1;
+  }
+  size_t i = 0;
+  while (i + 1 < nsegs && segs[i + 1].first <= from)
+    i++;
+  uint64_t lsn = from; /* the next record wanted */
+  int full = 0;
+  rc = !nsegs || segs[i].first > from || from > upto;
+  for (const size_t i0 = i; !rc && !full && i < nsegs && lsn <= upto; i++) {
+    if (i > i0 && segs[i].first != lsn) { /* `from` never came, or a hole */
+      if (*n) {
+        snprintf(err, err_len, "log %s: LSN %" PRIu64 " is missing", log_dir,
+                 lsn);
+        rc = -1;
+      }
+      break;
+    }
+    char path[1100];
+    seg_path(path, sizeof path, log_dir, segs[i].first);
+    rseg_t g;
+    if ((rc = rseg_open(&g, path, segs[i].first, err, err_len)))
+      break;
+    uint64_t off = EMBPS_WAL_HEADER_BYTES, at = segs[i].first;
+    if (hint->seg_first == segs[i].first && hint->lsn <= lsn &&
+        hint->lsn > at) {
+      off = hint->off; /* where the previous read ended */
+      at = hint->lsn;
+    }
+    while (at <= upto) {
+      uint8_t h[EMBPS_WAL_HEADER_BYTES];
+      ssize_t k = pread(g.fd, h, sizeof h, (off_t)off);
+      if (k == 0)
+        break; /* the next segment goes on */
+      const uint64_t page_end = (off / EMBPS_WAL_PAGE + 1) * EMBPS_WAL_PAGE;
+      const size_t to_page = (size_t)(page_end - off);
+      if (k > 0 && off % EMBPS_WAL_PAGE &&
+          all_zero(h, (size_t)k < to_page ? (size_t)k : to_page)) {
+        if ((size_t)k < to_page && k < (ssize_t)sizeof h)
+          break; /* the file ends in the gap after a sync */
+        off = page_end;
+        continue;
+      }
+      if (k != (ssize_t)sizeof h || embps_get32(h) != REC_MAGIC ||
+          embps_get32(h + 28) != embps_crc32c(0, h, 28) ||
+          embps_get64(h + 8) != at) {
+        snprintf(err, err_len, "log %s: record at offset %" PRIu64 ": not "
+                 "the record of LSN %" PRIu64, path, off, at);
+        rc = -1;
+        break;
+      }
+      const uint64_t rec = EMBPS_WAL_HEADER_BYTES + embps_get32(h + 16);
+      if (at >= lsn) {
+        if (*n && *len + rec > max_bytes) {
+          full = 1;
+          break;
+        }
+        if (read_record(&g, path, off, h, out, len, &cap, err, err_len)) {
+          rc = -1;
+          break;
+        }
+        (*n)++;
+        lsn = at + 1;
+      }
+      off += rec;
+      at++;
+      *hint = (embps_wal_cursor_t){segs[i].first, at, off};
+    }
+    close(g.fd);
+  }
+  free(segs);
+  if (!rc && !*n)
+    rc = 1; /* no record from `from` on */
+  if (rc) {
+    free(*out);
+    *out = NULL;
+    *len = 0;
+    *n = 0;
+  }
   return rc;
 }
 

@@ -27,89 +27,6 @@
 
 typedef dur_shared_t shared_t;
 
-static void stop_workers(pid_t *pids, int n) {
-  for (int i = 0; i < n; i++)
-    if (pids[i] > 0)
-      kill(pids[i], SIGSTOP);
-  for (int i = 0; i < n; i++) {
-    if (pids[i] <= 0)
-      continue;
-    int st;
-    while (waitpid(pids[i], &st, WUNTRACED) < 0 && errno == EINTR) {
-    }
-    if (!WIFSTOPPED(st))
-      pids[i] = -pids[i]; /* it exited: reported by check_workers */
-  }
-}
-
-static void cont_workers(pid_t *pids, int n) {
-  for (int i = 0; i < n; i++)
-    if (pids[i] > 0)
-      kill(pids[i], SIGCONT);
-}
-
-/* Checks the witness rows against the counts; `exact` at the end. Returns
- * the number of lost acknowledged pushes found (doubled ones are failures
- * too, reported but not counted as lost). */
-static int check_witness(embps_client_t *c, const dur_workload_t *wl,
-                         shared_t *sh, const char *when, int exact,
-                         int report_loss) {
-  double wit[2 * MAX_WORKERS];
-  if (dur_pull_wit(c, wl, wit))
-    return 0;
-  int lost = 0;
-  for (int w = 0; w < wl->n_workers; w++) {
-    uint64_t acked = atomic_load(&sh->w[w].acked_wit);
-    int inflight = atomic_load(&sh->w[w].inflight_wit);
-    uint64_t hi = exact ? acked : acked + (uint64_t)inflight;
-    for (int k = 0; k < 2; k++) {
-      int row = k * wl->n_workers + w;
-      double v = wit[row];
-      if (v < (double)acked) {
-        lost++;
-        if (report_loss)
-          dur_fail("%s: worker %d: witness row %d = %.0f but %llu pushes "
-                   "acknowledged: acknowledged witness pushes #%.0f..#%llu "
-                   "LOST", when, w, row, v, (unsigned long long)acked, v,
-                   (unsigned long long)acked - 1);
-        else
-          dur_note("%s: worker %d: witness row %d = %.0f < %llu "
-                   "acknowledged: loss detected", when, w, row, v,
-                   (unsigned long long)acked);
-      } else if (v > (double)hi) {
-        dur_fail("%s: worker %d: witness row %d = %.0f but only %llu "
-                 "acknowledged + %llu in flight: %.0f push(es) DOUBLED or "
-                 "applied without being sent", when, w, row, v,
-                 (unsigned long long)acked, (unsigned long long)(hi - acked),
-                 v - (double)hi);
-      }
-    }
-    if (wit[w] != wit[wl->n_workers + w])
-      dur_fail("%s: worker %d: its two witness rows disagree (%.0f vs %.0f): "
-               "a push was applied to one shard only", when, w, wit[w],
-               wit[wl->n_workers + w]);
-  }
-  return lost;
-}
-
-static int check_workers_alive(pid_t *pids, int n, shared_t *sh) {
-  int dead = 0;
-  for (int i = 0; i < n; i++) {
-    if (pids[i] > 0) {
-      int st;
-      if (waitpid(pids[i], &st, WNOHANG) == pids[i])
-        pids[i] = -pids[i];
-    }
-    if (pids[i] < 0) {
-      dur_fail("%s", sh->w[i].error[0] ? sh->w[i].error
-                                         : "a worker exited early");
-      dead++;
-      pids[i] = 0;
-    }
-  }
-  return dead;
-}
-
 int dur_scenario_kill(int unsafe) {
   if (!dur_engine_present()) {
     printf("SKIP: embps-server has no --data-dir in this build\n");
@@ -188,18 +105,18 @@ int dur_scenario_kill(int unsafe) {
       dur_server_dump_log(&srv);
       break;
     }
-    stop_workers(pids, wl.n_workers);
+    dur_workers_stop(pids, wl.n_workers);
     char when[64];
     snprintf(when, sizeof when, "cycle %d (after restart)", cycle);
     embps_client_t *chk = dur_connect(srv.addr, 10000, DUR_RETRY_DEFAULT, when);
     if (chk) {
-      int lost = check_witness(chk, &wl, sh, when, 0, !unsafe);
+      int lost = dur_check_witness(chk, &wl, sh, when, 0, !unsafe);
       if (lost && unsafe)
         detected = 1;
     }
     embps_client_destroy(chk);
-    check_workers_alive(pids, wl.n_workers, sh);
-    cont_workers(pids, wl.n_workers);
+    dur_workers_alive(pids, wl.n_workers, sh);
+    dur_workers_cont(pids, wl.n_workers);
     if (detected) {
       cycle++;
       break;
@@ -247,7 +164,7 @@ int dur_scenario_kill(int unsafe) {
     counts[w] = atomic_load(&sh->w[w].acked_ada);
   float *before = NULL;
   if (chk) {
-    check_witness(chk, &wl, sh, "end (workers finished)", 1, 1);
+    dur_check_witness(chk, &wl, sh, "end (workers finished)", 1, 1);
     before = dur_pull_ada(chk, &wl);
     embps_client_destroy(chk);
     chk = NULL;
@@ -279,7 +196,7 @@ int dur_scenario_kill(int unsafe) {
     dur_server_dump_log(&srv);
   } else if ((chk = dur_connect(srv.addr, 10000, DUR_RETRY_DEFAULT,
                                  "after SIGTERM")) != NULL) {
-    check_witness(chk, &wl, sh, "after SIGTERM and restart", 1, 1);
+    dur_check_witness(chk, &wl, sh, "after SIGTERM and restart", 1, 1);
     float *after = dur_pull_ada(chk, &wl);
     if (after && before)
       dur_compare_ada(&wl, before, after, "after SIGTERM and restart");

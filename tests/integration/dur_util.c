@@ -824,3 +824,85 @@ uint64_t dur_file_hash(const char *path) {
   close(fd);
   return h;
 }
+
+/* ------------------------------------------------------------ checks */
+
+void dur_workers_stop(pid_t *pids, int n) {
+  for (int i = 0; i < n; i++)
+    if (pids[i] > 0)
+      kill(pids[i], SIGSTOP);
+  for (int i = 0; i < n; i++) {
+    if (pids[i] <= 0)
+      continue;
+    int st;
+    while (waitpid(pids[i], &st, WUNTRACED) < 0 && errno == EINTR) {
+    }
+    if (!WIFSTOPPED(st))
+      pids[i] = -pids[i]; /* it exited: dur_workers_alive reports it */
+  }
+}
+
+void dur_workers_cont(pid_t *pids, int n) {
+  for (int i = 0; i < n; i++)
+    if (pids[i] > 0)
+      kill(pids[i], SIGCONT);
+}
+
+int dur_check_witness(embps_client_t *c, const dur_workload_t *wl,
+                      dur_shared_t *sh, const char *when, int exact,
+                      int report_loss) {
+  double wit[2 * DUR_MAX_WORKERS];
+  if (dur_pull_wit(c, wl, wit))
+    return 0;
+  int lost = 0;
+  for (int w = 0; w < wl->n_workers; w++) {
+    uint64_t acked = atomic_load(&sh->w[w].acked_wit);
+    int inflight = atomic_load(&sh->w[w].inflight_wit);
+    uint64_t hi = exact ? acked : acked + (uint64_t)inflight;
+    for (int k = 0; k < 2; k++) {
+      int row = k * wl->n_workers + w;
+      double v = wit[row];
+      if (v < (double)acked) {
+        lost++;
+        if (report_loss)
+          dur_fail("%s: worker %d: witness row %d = %.0f but %llu pushes "
+                   "acknowledged: acknowledged witness pushes #%.0f..#%llu "
+                   "LOST", when, w, row, v, (unsigned long long)acked, v,
+                   (unsigned long long)acked - 1);
+        else
+          dur_note("%s: worker %d: witness row %d = %.0f < %llu "
+                   "acknowledged: loss detected", when, w, row, v,
+                   (unsigned long long)acked);
+      } else if (v > (double)hi) {
+        dur_fail("%s: worker %d: witness row %d = %.0f but only %llu "
+                 "acknowledged + %llu in flight: %.0f push(es) DOUBLED or "
+                 "applied without being sent", when, w, row, v,
+                 (unsigned long long)acked, (unsigned long long)(hi - acked),
+                 v - (double)hi);
+      }
+    }
+    if (wit[w] != wit[wl->n_workers + w])
+      dur_fail("%s: worker %d: its two witness rows disagree (%.0f vs %.0f): "
+               "a push was applied to one shard only", when, w, wit[w],
+               wit[wl->n_workers + w]);
+  }
+  return lost;
+}
+
+int dur_workers_alive(pid_t *pids, int n, dur_shared_t *sh) {
+  int dead = 0;
+  for (int i = 0; i < n; i++) {
+    if (pids[i] > 0) {
+      int st;
+      if (waitpid(pids[i], &st, WNOHANG) == pids[i])
+        pids[i] = -pids[i];
+    }
+    if (pids[i] < 0) {
+      dur_fail("%s", sh->w[i].error[0] ? sh->w[i].error
+                                         : "a worker exited early");
+      dead++;
+      pids[i] = 0;
+    }
+  }
+  return dead;
+}

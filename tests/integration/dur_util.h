@@ -168,6 +168,20 @@ int dur_worker_wait_acked(dur_shared_t *sh, int w, uint64_t want,
 void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,
                         int report_errors);
 
+/* SIGSTOPs the workers (waiting until each is stopped; one that exited is
+ * marked by negating its pid), and SIGCONTs them. */
+void dur_workers_stop(pid_t *pids, int n);
+void dur_workers_cont(pid_t *pids, int n);
+/* Reports (dur_fail) every worker that exited early; returns how many. */
+int dur_workers_alive(pid_t *pids, int n, dur_shared_t *sh);
+/* Checks the witness rows on c against the workers' counts: each in
+ * [acknowledged, acknowledged + in flight], or exactly acknowledged with
+ * `exact` (every push resolved). A lost push is a failure when
+ * report_loss (else a note); a doubled one always. Returns the lost. */
+int dur_check_witness(embps_client_t *c, const dur_workload_t *wl,
+                      dur_shared_t *sh, const char *when, int exact,
+                      int report_loss);
+
 /* -------------------------------------------------------------- files */
 
 /* Mounts a tmpfs of `size` (mount's size=, e.g. "1m") on a new directory

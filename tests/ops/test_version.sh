@@ -22,11 +22,12 @@ release=$(sed -n 's/^project(embps VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists
 ckpt=$(sed -n 's/^#define EMBPS_CKPT_FORMAT \([0-9]*\)u/\1/p' "$ROOT/server/ckpt.h")
 oldest=$(sed -n 's/^#define EMBPS_CKPT_FORMAT_OLDEST \([0-9]*\)u/\1/p' "$ROOT/server/ckpt.h")
 wal=$(sed -n 's/^#define EMBPS_WAL_FORMAT \([0-9]*\)u/\1/p' "$ROOT/server/wal.h")
+walold=$(sed -n 's/^#define EMBPS_WAL_FORMAT_OLDEST \([0-9]*\)u/\1/p' "$ROOT/server/wal.h")
 grep -qx "embps-server $release (revision [0-9a-zA-Z._-]*)" "$TMP/server" &&
   ok "embps-server --version: release $release and a revision" ||
   bad "embps-server --version: release and revision" "$(cat "$TMP/server")"
-grep -qx "data directory: checkpoint format $ckpt (reads $oldest-$ckpt), log format $wal" "$TMP/server" &&
-  ok "embps-server --version: checkpoint format $ckpt (reads $oldest-$ckpt), log format $wal" ||
+grep -qx "data directory: checkpoint format $ckpt (reads $oldest-$ckpt), log format $wal (reads $walold-$wal)" "$TMP/server" &&
+  ok "embps-server --version: checkpoint format $ckpt (reads $oldest-$ckpt), log format $wal (reads $walold-$wal)" ||
   bad "embps-server --version: the data directory formats" "$(cat "$TMP/server")"
 grep -qx "protocol [0-9]*" "$TMP/server" && grep -qx "protocol [0-9]*" "$TMP/cli" &&
   ok "both say the protocol" || bad "both say the protocol" "$(cat "$TMP/server" "$TMP/cli")"

@@ -72,8 +72,10 @@ class Mirrors(unittest.TestCase):
         self.assertEqual(fields(embps._Info, ("spec",)), info)
         stats = [(n, CTYPES[t]) for t, n, source in
                  x_macro("EMBPS_SERVER_STATS_FIELDS")]
+        stats += [(n, CTYPES[t]) for t, n in
+                  x_macro("EMBPS_SERVER_REPL_FIELDS")]
         text = ("address", "version", "n_tables", "tables", "data_dir",
-                "fsync", "durability_failed")
+                "fsync", "durability_failed", "primary")
         self.assertEqual(fields(embps._Stats, text), stats)
         self.assertEqual([f for f, _ in fields(embps._CheckpointInfo)],
                          [n for n, in x_macro("EMBPS_CHECKPOINT_INFO_FIELDS")])

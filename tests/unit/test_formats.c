@@ -140,9 +140,11 @@ static void test_log_newer(void **state) {
                    0);
   uint64_t v = 42;
   struct iovec p = {&v, sizeof v};
-  assert_int_equal(embps_wal_append(w, EMBPS_WAL_DROP, 1, &p, 1, err,
-                                    sizeof err),
+  uint8_t head[EMBPS_WAL_HEADER_BYTES];
+  assert_int_equal(embps_wal_head(head, EMBPS_WAL_DROP, 1, 1, &p, 1, err,
+                                  sizeof err),
                    0);
+  assert_int_equal(embps_wal_append(w, head, &p, 1, err, sizeof err), 0);
   embps_wal_close(w);
   uint64_t last;
   int n = 0;

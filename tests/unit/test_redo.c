@@ -7,7 +7,12 @@
  *    shards whose snapshot is older than the record;
  *  - EVICT evicts the rows below the table's L2 threshold;
  *  - a record that does not decode, or names a table that does not exist,
- *    is refused with a message and changes nothing. */
+ *    is refused with a message and changes nothing;
+ *  - a PUSH record carries the evictions its push made (TTL reclaims and
+ *    capacity, LRU and LFU): applied, a table ends row for row, state and
+ *    counters equal to the one that decided them; the evictions applied
+ *    are the record's, not decided again (one left out of a record stays
+ *    a row; an id without a row is refused). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -39,7 +44,7 @@ static int setup(void **state) {
   f->srv.cfg.cluster_size = 1;
   embps_registry_init(&f->srv.registry);
   embps_seen_init(&f->seen);
-  embps_redo_init(&f->redo, &f->srv, &f->seen);
+  embps_redo_init(&f->redo, &f->srv, &f->srv.registry, &f->seen);
   *state = f;
   return 0;
 }
@@ -277,6 +282,147 @@ static void test_refused(void **state) {
   embps_table_unref(t);
 }
 
+/* Every row (id, weights, state) of t, sorted by id, into rows[] (at most
+ * cap of them); returns the count. */
+typedef struct {
+  int64_t id;
+  float w[DIM], st[2 * DIM];
+} row_t;
+
+static int by_row_id(const void *a, const void *b) {
+  int64_t x = ((const row_t *)a)->id, y = ((const row_t *)b)->id;
+  return (x > y) - (x < y);
+}
+
+static size_t dump(embps_table_t *t, row_t *rows, size_t cap) {
+  uint64_t cursor = 0;
+  size_t n = 0;
+  int done = 0;
+  while (!done) {
+    int64_t ids[64];
+    float w[64 * DIM], st[64 * 2 * DIM];
+    size_t got;
+    assert_int_equal(embps_table_scan(t, &cursor, 64, ids, w, st, &got,
+                                      &done), 0);
+    for (size_t i = 0; i < got && n < cap; i++, n++) {
+      rows[n].id = ids[i];
+      memcpy(rows[n].w, w + i * DIM, sizeof rows[n].w);
+      memcpy(rows[n].st, st + i * 2 * DIM, sizeof rows[n].st);
+    }
+  }
+  qsort(rows, n, sizeof *rows, by_row_id);
+  return n;
+}
+
+/* PUSH record with its evictions (flags EVICTIONS): ids, g, then n_ttl
+ * and n_cap ids of ev. */
+static size_t put_push_ev(fixture_t *f, uint64_t inc, uint64_t step,
+                          const int64_t *ids, uint32_t rows, const float *g,
+                          const int64_t *ev, uint32_t n_ttl,
+                          uint32_t n_cap) {
+  size_t len = put_push(f, inc, step, 0, 0, ids, rows, g);
+  embps_put32(f->buf + 28, EMBPS_REDO_PUSH_EVICTIONS);
+  assert_true(len + 8 + (n_ttl + n_cap) * 8 <= sizeof f->buf);
+  embps_put32(f->buf + len, n_ttl);
+  embps_put32(f->buf + len + 4, n_cap);
+  if (n_ttl + n_cap)
+    memcpy(f->buf + len + 8, ev, (n_ttl + n_cap) * sizeof *ev);
+  return len + 8 + (n_ttl + n_cap) * 8;
+}
+
+static void evictions_shipped(fixture_t *f, embps_evict_t how) {
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "dyn", DIM, EMBPS_OPT_ADAGRAD);
+  spec.dynamic = 1;
+  spec.ttl_steps = 6;
+  spec.max_rows = 24; /* 6 a shard */
+  spec.evict = how;
+  embps_table_t *a; /* the primary's: it decides */
+  assert_int_equal(embps_table_create(&spec, SHARDS, 1, &a), 0);
+  embps_table_set_incarnation(a, 1);
+  assert_int_equal(apply(f, EMBPS_WAL_CREATE, 1, put_spec(f, 1, &spec)), 0);
+  embps_table_t *b = get(f, "dyn"); /* the follower's: applies records */
+  embps_table_scratch_t s;
+  embps_table_scratch_init(&s);
+  uint64_t rng = 12345, shipped = 0, lsn = 1;
+  for (int step = 1; step <= 60; step++) {
+    int64_t ids[12];
+    float g[12 * DIM];
+    uint32_t n = 0;
+    for (int i = 0; i < 12; i++) { /* distinct ids from a skewed range */
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      int64_t id = (int64_t)((rng >> 33) % (i < 4 ? 8 : 200));
+      int dup = 0;
+      for (uint32_t j = 0; j < n; j++)
+        dup |= ids[j] == id;
+      if (dup)
+        continue;
+      ids[n] = id;
+      g[n * DIM] = (float)((rng >> 20) & 255) / 64 - 2;
+      g[n * DIM + 1] = 0.5f;
+      n++;
+    }
+    assert_int_equal(embps_table_prepare(a, &s, ids, n, 0), 0);
+    const int64_t *ev;
+    uint32_t n_ttl, n_cap;
+    assert_int_equal(embps_table_planned(a, &s, &ev, &n_ttl, &n_cap), 0);
+    shipped += n_ttl + n_cap;
+    size_t len = put_push_ev(f, 1, (uint64_t)step, ids, n, g, ev, n_ttl,
+                             n_cap);
+    embps_table_commit(a, &s, ids, g, n, ++lsn);
+    assert_int_equal(apply(f, EMBPS_WAL_PUSH, lsn, len), 0);
+  }
+  assert_true(shipped > 20); /* TTL and capacity both happened */
+  embps_table_info_t ia, ib;
+  embps_table_info(a, &ia);
+  embps_table_info(b, &ib);
+  assert_true(ia.evicted_ttl > 0 && ia.evicted_capacity > 0);
+  assert_int_equal(ia.evicted_ttl, ib.evicted_ttl);
+  assert_int_equal(ia.evicted_capacity, ib.evicted_capacity);
+  assert_int_equal(ia.rows_allocated, ib.rows_allocated);
+  assert_int_equal(ia.step, ib.step);
+  static row_t ra[256], rb[256];
+  size_t na = dump(a, ra, 256), nb = dump(b, rb, 256);
+  assert_int_equal(na, nb);
+  assert_memory_equal(ra, rb, na * sizeof *ra);
+
+  /* the follower evicts what the record says: one eviction left out of
+   * a record, and that row stays */
+  int64_t ids[8];
+  float g[8 * DIM] = {0};
+  for (int i = 0; i < 8; i++)
+    ids[i] = 1000 + i; /* all new: the shards pass their capacity */
+  assert_int_equal(embps_table_prepare(a, &s, ids, 8, 0), 0);
+  const int64_t *ev;
+  uint32_t n_ttl, n_cap;
+  assert_int_equal(embps_table_planned(a, &s, &ev, &n_ttl, &n_cap), 0);
+  assert_true(n_cap >= 1);
+  size_t len = put_push_ev(f, 1, 61, ids, 8, g, ev, n_ttl, n_cap - 1);
+  embps_table_commit(a, &s, ids, g, 8, ++lsn);
+  assert_int_equal(apply(f, EMBPS_WAL_PUSH, lsn, len), 0);
+  embps_table_info(a, &ia);
+  embps_table_info(b, &ib);
+  assert_int_equal(ib.rows_allocated, ia.rows_allocated + 1);
+  assert_true(embps_table_row_live(b, ev[n_ttl + n_cap - 1]));
+  assert_false(embps_table_row_live(a, ev[n_ttl + n_cap - 1]));
+  /* an eviction of a row it does not hold: refused */
+  int64_t ghost = 999999;
+  len = put_push_ev(f, 1, 62, ids, 1, g, &ghost, 0, 1);
+  assert_int_equal(apply(f, EMBPS_WAL_PUSH, ++lsn, len), -1);
+  assert_non_null(strstr(f->err, "not here"));
+  embps_table_scratch_close(&s);
+  embps_table_unref(b);
+  embps_table_unref(a);
+}
+
+static void test_evictions_shipped_lru(void **state) {
+  evictions_shipped(*state, EMBPS_EVICT_LRU);
+}
+
+static void test_evictions_shipped_lfu(void **state) {
+  evictions_shipped(*state, EMBPS_EVICT_LFU);
+}
+
 int main(void) {
   embps_log_set_level(EMBPS_LOG_ERROR);
   const struct CMUnitTest tests[] = {
@@ -286,6 +432,10 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_evict, setup, teardown),
       cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_evictions_shipped_lru, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_evictions_shipped_lfu, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,7 @@ typedef struct {
   int n;
   uint64_t lsns[64];
   uint32_t sums[64];
+  uint32_t epochs[64];
 } seen_t;
 
 static int visit(void *ctx, const embps_wal_rec_t *r, char *err,
@@ -41,8 +42,22 @@ static int visit(void *ctx, const embps_wal_rec_t *r, char *err,
   for (uint32_t i = 0; i < r->len; i++)
     sum = sum * 31 + r->payload[i];
   s->lsns[s->n] = r->lsn;
+  s->epochs[s->n] = r->epoch;
   s->sums[s->n++] = sum;
   return 0;
+}
+
+/* The epoch the tests give record lsn. */
+static uint32_t epoch_of(uint64_t lsn) { return (uint32_t)(lsn / 3 + 1); }
+
+/* embps_wal_append of a record made by embps_wal_head. */
+static int append(embps_wal_t *w, uint32_t type, uint64_t lsn,
+                  const struct iovec *parts, int n, char *err,
+                  size_t err_len) {
+  uint8_t head[EMBPS_WAL_HEADER_BYTES];
+  int rc = embps_wal_head(head, type, lsn, epoch_of(lsn), parts, n, err,
+                          err_len);
+  return rc ? rc : embps_wal_append(w, head, parts, n, err, err_len);
 }
 
 static int acks;
@@ -78,7 +93,7 @@ static void write_log(const char *dir, uint64_t first, int n,
     for (size_t k = 0; k < sizeof b; k++)
       b[k] = (uint8_t)(i * 3 + k * 5 + 1);
     struct iovec parts[2] = {{a, sizeof a}, {b, (size_t)i % 40}};
-    assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, first + i, parts, 2,
+    assert_int_equal(append(w, EMBPS_WAL_PUSH, first + i, parts, 2,
                                       err, sizeof err), 0);
   }
   /* waited for once all are written: no sync begins between two records,
@@ -107,8 +122,10 @@ static void test_roundtrip_and_ack(void **state) {
                                     sizeof err), 0);
   assert_int_equal(s.n, 5);
   assert_int_equal(last, 5);
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < 5; i++) {
     assert_int_equal(s.lsns[i], i + 1);
+    assert_int_equal(s.epochs[i], epoch_of(i + 1));
+  }
   seen_t t = {0};
   assert_int_equal(embps_wal_replay(dir, 3, visit, &t, &last, err,
                                     sizeof err), 0);
@@ -196,11 +213,11 @@ static void test_gap_refused_rotation_deletes(void **state) {
                                   &w, err, sizeof err), 0);
   uint64_t x = 7;
   struct iovec p = {&x, 8};
-  assert_int_equal(embps_wal_append(w, EMBPS_WAL_DROP, 1, &p, 1, err,
+  assert_int_equal(append(w, EMBPS_WAL_DROP, 1, &p, 1, err,
                                     sizeof err), 0);
   assert_int_equal(embps_wal_rotate(w, 2, err, sizeof err), 0);
   assert_int_equal(embps_wal_rotate(w, 2, err, sizeof err), 0); /* no-op */
-  assert_int_equal(embps_wal_append(w, EMBPS_WAL_DROP, 2, &p, 1, err,
+  assert_int_equal(append(w, EMBPS_WAL_DROP, 2, &p, 1, err,
                                     sizeof err), 0);
   embps_wal_close(w);
   s.n = 0;
@@ -268,7 +285,7 @@ static void test_sync_writes_queued_records(void **state) {
   uint8_t a[64] = {1, 2, 3};
   struct iovec part = {a, sizeof a};
   for (uint64_t lsn = 1; lsn <= 3; lsn++)
-    assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
+    assert_int_equal(append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
                                       sizeof err), 0);
   seg(path, sizeof path, dir, 1);
   struct stat st;
@@ -283,6 +300,92 @@ static void test_sync_writes_queued_records(void **state) {
   assert_int_equal(last, 3);
   assert_int_equal(embps_wal_sync(w, 2, err, sizeof err), 0); /* done */
   embps_wal_close(w);
+  remove_dir(dir);
+}
+
+/* Reads n bytes of path at off into buf. */
+static void pread_at(const char *path, long off, uint8_t *buf, size_t n) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, off, SEEK_SET), 0);
+  assert_int_equal(fread(buf, 1, n, f), n);
+  fclose(f);
+}
+
+static void pwrite_at(const char *path, long off, const uint8_t *buf,
+                      size_t n) {
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, off, SEEK_SET), 0);
+  assert_int_equal(fwrite(buf, 1, n, f), n);
+  fclose(f);
+}
+
+/* embps_wal_parse takes what embps_wal_head made and refuses any flipped
+ * byte or a cut. */
+static void test_parse(void **state) {
+  uint8_t buf[32 + 40], payload[40], err[256];
+  for (size_t i = 0; i < sizeof payload; i++)
+    payload[i] = (uint8_t)(i * 7 + 3);
+  struct iovec parts[2] = {{payload, 16}, {payload + 16, 24}};
+  assert_int_equal(embps_wal_head(buf, EMBPS_WAL_ROWS, 42, 9, parts, 2,
+                                  (char *)err, sizeof err), 0);
+  memcpy(buf + 32, payload, sizeof payload);
+  embps_wal_rec_t r;
+  assert_int_equal(embps_wal_parse(buf, sizeof buf, 0, &r, (char *)err,
+                                   sizeof err), sizeof buf);
+  assert_int_equal(r.lsn, 42);
+  assert_int_equal(r.epoch, 9);
+  assert_int_equal(r.type, EMBPS_WAL_ROWS);
+  assert_int_equal(r.len, 40);
+  assert_memory_equal(r.payload, payload, 40);
+  assert_int_equal(embps_wal_parse(buf, sizeof buf - 1, 0, &r, (char *)err,
+                                   sizeof err), 0);
+  for (size_t i = 0; i < sizeof buf; i++) {
+    buf[i] ^= 0x10;
+    assert_int_equal(embps_wal_parse(buf, sizeof buf, 0, &r, (char *)err,
+                                     sizeof err), 0);
+    buf[i] ^= 0x10;
+  }
+}
+
+/* embps_wal_last, and embps_wal_cut_after: records above an LSN removed
+ * (the segment holding the next one cut, later ones deleted), the rest
+ * replaying as before; cutting at the end removes nothing. */
+static void test_last_and_cut(void **state) {
+  char dir[64], err[512];
+  make_dir(dir, sizeof dir);
+  write_log(dir, 1, 5, EMBPS_FSYNC_NEVER);
+  write_log(dir, 6, 5, EMBPS_FSYNC_NEVER);
+  uint64_t last, cut;
+  uint32_t epoch;
+  assert_int_equal(embps_wal_last(dir, &last, &epoch, err, sizeof err), 0);
+  assert_int_equal(last, 10);
+  assert_int_equal(epoch, epoch_of(10));
+  assert_int_equal(embps_wal_cut_after(dir, 10, &cut, err, sizeof err), 0);
+  assert_int_equal(cut, 0);
+  assert_int_equal(embps_wal_cut_after(dir, 8, &cut, err, sizeof err), 0);
+  assert_int_equal(cut, 2);
+  seen_t s = {0};
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(last, 8);
+  assert_int_equal(s.n, 8);
+  assert_int_equal(embps_wal_cut_after(dir, 3, &cut, err, sizeof err), 0);
+  assert_int_equal(cut, 5);
+  s.n = 0;
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(last, 3);
+  assert_int_equal(s.n, 3);
+  /* the log goes on from there */
+  write_log(dir, 4, 2, EMBPS_FSYNC_NEVER);
+  s.n = 0;
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(last, 5);
+  assert_int_equal(embps_wal_last(dir, &last, &epoch, err, sizeof err), 0);
+  assert_int_equal(last, 5);
   remove_dir(dir);
 }
 
@@ -321,7 +424,7 @@ static void test_page_after_sync(void **state) {
     uint8_t a[400];
     memset(a, (int)lsn, sizeof a);
     struct iovec part = {a, 100 + 37 * lsn};
-    assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
+    assert_int_equal(append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
                                       sizeof err), 0);
     assert_int_equal(embps_wal_sync(w, lsn, err, sizeof err), 0);
   }
@@ -378,13 +481,82 @@ static void paged_log(const char *dir, int big, char *path, size_t len,
   memset(a, 7, sizeof a);
   for (uint64_t lsn = 1; lsn <= 5; lsn++) {
     struct iovec part = {a, lsn == (uint64_t)big ? sizeof a : 300};
-    assert_int_equal(embps_wal_append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
+    assert_int_equal(append(w, EMBPS_WAL_PUSH, lsn, &part, 1, err,
                                       sizeof err), 0);
     assert_int_equal(embps_wal_sync(w, lsn, err, sizeof err), 0);
   }
   embps_wal_close(w);
   seg(path, len, dir, 1);
   assert_int_equal(record_offsets(path, offs, 32), 5);
+}
+
+/* Makes the segment at path one of format `version` (1 or 2: no epochs,
+ * the word 0): its header's version, each record's epoch word zeroed. */
+static void downgrade(const char *path, uint32_t version) {
+  long offs[32];
+  int n = record_offsets(path, offs, 32);
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  pread_at(path, 0, h, sizeof h);
+  embps_put32(h + 8, version);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
+  pwrite_at(path, 0, h, sizeof h);
+  for (int i = 0; i < n; i++) {
+    pread_at(path, offs[i], h, sizeof h);
+    embps_put32(h + 24, 0);
+    embps_put32(h + 28, embps_crc32c(0, h, 28));
+    pwrite_at(path, offs[i], h, sizeof h);
+  }
+}
+
+/* Segments of formats 1 (records back to back) and 2 (a record after a
+ * sync on a new page) wrote no epochs: they still replay, their records
+ * as epoch 1's, beside a format-3 segment written after them (a server
+ * upgraded over its data dir); a version past this build's is refused. */
+static void test_old_formats_read_as_epoch_1(void **state) {
+  char dir[64], path[128], err[512];
+  long offs[32];
+  seen_t s = {0};
+  uint64_t last;
+  make_dir(dir, sizeof dir);
+  write_log(dir, 1, 3, EMBPS_FSYNC_NEVER);
+  seg(path, sizeof path, dir, 1);
+  downgrade(path, 1);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 3);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(s.epochs[i], 1);
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  pread_at(path, 0, h, sizeof h);
+  embps_put32(h + 8, EMBPS_WAL_FORMAT + 1);
+  embps_put32(h + 28, embps_crc32c(0, h, 28));
+  pwrite_at(path, 0, h, sizeof h);
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), -1);
+  assert_non_null(strstr(err, "version"));
+  remove_dir(dir);
+
+  /* format 2, its records on pages of their own, then a format-3 segment
+   * from LSN 6 */
+  make_dir(dir, sizeof dir);
+  paged_log(dir, 3, path, sizeof path, offs);
+  assert_true(offs[1] % EMBPS_WAL_PAGE == 0 && offs[4] % EMBPS_WAL_PAGE == 0);
+  downgrade(path, 2);
+  write_log(dir, 6, 3, EMBPS_FSYNC_NEVER);
+  s.n = 0;
+  assert_int_equal(embps_wal_replay(dir, 0, visit, &s, &last, err,
+                                    sizeof err), 0);
+  assert_int_equal(s.n, 8);
+  assert_int_equal(last, 8);
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(s.lsns[i], (uint64_t)i + 1);
+    assert_int_equal(s.epochs[i], i < 5 ? 1 : epoch_of((uint64_t)i + 1));
+  }
+  uint32_t epoch;
+  assert_int_equal(embps_wal_last(dir, &last, &epoch, err, sizeof err), 0);
+  assert_int_equal(last, 8);
+  assert_int_equal(epoch, epoch_of(8));
+  remove_dir(dir);
 }
 
 /* Issue 18.4: what a failed write-back leaves of the log's last record,
@@ -642,6 +814,8 @@ static void test_lsn_order_within_segment(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_parse),
+      cmocka_unit_test(test_last_and_cut),
       cmocka_unit_test(test_roundtrip_and_ack),
       cmocka_unit_test(test_torn_tail_truncated),
       cmocka_unit_test(test_every_flipped_byte_refused),
@@ -653,6 +827,7 @@ int main(void) {
       cmocka_unit_test(test_lsn_order_within_segment),
       cmocka_unit_test(test_page_after_sync),
       cmocka_unit_test(test_damaged_tail_after_failure),
+      cmocka_unit_test(test_old_formats_read_as_epoch_1),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,7 +105,11 @@ EMBPS_EXTERN size_t embps_abi_size(const char *type_name);
   X(EIO, -30022, "data dir I/O error")                                         \
   X(ENODATADIR, -30023, "server has no --data-dir")                           \
   X(EBADFILE, -30024, "bad export/import file")                               \
-  X(EPARTIAL, -30025, "on some servers only")
+  X(EPARTIAL, -30025, "on some servers only")                                   \
+  X(ENOTPRIMARY, -30026, "not the primary: writes go to its primary")          \
+  X(ENOREPLICAS, -30027, "not enough followers in sync")                      \
+  X(EDIVERGED, -30028, "log diverged from the primary's history")             \
+  X(ESNAPSHOT, -30029, "records no longer held: a snapshot is needed")
 
 enum embps_errno {
 #define EMBPS_ERRNO_ENUM_(name, code, msg) EMBPS_##name = (code),
@@ -322,6 +326,21 @@ typedef struct {
   X(uint64_t, checkpoint_lsn, DURABLE, "the log position it covers")           \
   X(uint64_t, log_bytes, DURABLE, "log written since then")
 
+/*
+ * Replication figures (issue 21), X(type, name, doc), after the durability
+ * fields (they took reserved words). A primary's lag figures are the
+ * largest of its followers' (each follower's own: /metrics).
+ */
+#define EMBPS_SERVER_REPL_FIELDS(X)                                            \
+  X(uint32_t, role, "0 primary (or alone), 1 follower")                        \
+  X(uint32_t, epoch, "the epoch its log is in")                                \
+  X(uint64_t, applied_lsn, "the LSN of the last record applied")              \
+  X(uint32_t, followers, "primary: followers fetching")                        \
+  X(uint32_t, followers_in_sync, "primary: of them, caught up")                \
+  X(uint64_t, lag_records, "records a follower is behind its primary")        \
+  X(uint64_t, lag_ms, "how long a follower is behind its primary")            \
+  X(uint64_t, bytes_shipped, "log bytes sent to followers (or received)")
+
 typedef struct {
   char address[64]; /* host:port of the server these come from */
   char version[32];
@@ -334,7 +353,12 @@ typedef struct {
   char data_dir[256];
   char fsync[16];              /* always, everysec, never */
   char durability_failed[256]; /* why pushes are refused, or empty */
-  uint64_t reserved[16];       /* zero */
+  /* replication: zero on a server that neither follows nor is followed */
+#define EMBPS_MEMBER_(type, name, doc) type name;
+  EMBPS_SERVER_REPL_FIELDS(EMBPS_MEMBER_)
+#undef EMBPS_MEMBER_
+  char primary[64];      /* a follower's primary (host:port), else empty */
+  uint64_t reserved[2];  /* zero */
 } embps_server_stats_t;
 
 /* What one server's checkpoint covers (embps_checkpoint), X(name, doc). */
@@ -486,6 +510,15 @@ EMBPS_EXTERN int embps_set_lr(embps_client_t *c, const char *name, double lr);
  * like a push. *evicted (may be NULL) gets the rows evicted in all. */
 EMBPS_EXTERN int embps_evict(embps_client_t *c, const char *table,
                              uint64_t *evicted);
+
+/* Promotes a follower (issue 21): the server c addresses (its member, see
+ * embps_client_create_member, or its only server) stops following its
+ * primary, applies what it received, and becomes the primary of a new
+ * epoch from the next LSN, recorded before this returns. epoch and lsn
+ * (may be NULL) get the new epoch and the last LSN of the old one.
+ * EMBPS_EINVAL when c addresses no single server, or it is no follower. */
+EMBPS_EXTERN int embps_promote(embps_client_t *c, uint32_t *epoch,
+                               uint64_t *lsn);
 
 /* Pulls rows: out[i*dim .. i*dim+dim) = row ids[i], for i < n. Duplicated
  * ids are sent once. dim must be the table's dim (checked by the server). */

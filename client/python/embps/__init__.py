@@ -161,7 +161,17 @@ class _Stats(ctypes.Structure):
         ("data_dir", ctypes.c_char * 256),
         ("fsync", ctypes.c_char * 16),
         ("durability_failed", ctypes.c_char * 256),
-        ("reserved", ctypes.c_uint64 * 16),
+        # EMBPS_SERVER_REPL_FIELDS (issue 21), then the primary
+        ("role", ctypes.c_uint32),
+        ("epoch", ctypes.c_uint32),
+        ("applied_lsn", ctypes.c_uint64),
+        ("followers", ctypes.c_uint32),
+        ("followers_in_sync", ctypes.c_uint32),
+        ("lag_records", ctypes.c_uint64),
+        ("lag_ms", ctypes.c_uint64),
+        ("bytes_shipped", ctypes.c_uint64),
+        ("primary", ctypes.c_char * 64),
+        ("reserved", ctypes.c_uint64 * 2),
     ]
 
 
@@ -827,7 +837,7 @@ class Client:
         for i in range(n.value):
             s = p[i]
             text = ("address", "version", "data_dir", "fsync",
-                    "durability_failed")
+                    "durability_failed", "primary")
             d = {f: getattr(s, f) for f in _names(_Stats)
                  if f not in ("tables", "n_tables") + text}
             for f in text:

@@ -31,6 +31,10 @@ __all__ = [
     "EMBPS_ENODATADIR",
     "EMBPS_EBADFILE",
     "EMBPS_EPARTIAL",
+    "EMBPS_ENOTPRIMARY",
+    "EMBPS_ENOREPLICAS",
+    "EMBPS_EDIVERGED",
+    "EMBPS_ESNAPSHOT",
     "CODES",
 ]
 
@@ -59,6 +63,10 @@ EMBPS_EIO = -30022
 EMBPS_ENODATADIR = -30023
 EMBPS_EBADFILE = -30024
 EMBPS_EPARTIAL = -30025
+EMBPS_ENOTPRIMARY = -30026
+EMBPS_ENOREPLICAS = -30027
+EMBPS_EDIVERGED = -30028
+EMBPS_ESNAPSHOT = -30029
 
 #: code -> (symbol, message), as embps_err_name and embps_strerror give them
 CODES: Dict[int, Tuple[str, str]] = {
@@ -87,4 +95,8 @@ CODES: Dict[int, Tuple[str, str]] = {
     -30023: ("EMBPS_ENODATADIR", 'server has no --data-dir'),
     -30024: ("EMBPS_EBADFILE", 'bad export/import file'),
     -30025: ("EMBPS_EPARTIAL", 'on some servers only'),
+    -30026: ("EMBPS_ENOTPRIMARY", 'not the primary: writes go to its primary'),
+    -30027: ("EMBPS_ENOREPLICAS", 'not enough followers in sync'),
+    -30028: ("EMBPS_EDIVERGED", "log diverged from the primary's history"),
+    -30029: ("EMBPS_ESNAPSHOT", 'records no longer held: a snapshot is needed'),
 }

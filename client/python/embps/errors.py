@@ -35,9 +35,9 @@ __all__ = ["EmbpsError", "InvalidArgument", "InvalidParameter",
            "CountMismatch", "NonFinite", "BadFile", "ProtocolError",
            "AuthenticationFailed", "WrongServer", "ServerOutOfMemory",
            "Timeout", "ConnectionFailed", "LimitExceeded", "StepError",
-           "InternalError", "DurabilityError", "PartialError", "EmbpsOSError",
-           "error_for",
-           "error_name"]
+           "InternalError", "DurabilityError", "PartialError", "NotPrimary",
+           "NotEnoughReplicas", "ReplicationError", "EmbpsOSError",
+           "error_for", "error_name"]
 
 
 def error_name(code: int) -> str:
@@ -155,6 +155,22 @@ class PartialError(EmbpsError):
     after being applied on the others."""
 
 
+class NotPrimary(EmbpsError):
+    """A write sent to a follower; the message names its primary
+    (EMBPS_ENOTPRIMARY)."""
+
+
+class NotEnoughReplicas(EmbpsError):
+    """Too few followers in sync for --sync-followers: refused, or applied
+    but not acknowledged, as the message says; a retry with the same push
+    is safe (EMBPS_ENOREPLICAS)."""
+
+
+class ReplicationError(EmbpsError):
+    """Between servers: a log that left its primary's history, or records
+    the primary no longer holds (EMBPS_EDIVERGED, EMBPS_ESNAPSHOT)."""
+
+
 class EmbpsOSError(EmbpsError, OSError):
     """A system error (-errno); .errno is set."""
 
@@ -185,6 +201,10 @@ _CLASS_OF: Dict[str, Type[EmbpsError]] = {
     "EMBPS_ENODATADIR": DurabilityError,
     "EMBPS_EBADFILE": BadFile,
     "EMBPS_EPARTIAL": PartialError,
+    "EMBPS_ENOTPRIMARY": NotPrimary,
+    "EMBPS_ENOREPLICAS": NotEnoughReplicas,
+    "EMBPS_EDIVERGED": ReplicationError,
+    "EMBPS_ESNAPSHOT": ReplicationError,
 }
 
 _ERRNO_CLASS: Dict[int, Type[EmbpsError]] = {

@@ -1,0 +1,67 @@
+/* follow.h - a follower (issue 21, --follow HOST:PORT): a thread that is a
+ * client of its primary (libembps, as cluster.c), fetching the records
+ * after its own last LSN and handing them to the apply thread, which
+ * applies them with redo.c (the code of a restore) and writes them to its
+ * own log, the same bytes at the same LSN (--data-dir). So a follower at
+ * LSN L holds exactly what its primary held at L.
+ *
+ * The thread: connect and hello (the server's own token), then a stream
+ * of FETCHes, two in flight: each reply's records must start at the LSN
+ * after the last one received, and are applied in one batch; its
+ * acknowledgement (what is applied, and durable in its log in its fsync
+ * mode) rides on the next FETCH. Any error (connection, a gap, a record
+ * that does not check) drops the connection; the thread connects again
+ * with a backoff and resumes after its last applied LSN, so no record is
+ * missed or applied twice. When the primary no longer holds the record
+ * after its last one (EMBPS_ESNAPSHOT: neither its backlog nor its log),
+ * the follower copies the primary's state through a snapshot session and
+ * installs it (copy.h), then fetches on from there. EMBPS_EDIVERGED stops
+ * it (logged; the server keeps serving reads): a restart cuts its log.
+ *
+ * With --data-dir, before the restore, the join hook asks the primary
+ * where the local log leaves its history (a rejoining old primary holds
+ * records the new one never had) so the durable layer cuts them. A
+ * primary that does not answer within 10 s is not waited for: the
+ * server starts from its log as it is, and stops following (logged, not
+ * ready) should it find its log diverged; a restart then cuts it.
+ *
+ * Promotion (embps promote: PROMOTE): the thread stops, the apply thread
+ * finishes the records it has, then a new epoch begins at the next LSN,
+ * recorded (DIR/HISTORY) before the reply, and the server takes writes. */
+#ifndef EMBPS_FOLLOW_H
+#define EMBPS_FOLLOW_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "history.h"
+#include "request.h"
+#include "server.h"
+
+typedef struct embps_follow embps_follow_t;
+
+/* Sets up srv->follow for --follow (before the restore: the join hook
+ * uses it); the thread is started by embps_follow_run. 0 or -1 (logged). */
+int embps_follow_create(embps_server_t *srv);
+/* Starts fetching (the server serves on port: its name to the primary).
+ * 0 or -1 (logged). */
+int embps_follow_run(embps_server_t *srv, int port);
+/* Stops the thread and frees srv->follow; NULL-safe. Before the apply
+ * thread stops. */
+void embps_follow_destroy(embps_server_t *srv);
+/* embps_durable_hooks_t.join (ctx: the server). */
+int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
+                      uint64_t *keep, char *err, size_t err_len);
+/* I/O thread: a PROMOTE. 0 with req->reply set (refused), or 1: deferred,
+ * completed once the server is a primary of the new epoch. */
+int embps_follow_promote(embps_server_t *srv, embps_request_t *req);
+/* The replication fields of a stats reply (role, epoch, applied LSN; a
+ * follower's primary, lag and bytes received; a primary's followers, the
+ * largest lag, bytes shipped). Any thread. */
+void embps_follow_stats(embps_server_t *srv, embps_server_stats_t *s);
+/* A primary's followers, for /metrics (metrics.h). */
+size_t embps_follow_followers(embps_server_t *srv, embps_follower_info_t *v,
+                              size_t cap);
+/* /readyz: 1 when this follower applied its primary's records to within
+ * --max-lag-ms (always 1 for a primary); else 0 with the reason in why. */
+int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len);
+#endif
