@@ -320,6 +320,8 @@ static void test_follower_reads(void **state) {
   assert_true(l0 > 0);
   assert_string_equal(embps_client_read_address(admin, 0), p.addr);
 
+  /* the follower holds the table (its reads may be behind the primary) */
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, 60000), 0);
   embps_client_t *r = client_on(list, EMBPS_READ_FOLLOWER, 30000);
   writer_t wr = {.servers = list};
   pthread_t th;
