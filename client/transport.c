@@ -37,6 +37,12 @@
  * and may complete it at once (embps_push_resume). A push that no server
  * can have applied owes nothing: it failed, and may be pushed again.
  *
+ * Members (issue 21): a member listed as PRIMARY|FOLLOWER has its primary
+ * connection, which moves to whichever of its servers says it is the
+ * primary, and with reads from followers a read connection that prefers a
+ * follower ("Members" below); parts carry their member (server) and the
+ * connection they are on (conn).
+ *
  * A server's reply is trusted only as far as the request allows: its
  * header is checked against the largest body the request can produce
  * before the body is read (a 3-row pull cannot make a 1 GiB reply
