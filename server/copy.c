@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../client/internal.h"
 #include "../client/snapshot.h"
 #include "durable.h"
 #include "feed.h"
@@ -19,10 +20,11 @@
 #include "redo.h"
 
 #define SESSION_IDLE_MS 60000 /* the primary keeps the session this long */
+#define CALL_TIMEOUT_MS 30000 /* a READ waits while its shard is copied */
 
 struct embps_copy {
   embps_server_t *srv;
-  embps_client_t *c;
+  embps_client_t *c;       /* the session's own connection */
   embps_snapshot_t *snap; /* open until prepare */
   embps_history_t hist;
   embps_ckpt_t ck;         /* the snapshot loaded: its shard LSNs */
@@ -33,6 +35,23 @@ struct embps_copy {
   uint32_t epoch;          /* of the record at lsn */
   int staged;              /* redo set up */
 };
+
+/* The snapshot's bytes for the loader, until the caller stops. */
+typedef struct {
+  embps_snapshot_t *snap;
+  int (*stopping)(void *ctx);
+  void *ctx;
+} source_t;
+
+static int source_next(void *ctx, const uint8_t **p, size_t *n, char *err,
+                       size_t err_len) {
+  source_t *src = ctx;
+  if (src->stopping && src->stopping(src->ctx)) {
+    snprintf(err, err_len, "stopped");
+    return -1;
+  }
+  return embps_snapshot_reader_next(src->snap, p, n, err, err_len);
+}
 
 /* The highest LSN a shard of ck was copied at (S at least). */
 static uint64_t shards_lsn(const embps_ckpt_t *ck) {
@@ -74,9 +93,10 @@ static int stage(embps_copy_t *cp, char *err, size_t err_len) {
   return 0;
 }
 
-int embps_copy_load(embps_server_t *srv, embps_client_t *c,
-                    const embps_history_t *h, embps_copy_t **out, int *halt,
-                    char *err, size_t err_len) {
+int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
+                    int (*stopping)(void *ctx), void *stop_ctx,
+                    embps_copy_t **out, int *halt, char *err,
+                    size_t err_len) {
   *out = NULL;
   *halt = 0;
   embps_copy_t *cp = calloc(1, sizeof *cp);
@@ -85,7 +105,6 @@ int embps_copy_load(embps_server_t *srv, embps_client_t *c,
     return -ENOMEM;
   }
   cp->srv = srv;
-  cp->c = c;
   embps_registry_init(&cp->reg);
   embps_seen_init(&cp->seen);
   if (embps_history_copy(&cp->hist, h)) {
@@ -94,11 +113,20 @@ int embps_copy_load(embps_server_t *srv, embps_client_t *c,
     return -ENOMEM;
   }
   const uint64_t t0 = embps_now_ns();
+  char why[1024];
+  int rc = embps_client_create_peer_(srv->cfg.follow, srv->cfg.token,
+                                     srv->cfg.token_len, CALL_TIMEOUT_MS,
+                                     &cp->c, why, sizeof why);
+  if (rc) {
+    snprintf(err, err_len, "snapshot of the primary: %s", why);
+    embps_copy_free(cp);
+    return rc;
+  }
   const embps_snapshot_options_t o = {.idle_ms = SESSION_IDLE_MS};
-  int rc = embps_snapshot_begin(c, 0, &o, &cp->snap);
+  rc = embps_snapshot_begin(cp->c, 0, &o, &cp->snap);
   if (rc) {
     snprintf(err, err_len, "snapshot of the primary: %s",
-             embps_client_last_error(c));
+             embps_client_last_error(cp->c));
     embps_copy_free(cp);
     return rc;
   }
@@ -117,9 +145,9 @@ int embps_copy_load(embps_server_t *srv, embps_client_t *c,
   }
   LOG_INFO("follower: copying a snapshot of primary %s at LSN %" PRIu64
            " (%u tables)", cfg->follow, in->lsn, in->tables);
+  source_t src = {cp->snap, stopping, stop_ctx};
   embps_snapstream_reader_t r;
-  embps_snapstream_reader_init(&r, embps_snapshot_reader_next, cp->snap);
-  char why[1024];
+  embps_snapstream_reader_init(&r, source_next, &src);
   if (embps_ckpt_load_stream(&r, cfg->shards, cfg->cluster_size, &cp->ck, why,
                              sizeof why)) {
     snprintf(err, err_len, "snapshot of the primary: %s", why);
@@ -185,6 +213,8 @@ int embps_copy_apply(embps_copy_t *cp, const uint8_t *buf, size_t len,
 int embps_copy_prepare(embps_copy_t *cp, char *err, size_t err_len) {
   embps_snapshot_end(cp->snap); /* the records after S are here */
   cp->snap = NULL;
+  embps_client_destroy(cp->c);
+  cp->c = NULL;
   embps_server_t *srv = cp->srv;
   if (!srv->dur)
     return 0;
@@ -232,6 +262,8 @@ void embps_copy_free(embps_copy_t *cp) {
   if (!cp)
     return;
   embps_snapshot_end(cp->snap);
+  if (cp->c)
+    embps_client_destroy(cp->c);
   if (cp->staged)
     embps_redo_close(&cp->redo);
   embps_registry_close(&cp->reg);

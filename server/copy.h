@@ -30,21 +30,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../client/internal.h"
 #include "apply.h"
 #include "history.h"
 #include "server.h"
 
 typedef struct embps_copy embps_copy_t;
 
-/* Step 1 through the peer client c of the primary, whose history is h
- * (copied): 0 with *out, or an error code with err (*halt when this
- * server cannot follow that primary at all: another cluster slot or
- * --shards). The snapshot session stays open (the primary keeps the
- * records after S) until embps_copy_free. */
-int embps_copy_load(embps_server_t *srv, embps_client_t *c,
-                    const embps_history_t *h, embps_copy_t **out, int *halt,
-                    char *err, size_t err_len);
+/* Step 1, over a connection of its own to the primary (--follow), whose
+ * history is h (copied): 0 with *out, or an error code with err (*halt
+ * when this server cannot follow that primary at all: another cluster
+ * slot or --shards). stopping(stop_ctx) (NULL: never), asked between the
+ * stream's chunks, gives up the copy (shutdown, a promotion). The
+ * snapshot session stays open (the primary keeps the records after S)
+ * until embps_copy_prepare or embps_copy_free. */
+int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
+                    int (*stopping)(void *ctx), void *stop_ctx,
+                    embps_copy_t **out, int *halt, char *err,
+                    size_t err_len);
 /* The last LSN the copy holds (S, then each record applied). */
 uint64_t embps_copy_lsn(const embps_copy_t *cp);
 /* The primary's history, as the copy's FETCHes say it. */

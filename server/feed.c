@@ -86,9 +86,22 @@ static uint64_t last_lsn_locked(const embps_feed_t *f) {
 
 /* ------------------------------------------------------------ backlog */
 
-/* Drops records from the front while over the bound and unpinned. */
+/* Drops records from the front while over the bound and unpinned. Past
+ * twice the bound the pins let go (a pin must not grow the backlog without
+ * end: a follower whose copy wanted those records copies again). */
 static void trim_locked(embps_feed_t *f) {
   uint64_t keep = UINT64_MAX;
+  if (f->bytes > 2 * f->max_bytes) {
+    for (int i = 0; i < EMBPS_FEED_PINS_MAX; i++) {
+      if (!f->pins[i] || f->pins[i] == UINT64_MAX)
+        continue;
+      LOG_WARN("replication backlog: past twice --repl-backlog-bytes (%zu) "
+               "while a snapshot session keeps the records from LSN %" PRIu64
+               ": they are let go (a follower copying it will copy again)",
+               f->max_bytes, f->pins[i]);
+      f->pins[i] = UINT64_MAX; /* still taken, keeping nothing */
+    }
+  }
   for (int i = 0; i < EMBPS_FEED_PINS_MAX; i++)
     if (f->pins[i] && f->pins[i] < keep)
       keep = f->pins[i];

@@ -5,7 +5,8 @@
  * (durable.h: the same bytes as in the log, header and payload) is copied
  * into an in-memory backlog bounded by --repl-backlog-bytes, oldest
  * dropped first unless a pin holds it (a snapshot session shipping the
- * state at S pins the records from S + 1: embps_feed_pin). The feed is
+ * state at S pins the records from S + 1: embps_feed_pin), up to twice
+ * the bound. The feed is
  * active from the first FETCH until no follower fetched for
  * EMBPS_FEED_IDLE_S, and always with --sync-followers; a follower's only
  * once promoted (its backlog then starts with its first record as a

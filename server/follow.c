@@ -439,6 +439,15 @@ static int stream(embps_follow_t *fw, embps_client_t *c, embps_copy_t *cp) {
   return result;
 }
 
+/* Whether the thread must stop (embps_copy_load's question). */
+static int stopping(void *ctx) {
+  embps_follow_t *fw = ctx;
+  pthread_mutex_lock(&fw->mu);
+  int stop = fw->stop;
+  pthread_mutex_unlock(&fw->mu);
+  return stop;
+}
+
 /* A connection to a primary that no longer holds our next record: its
  * history asked (a probe), a copy of its state made (copy.h), then the
  * stream from the copy's LSN. Returns as stream does. */
@@ -461,7 +470,8 @@ static int copy_and_stream(embps_follow_t *fw, embps_client_t *c) {
   embps_copy_t *cp;
   int halt;
   char err[EMBPS_MESSAGE_MAX];
-  rc = embps_copy_load(fw->srv, c, &h, &cp, &halt, err, sizeof err);
+  rc = embps_copy_load(fw->srv, &h, stopping, fw, &cp, &halt, err,
+                       sizeof err);
   embps_msg_free(&m);
   if (rc) {
     set_why(fw, "primary %s: %s", fw->srv->cfg.follow, err);
@@ -515,6 +525,10 @@ static void *follow_main(void *arg) {
     }
     if (fw->stop)
       break;
+    if (fw->need_copy) { /* at once, on a connection of its own */
+      LOG_INFO("follower: %s", fw->why);
+      continue;
+    }
     uint64_t now = embps_now_ns();
     if (now - logged_ns > JOIN_LOG_EVERY_NS) {
       LOG_WARN("follower: %s; again in %d ms", fw->why, backoff);

@@ -404,10 +404,13 @@ static void durable_restored(void *ctx, uint64_t lsn, uint32_t epoch,
 
 /* A snapshot session keeps the feed's records after its LSN (a
  * follower's copy fetches them next: copy.h); the pin's number + 1 is its
- * handle. */
+ * handle. With --data-dir the log keeps them (the session pins it). */
 static void *snapshot_pin(void *ctx, uint64_t lsn) {
+  embps_server_t *srv = ctx;
   uint32_t pin;
-  if (embps_feed_pin(ctx, lsn + 1, &pin)) {
+  if (srv->dur)
+    return NULL;
+  if (embps_feed_pin(srv->feed, lsn + 1, &pin)) {
     LOG_WARN("snapshot session: the replication backlog cannot keep the "
              "records after LSN %" PRIu64 ": a follower copying it may have "
              "to copy again", lsn);
@@ -417,7 +420,8 @@ static void *snapshot_pin(void *ctx, uint64_t lsn) {
 }
 
 static void snapshot_unpin(void *ctx, void *pin) {
-  embps_feed_unpin(ctx, (uint32_t)((uintptr_t)pin - 1));
+  embps_server_t *srv = ctx;
+  embps_feed_unpin(srv->feed, (uint32_t)((uintptr_t)pin - 1));
 }
 
 /* Without --data-dir: a primary begins epoch 1 at LSN 1; a follower
@@ -458,7 +462,7 @@ static int net_start(net_t *net) {
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
   const embps_snapshot_feed_t snap_feed = {
-      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv->feed};
+      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv};
   embps_snapshot_set_feed(srv->snap, &snap_feed);
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))

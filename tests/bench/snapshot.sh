@@ -15,6 +15,11 @@
 #          follower's path, the figure the target is about; with the
 #          OpenMP team a server's apply thread has by default (half the
 #          cores, passive waits: server/main.c)
+# and then once, per table:
+#   follower  a real follower (embps-server --follow, no data dir) started
+#          against the server: from its start to its log saying the copy
+#          replaced its state (snapshot session, load, catch-up, install:
+#          server/copy.h), the stream's bytes over that time
 # A first, untimed load runs before the rounds. A load's tables are fresh
 # memory, and in this VM the kernel's first touch of fresh memory (zeroed
 # pages the host backs anew) costs from 0.4 to 4 s per GB: the loads' user
@@ -51,8 +56,10 @@ if [ "$AVAIL" -lt "$NEED" ]; then
 fi
 TMP=$(mktemp -d)
 PID=
+FPID=
 cleanup() {
   [ -n "$PID" ] && kill "$PID" 2>/dev/null || true
+  [ -n "$FPID" ] && kill "$FPID" 2>/dev/null || true
   rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -71,6 +78,25 @@ median() { printf '%s\n' $1 | sort -g | awk '{v[NR] = $1} END {print v[int((NR +
 field() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}'; }
 TEAM=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 load() { OMP_WAIT_POLICY=passive OMP_NUM_THREADS=$TEAM "$BENCH" load "$ADDR" "$SHARDS" "$CHUNK" "$DEPTH"; }
+# A follower's initial copy: prints its seconds and GB/s (bytes $1).
+follower() {
+  rm -f "$TMP/fport" "$TMP/follower.log"
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$SRV" --listen 127.0.0.1:0 --port-file "$TMP/fport" --shards "$SHARDS" \
+    --follow "$ADDR" 2>"$TMP/follower.log" &
+  FPID=$!
+  until grep -q "replaces this server's state" "$TMP/follower.log" 2>/dev/null; do
+    kill -0 "$FPID" 2>/dev/null || { cat "$TMP/follower.log" >&2; exit 1; }
+    sleep 0.02
+  done
+  t1=$(date +%s.%N)
+  kill "$FPID"
+  wait "$FPID" || true
+  FPID=
+  awk -v a="$t0" -v b="$t1" -v n="$1" \
+    'BEGIN {printf "seconds %.2f gbps %.3f\n", b - a, n / (b - a) / 1e9}'
+}
 
 echo "# embps snapshot benchmark: $(date -u +%FT%TZ), $(nproc) cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); $ROWS x $DIM Adagrad," \
@@ -99,6 +125,10 @@ for kind in dense dynamic; do
     "$kind" "$ROWS" "$BYTES" "$R" "$D" "$(awk -v a="$D" -v b="$R" 'BEGIN {print a / b}')" \
     "$L" "$(awk -v a="$L" -v b="$R" 'BEGIN {print a / b}')" "$RAW" "$DRAIN" "$LOAD"
   echo "         the loads' CPU seconds, user:$LUSER; kernel (the first touch of the tables' fresh memory, mostly):$LSYS"
+  F=$(follower "$BYTES")
+  printf '         a follower copying it: %.1f s, %.2f GB/s (%.2f x raw)\n' \
+    "$(echo "$F" | field seconds)" "$(echo "$F" | field gbps)" \
+    "$(awk -v a="$(echo "$F" | field gbps)" -v b="$R" 'BEGIN {print a / b}')"
   "$CLI" --servers "$ADDR" drop-table t >/dev/null
 done
 grep -o 'longest shard copy [0-9.]* ms' "$TMP/server.log" |

@@ -29,7 +29,9 @@
  *    from its own log) and promoted; the old primary restarted as its
  *    follower cuts exactly those 7 (says so) and ends equal;
  *  - rejoin_copy: an old primary whose checkpoint holds records the new
- *    primary never had sets its state aside and copies the new one's. */
+ *    primary never had sets its state aside and copies the new one's;
+ *  - pin_bound: a snapshot session keeps a memory-only primary's backlog
+ *    only up to twice its bound. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -50,6 +52,7 @@
 #include "frame.h"
 #include "proxy.h"
 #include "repl_util.h"
+#include "snapshot.h" /* client/: a snapshot session left open */
 
 #define DIM 8
 #define DENSE_ROWS 512
@@ -1010,6 +1013,39 @@ static void test_rejoin_copy(void **state) {
   cleanup(&b);
 }
 
+/* A snapshot session of a primary without a data dir keeps the records
+ * after its LSN in the backlog (a follower's copy fetches them next), up
+ * to twice --repl-backlog-bytes: then it lets them go, saying so, and the
+ * backlog is back within its bound; a follower copies all the same. */
+static void test_pin_bound(void **state) {
+  dur_server_t p = {0}, f = {0};
+  start(&p, NULL, (const char *const[]){"--repl-backlog-bytes", "1048576",
+                                        NULL});
+  embps_client_t *c = connect_to(p.addr, 30000);
+  embps_table_spec_t s;
+  embps_table_spec_init(&s, "sgd_f32_dense", DIM, EMBPS_OPT_SGD);
+  s.rows = DENSE_ROWS;
+  create(c, &s);
+  embps_snapshot_t *snap;
+  assert_int_equal(embps_snapshot_begin(c, 0, NULL, &snap), 0);
+  push_whole(c, "sgd_f32_dense", 40); /* 0.8 MiB: kept */
+  assert_false(log_has(&p, "let go"));
+  push_whole(c, "sgd_f32_dense", 80); /* past 2 MiB */
+  assert_true(log_has(&p, "they are let go"));
+  embps_snapshot_end(snap);
+  char follow[64];
+  snprintf(follow, sizeof follow, "%s", p.addr);
+  start(&f, NULL, (const char *const[]){"--follow", follow, NULL});
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&f, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "after a pin let go", 0), 0);
+  embps_client_destroy(c);
+  stop_server(&f);
+  stop_server(&p);
+  cleanup(&p);
+  cleanup(&f);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -1017,6 +1053,7 @@ int main(void) {
       cmocka_unit_test(test_proxy),   cmocka_unit_test(test_restart),
       cmocka_unit_test(test_copy),    cmocka_unit_test(test_sync),
       cmocka_unit_test(test_promote), cmocka_unit_test(test_rejoin_copy),
+      cmocka_unit_test(test_pin_bound),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
