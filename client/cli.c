@@ -82,12 +82,12 @@ static const embps_flag_t global_flags[] = {
                       "how long a push or a read goes on retrying after a "
                       "broken connection (default 30000; 0 or -1: never)"),
     {"read-from", "primary|follower",
-     "pull, describe and export read from each member's primary (default) "
-     "or, for a member listed as PRIMARY|FOLLOWER..., from a follower: rows "
-     "as the primary had them at the LSN the follower has applied (pull "
+     "pull and export read from each member's primary (default) or, for "
+     "a member listed as PRIMARY|FOLLOWER..., from a follower: rows as the "
+     "primary had them at the LSN the follower has applied (pull --json "
      "says which)",
      set_read_from, offsetof(global_t, client.read_from),
-     sizeof(int), 0, 0, 0, NULL},
+     sizeof(int), 0, 0, 0, "primary or follower"},
     EMBPS_FLAG_NUMBER("member", "I", embps_flag_set_uint, global_t, member, 0,
                       UINT32_MAX - 1, "a server index",
                       "stats and tables ask server I of the list alone (the "
@@ -1065,7 +1065,9 @@ static const command_t commands[] = {
      "the tables: spec, rows, bytes, servers that lack them, "
      "durability",
      json_groups, NULL, cmd_tables},
-    {"pull", "NAME", "print rows (id, tab, values) in request order (--json: and the LSN each member read at)",
+    {"pull", "NAME",
+     "print rows (id, tab, values) in request order (--json: and the LSN "
+     "each member read at)",
      pull_groups, check_pull, cmd_pull},
     {"push", "NAME", "push a gradient: one optimizer step on its rows",
      push_groups, check_push, cmd_push},

@@ -122,7 +122,8 @@ static void test_bad_lists(void **state) {
   free(cerr);
   const char *const args2[] = {"--read-from", "nearest", "tables", NULL};
   assert_int_not_equal(dur_cli("127.0.0.1:1", args2, &out, &cerr), 0);
-  assert_non_null(strstr(cerr, "--read-from \"nearest\""));
+  assert_non_null(
+      strstr(cerr, "--read-from \"nearest\" is not primary or follower"));
   free(out);
   free(cerr);
 }
