@@ -105,7 +105,6 @@ int embps_servers_parse_(embps_client_t *c, const char *list, char *err,
     return -ENOMEM;
   }
   const char *p = list;
-  uint32_t n_multi = 0;
   for (uint32_t i = 0; i < n; i++) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);
@@ -114,11 +113,10 @@ int embps_servers_parse_(embps_client_t *c, const char *list, char *err,
                i, list);
       return EMBPS_EINVAL;
     }
+    c->n = i + 1; /* freed by embps_servers_free_, even half made */
     int rc = parse_member(&c->members[i], i, p, len, err, err_len);
     if (rc)
       return rc;
-    n_multi += c->members[i].n_listed > 1;
-    c->n = i + 1;
     p = end ? end + 1 : p + len;
   }
   uint32_t n_conns = n + (c->read_from == EMBPS_READ_FOLLOWER ? n : 0);
