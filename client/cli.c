@@ -53,10 +53,24 @@ typedef struct {
   int help, version;
 } global_t;
 
+static int set_read_from(const embps_flag_t *f, const char *v, void *obj,
+                         char *err, size_t err_len) {
+  int *field = (int *)((char *)obj + f->off);
+  if (!strcmp(v, "primary"))
+    *field = EMBPS_READ_PRIMARY;
+  else if (!strcmp(v, "follower"))
+    *field = EMBPS_READ_FOLLOWER;
+  else
+    return embps_flag_refuse(f, v, err, err_len);
+  return 0;
+}
+
 static const embps_flag_t global_flags[] = {
     EMBPS_FLAG_STRING("servers", "H:P[,H:P...]", global_t, client.servers,
                       "the cluster's servers, in cluster order (default "
-                      "$EMBPS_SERVERS, then 127.0.0.1:7070)"),
+                      "$EMBPS_SERVERS, then 127.0.0.1:7070); a member's "
+                      "primary and followers as H:P|H:P (writes find its "
+                      "primary)"),
     EMBPS_FLAG_STRING("token-file", "F", global_t, token_file,
                       "send the auth token in file F (default "
                       "$EMBPS_TOKEN_FILE)"),
@@ -67,6 +81,13 @@ static const embps_flag_t global_flags[] = {
                       -1, INT32_MAX, "a number of ms (or -1)",
                       "how long a push or a read goes on retrying after a "
                       "broken connection (default 30000; 0 or -1: never)"),
+    {"read-from", "primary|follower",
+     "pull and export read from each member's primary (default) or, for "
+     "a member listed as PRIMARY|FOLLOWER..., from a follower: rows as the "
+     "primary had them at the LSN the follower has applied (pull --json "
+     "says which)",
+     set_read_from, offsetof(global_t, client.read_from),
+     sizeof(int), 0, 0, 0, "primary or follower"},
     EMBPS_FLAG_NUMBER("member", "I", embps_flag_set_uint, global_t, member, 0,
                       UINT32_MAX - 1, "a server index",
                       "stats and tables ask server I of the list alone (the "
@@ -703,6 +724,11 @@ static int cmd_pull(cmd_t *cmd) {
         printf("%s%.9g", j ? ", " : "", (double)rows[i * dim + j]);
       printf("]}");
     }
+    /* the LSN each member read at (0: no rows asked of it) */
+    printf("], \"lsn\": [");
+    for (size_t s = 0; s < embps_client_n_servers(cmd->client); s++)
+      printf("%s%" PRIu64, s ? ", " : "",
+             embps_client_read_lsn(cmd->client, s));
     printf("]}\n");
   } else if (!rc) {
     for (size_t i = 0; i < n; i++) {
@@ -1052,7 +1078,9 @@ static const command_t commands[] = {
      "the tables: spec, rows, bytes, servers that lack them, "
      "durability",
      json_groups, NULL, cmd_tables},
-    {"pull", "NAME", "print rows (id, tab, values) in request order",
+    {"pull", "NAME",
+     "print rows (id, tab, values) in request order (--json: and the LSN "
+     "each member read at)",
      pull_groups, check_pull, cmd_pull},
     {"push", "NAME", "push a gradient: one optimizer step on its rows",
      push_groups, check_push, cmd_push},

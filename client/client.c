@@ -32,7 +32,6 @@
 #include "wire.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
-#define MAX_SERVERS 1024
 #define DEFAULT_RETRY_MS 30000
 /* Pushes kept owed (transport.c) at most: past these, pushes are refused
  * until a server comes back or embps_push_resume completes them. */
@@ -41,60 +40,6 @@
 
 
 /* ------------------------------------------------------------ create */
-
-static int parse_servers(embps_client_t *c, const char *list, char *err,
-                         size_t err_len) {
-  uint32_t n = 1;
-  for (const char *p = list; *p; p++)
-    n += *p == ',';
-  if (n > MAX_SERVERS) {
-    snprintf(err, err_len, "more than %d servers", MAX_SERVERS);
-    return EMBPS_EINVAL;
-  }
-  c->conns = calloc(n, sizeof *c->conns);
-  if (!c->conns)
-    return -ENOMEM;
-  const char *p = list;
-  for (uint32_t i = 0; i < n; i++) {
-    const char *end = strchr(p, ',');
-    size_t len = end ? (size_t)(end - p) : strlen(p);
-    conn_t *k = &c->conns[i];
-    k->fd = -1;
-    if (len == 0 || len >= sizeof k->alts) {
-      snprintf(err, err_len, "bad server list \"%s\"", list);
-      return EMBPS_EINVAL;
-    }
-    memcpy(k->alts, p, len);
-    k->alts[len] = 0;
-    /* "a:1|b:2": the servers of one member, each HOST:PORT */
-    int rc = 0;
-    for (const char *a = k->alts; !rc; k->n_alts++) {
-      const char *bar = strchr(a, '|');
-      size_t alen = bar ? (size_t)(bar - a) : strlen(a);
-      char item[300], host[256];
-      int port;
-      if (alen >= sizeof item)
-        alen = sizeof item - 1;
-      memcpy(item, a, alen);
-      item[alen] = 0;
-      if (!alen || embps_parse_hostport(item, host, sizeof host, &port)) {
-        snprintf(err, err_len, "\"%s\" is not HOST:PORT", item);
-        return EMBPS_EINVAL;
-      }
-      if (!bar)
-        rc = 1;
-      else
-        a = bar + 1;
-    }
-    k->to_primary = k->n_alts > 1;
-    embps_conn_use_(k, 0);
-    k->index = i;
-    k->client = c;
-    c->n++;
-    p = end ? end + 1 : p + len;
-  }
-  return 0;
-}
 
 static int load_token(embps_client_t *c, const char *token, char *err,
                       size_t err_len) {
@@ -174,7 +119,17 @@ int embps_client_create_member(const embps_client_options_t *opts,
   c->retry_ms = !opts->retry_ms     ? DEFAULT_RETRY_MS
                 : opts->retry_ms < 0 ? -1
                                      : opts->retry_ms;
-  int rc = parse_servers(c, servers, errbuf, errbuf_len);
+  int rc = 0;
+  if (opts->read_from != EMBPS_READ_PRIMARY &&
+      opts->read_from != EMBPS_READ_FOLLOWER) {
+    snprintf(errbuf, errbuf_len, "read_from %d is neither "
+             "EMBPS_READ_PRIMARY (0) nor EMBPS_READ_FOLLOWER (1)",
+             opts->read_from);
+    rc = EMBPS_EINVAL;
+  }
+  c->read_from = opts->read_from;
+  if (!rc)
+    rc = embps_servers_parse_(c, servers, errbuf, errbuf_len);
   c->member = member;
   if (!rc && member != UINT32_MAX && member >= c->n) {
     snprintf(errbuf, errbuf_len, "member %u: the server list has %u "
@@ -187,9 +142,13 @@ int embps_client_create_member(const embps_client_options_t *opts,
                  (ssize_t)sizeof c->client_id)
     c->client_id = embps_now_ns() ^ ((uint64_t)getpid() << 32);
   c->client_id |= 1; /* 0 means "no exactly-once" on the wire */
+  /* each member's primary, or where its reads go when they go to a
+   * follower (its primary then on its first write) */
+  static const embps_ticket_t reads = {.reads = 1};
   for (uint32_t i = 0; !rc && i < c->n; i++) {
-    rc = member < c->n && i != member ? 0
-                                      : embps_client_connect_member_(c, i);
+    rc = member < c->n && i != member
+             ? 0
+             : embps_client_connect_(c, embps_client_conn_for_(c, i, &reads));
     if (rc)
       snprintf(errbuf, errbuf_len, "%s", c->last_error);
   }
@@ -204,10 +163,10 @@ int embps_client_create_member(const embps_client_options_t *opts,
 void embps_client_destroy(embps_client_t *c) {
   if (!c)
     return;
-  for (uint32_t i = 0; i < c->n; i++)
+  for (uint32_t i = 0; i < c->n_conns; i++)
     embps_conn_drop_(&c->conns[i], EMBPS_ECONN, "client destroyed", 0);
   embps_owed_free_all_(c);
-  free(c->conns);
+  embps_servers_free_(c);
   free(c->tables);
   embps_dedup_close(&c->dedup);
   embps_bufpool_close(&c->pool);
@@ -238,9 +197,10 @@ static int name_msg(embps_client_t *c, embps_msg_t *m, uint16_t kind,
  * is the ticket (caller frees; NULL only when out of memory): part i holds
  * server i's reply, an ERROR reply included, or none after a connection
  * failure. max_reply: the largest reply body m can produce (0: what its
- * kind allows). Returns the first error. */
+ * kind allows). reads: a follower may answer (embps_client_conn_for_).
+ * Returns the first error. */
 static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
-                          uint32_t only, size_t max_reply,
+                          uint32_t only, size_t max_reply, int reads,
                           embps_ticket_t **out) {
   if (only >= c->n && c->member < c->n) /* embps_client_create_member */
     only = c->member;
@@ -249,6 +209,7 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
   *out = t;
   if (!t)
     return embps_client_error_(c, -ENOMEM, "out of memory");
+  t->reads = (uint8_t)reads;
   if (m->kind == EMBPS_KIND_DESCRIBE || m->kind == EMBPS_KIND_LIST ||
       m->kind == EMBPS_KIND_STATS ||
       m->kind == EMBPS_KIND_ALTER ||
@@ -273,7 +234,7 @@ static int broadcast_each(embps_client_t *c, const embps_msg_t *m,
  * part (caller frees). */
 static int broadcast(embps_client_t *c, const embps_msg_t *m, uint32_t only,
                      embps_ticket_t **out) {
-  int rc = broadcast_each(c, m, only, 0, out);
+  int rc = broadcast_each(c, m, only, 0, 0, out);
   if (rc) {
     embps_ticket_free_(*out);
     *out = NULL;
@@ -364,7 +325,7 @@ static int find_lacking(embps_client_t *c, const char *name,
   if (rc)
     return rc;
   embps_ticket_t *t;
-  rc = broadcast_each(c, &m, UINT32_MAX, 0, &t);
+  rc = broadcast_each(c, &m, UINT32_MAX, 0, 0, &t);
   if (!t)
     return rc;
   rc = 0;
@@ -527,9 +488,11 @@ int embps_describe_table(embps_client_t *c, const char *name,
   if (rc)
     return rc;
   embps_ticket_t *t;
-  rc = broadcast(c, &m, UINT32_MAX, &t);
-  if (rc)
+  rc = broadcast_each(c, &m, UINT32_MAX, 0, 1, &t); /* a follower may say */
+  if (rc) {
+    embps_ticket_free_(t);
     return rc;
+  }
   infos_sum(t, out);
   embps_ticket_free_(t);
   return 0;
@@ -602,6 +565,20 @@ const char *embps_client_server_address(const embps_client_t *c,
   return c && index < c->n ? c->conns[index].addr : NULL;
 }
 
+const char *embps_client_read_address(const embps_client_t *c,
+                                      size_t index) {
+  static const embps_ticket_t reads = {.reads = 1};
+  if (!c || index >= c->n)
+    return NULL;
+  const conn_t *k = &c->conns[embps_client_conn_for_(c, (uint32_t)index,
+                                                     &reads)];
+  return k->addr;
+}
+
+uint64_t embps_client_read_lsn(const embps_client_t *c, size_t index) {
+  return c && index < c->n ? c->members[index].read_lsn : 0;
+}
+
 /* A server's text field, escaped in place (control bytes and invalid
  * UTF-8 as \xNN; cut to fit), as every server text the library hands
  * over. */
@@ -629,7 +606,7 @@ int embps_stats(embps_client_t *c, embps_server_stats_t **out,
   for (uint32_t i = 0; i < n; i++) {
     v[i] = t->parts[i].reply.u.stats;
     snprintf(v[i].address, sizeof v[i].address, "%.63s",
-             c->conns[t->parts[i].server].addr);
+             c->conns[t->parts[i].conn].addr);
     escape_field(v[i].version, sizeof v[i].version);
     escape_field(v[i].data_dir, sizeof v[i].data_dir);
     escape_field(v[i].fsync, sizeof v[i].fsync);
@@ -736,9 +713,11 @@ static int table_spec(embps_client_t *c, const char *name,
   if (rc)
     return rc;
   embps_ticket_t *t;
-  rc = broadcast(c, &m, 0, &t);
-  if (rc)
+  rc = broadcast_each(c, &m, 0, 0, 1, &t); /* what a pull or scan needs */
+  if (rc) {
+    embps_ticket_free_(t);
     return rc;
+  }
   info = t->parts[0].reply.u.info;
   embps_ticket_free_(t);
   if (strcmp(info.spec.name, name) || info.spec.dim == 0 ||
@@ -993,6 +972,7 @@ int embps_pull_async(embps_client_t *c, const char *table,
   embps_ticket_t *t = bulk_ticket(c, OP_PULL, dim, 1);
   if (!t)
     return -ENOMEM;
+  t->reads = 1; /* a follower may serve it */
   t->out = out;
   t->n = n;
   t->uniq = embps_bufpool_take(&c->pool, n * sizeof *t->uniq, &t->uniq_cap);
@@ -1221,7 +1201,8 @@ int embps_scan(embps_client_t *c, uint32_t server, const char *table,
   if (max_rows && max_rows * row_max < max)
     max = max_rows * row_max;
   embps_ticket_t *t;
-  rc = broadcast_each(c, &m, server, (size_t)max + EMBPS_REPLY_META_MAX, &t);
+  rc = broadcast_each(c, &m, server, (size_t)max + EMBPS_REPLY_META_MAX, 1,
+                      &t);
   if (rc) {
     embps_ticket_free_(t);
     return rc;
@@ -1237,7 +1218,7 @@ int embps_scan(embps_client_t *c, uint32_t server, const char *table,
     embps_ticket_free_(t);
     return embps_client_error_(c, EMBPS_EPROTO, "server %u (%s): scan reply "
                                "does not match its counts", server,
-                               c->conns[server].addr);
+                               c->conns[p->conn].addr);
   }
   out->n = r->n_rows;
   out->dim = r->dim;
@@ -1356,7 +1337,8 @@ int embps_client_create_peer_(const char *addr, const char *token,
                               size_t err_len) {
   *out = NULL;
   err[0] = 0;
-  if (token_len > EMBPS_TOKEN_MAX || strchr(addr, ',')) {
+  if (token_len > EMBPS_TOKEN_MAX || strchr(addr, ',') ||
+      strchr(addr, '|')) {
     snprintf(err, err_len, "bad peer \"%s\" or token", addr);
     return EMBPS_EINVAL;
   }
@@ -1373,7 +1355,7 @@ int embps_client_create_peer_(const char *addr, const char *token,
   c->member = UINT32_MAX;
   memcpy(c->token, token, token_len);
   c->token_len = token_len;
-  int rc = parse_servers(c, addr, err, err_len);
+  int rc = embps_servers_parse_(c, addr, err, err_len);
   if (!rc && (rc = embps_client_connect_(c, 0)) != 0)
     snprintf(err, err_len, "%s", c->last_error);
   if (rc) {

@@ -28,6 +28,29 @@
 
 typedef struct part part_t;
 
+/* One server of a member, as listed. */
+typedef struct {
+  char host[256];
+  int port;
+  char addr[300];
+} embps_server_addr_t;
+
+/* One member of the cluster (one entry of the server list): its servers,
+ * `|`-separated in the list (servers.c), and the LSN its latest read
+ * reply said it read at. alt[n_listed] is room for a primary a follower
+ * named that the list does not hold (n_alt is then n_listed + 1). */
+typedef struct {
+  embps_server_addr_t *alt;
+  uint32_t n_listed, n_alt;
+  uint64_t read_lsn;
+} member_t;
+
+/* What a connection wants of the server it reaches (transport.c,
+ * "Members"): anything (a member listed with one server), the member's
+ * primary (its writes, and its reads by default), or a follower (reads
+ * with EMBPS_READ_FOLLOWER, the primary when no follower answers). */
+enum { CONN_ANY, CONN_PRIMARY, CONN_FOLLOWER };
+
 /* A queued request frame: its part's frame and, for a bulk sent from the
  * caller's buffers, up to two borrowed segments after it. seg[] holds the
  * bytes not yet sent; cur is the first segment with bytes left. */
@@ -41,10 +64,14 @@ typedef struct out_buf {
 /* The connection to one server of the cluster. */
 typedef struct {
   struct embps_client *client;
-  char host[256];
+  char host[256]; /* the server it reaches now: m->alt[alt] */
   int port;
   char addr[300];
-  uint32_t index; /* in the cluster */
+  uint32_t index; /* its member's, in the cluster */
+  member_t *m;
+  uint32_t alt;
+  int want;      /* CONN_* */
+  int role;      /* EMBPS_ROLE_* of the server it reached (its hello) */
   int fd;
   uint64_t max_frame; /* the server's --max-frame-bytes, from its hello */
   out_buf_t *out_head, *out_tail;
@@ -60,17 +87,6 @@ typedef struct {
   int backoff_ms;
   int down_code;      /* why the last connection or attempt failed */
   char down_why[1024];
-  /* A member's servers (issue 22): the list's item "a:1|b:2" holds the
-   * servers of one member slot; host/port/addr are the one in use, which
-   * changes when it cannot be reached, when its hello says it is not the
-   * primary (to the primary it names, else the next one), or after an
-   * EMBPS_ENOTPRIMARY reply. */
-  char alts[1024];
-  int n_alts, alt;
-  int hops;       /* connections tried since the last one that served */
-  int to_primary; /* a follower's hello redirects (several servers, or an
-                     EMBPS_ENOTPRIMARY seen) */
-  char redirect[300]; /* the primary the last hello named, or "" */
   uint32_t n_owed; /* owed pushes among the pending parts */
 } conn_t;
 
@@ -81,7 +97,8 @@ typedef enum { OP_HELLO, OP_SIMPLE, OP_PULL, OP_PUSH, OP_OWED } op_t;
 
 struct part {
   embps_ticket_t *t;
-  uint32_t server;
+  uint32_t server; /* its member (cluster index) */
+  uint32_t conn;   /* the connection it is sent on (c->conns[conn]) */
   uint32_t req_id;
   uint16_t kind; /* the request's kind */
   /* The request frame (owned) and its borrowed bulk, kept until the reply
@@ -134,6 +151,9 @@ struct embps_ticket {
   int64_t *m_idx;
   float *m_vals;
   uint64_t seq; /* a push's sequence (0: not a push) */
+  /* a read that a follower may serve (a pull, a scan, the description a
+   * pull or scan needs), sent to the members' read connections */
+  uint8_t reads;
   embps_ticket_t *owed_prev, *owed_next; /* OP_OWED: the client's list */
 };
 
@@ -143,8 +163,12 @@ typedef struct {
 } cached_table_t;
 
 struct embps_client {
+  /* n_conns connections: conns[i] for member i's primary (or its only
+   * server), and with EMBPS_READ_FOLLOWER conns[n + i] for its reads */
   conn_t *conns;
-  uint32_t n;
+  uint32_t n, n_conns;
+  member_t *members; /* n */
+  int read_from;     /* EMBPS_READ_* */
   char token[EMBPS_TOKEN_MAX];
   size_t token_len;
   int timeout_ms;
@@ -177,6 +201,22 @@ int embps_client_set_error_(embps_client_t *c, int code, const char *msg);
 /* The smallest --max-frame-bytes a server of c announced (0: none). */
 uint64_t embps_client_max_frame_(const embps_client_t *c);
 
+/* ---- the server list (servers.c) ---- */
+
+/* Parses list ("a:1|b:1,c:1": members in cluster order, `|` between the
+ * servers of one member) into c's members and connections (read
+ * connections too when c->read_from is EMBPS_READ_FOLLOWER). 0, or
+ * EMBPS_EINVAL / -ENOMEM with err naming the bad entry. */
+int embps_servers_parse_(embps_client_t *c, const char *list, char *err,
+                         size_t err_len);
+/* Frees what embps_servers_parse_ made. */
+void embps_servers_free_(embps_client_t *c);
+/* The connection (index into c->conns) a request to member s goes on:
+ * its read connection for a read t when c reads from followers and s
+ * lists more than one server, else its primary's. */
+uint32_t embps_client_conn_for_(const embps_client_t *c, uint32_t s,
+                                const embps_ticket_t *t);
+
 /* ---- tickets ---- */
 
 /* A ticket of n_parts parts, zeroed but for their ticket; NULL when out
@@ -203,7 +243,8 @@ void embps_ticket_cancel_(embps_client_t *c, embps_ticket_t *t, int code);
 
 /* ---- sending ---- */
 
-/* Sends part p, its frame built, to server s: now when connected (or it
+/* Sends part p, its frame built, to member s (on the connection
+ * embps_client_conn_for_ picks): now when connected (or it
  * connects), later when the connection is down and p's ticket may retry;
  * otherwise p fails. */
 void embps_part_submit_(embps_client_t *c, uint32_t s, part_t *p);
@@ -218,21 +259,17 @@ int embps_client_frame_fits_(embps_client_t *c, uint32_t s,
 
 /* ---- connections ---- */
 
-/* Makes sure server s is connected (reconnecting after a failure, with
- * the hello); a new connection first sends again, in their order, the
- * requests still pending from the broken one. 0, or an error (c's last
- * error set) with the next attempt scheduled. */
-int embps_client_connect_(embps_client_t *c, uint32_t s);
-/* embps_client_connect_, going on at once through the servers of member
- * s (listed "a|b") and the primary a hello names, until one serves or all
- * failed once. */
-int embps_client_connect_member_(embps_client_t *c, uint32_t s);
+/* Makes sure connection ki (an index into c->conns) is connected
+ * (reconnecting after a failure, with the hello; a member's connection
+ * tries its servers until one has the role it wants); a new connection
+ * first sends again, in their order, the requests still pending from the
+ * broken one. 0, or an error (c's last error set) with the next attempt
+ * scheduled. */
+int embps_client_connect_(embps_client_t *c, uint32_t ki);
 /* Closes k, if open, failing every part waiting on it with code (or
  * keeping those that may retry when may_retry: then a push given up
  * leaves its owed copy in its place); frees its buffers. */
 void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry);
-/* Makes k's alternative i (of k->alts) the server it connects to. */
-void embps_conn_use_(conn_t *k, int i);
 
 /* ---- a server talking to another (peer.c; issue 21: a follower and its
  * primary) ---- */

@@ -37,6 +37,12 @@
  * and may complete it at once (embps_push_resume). A push that no server
  * can have applied owes nothing: it failed, and may be pushed again.
  *
+ * Members (issue 21): a member listed as PRIMARY|FOLLOWER has its primary
+ * connection, which moves to whichever of its servers says it is the
+ * primary, and with reads from followers a read connection that prefers a
+ * follower ("Members" below); parts carry their member (server) and the
+ * connection they are on (conn).
+ *
  * A server's reply is trusted only as far as the request allows: its
  * header is checked against the largest body the request can produce
  * before the body is read (a 3-row pull cannot make a 1 GiB reply
@@ -68,9 +74,10 @@
 #define TABLES_REPLY_MAX (64u << 20)
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
-/* A member listed with several servers is in a failover while none is
- * primary: its servers are asked more often, for the first to be elected
- * to be found within this of its promotion. */
+/* A member listed with several servers is in a failover while none of
+ * them is primary: they are asked again sooner, for the one elected
+ * (automatic failover: a lease's time after the primary died) to be found
+ * within this of its promotion. */
 #define BACKOFF_MEMBER_MAX_MS 250
 
 /* ------------------------------------------------------------ errors */
@@ -89,7 +96,7 @@ int embps_client_set_error_(embps_client_t *c, int code, const char *msg) {
 
 uint64_t embps_client_max_frame_(const embps_client_t *c) {
   uint64_t m = 0;
-  for (uint32_t i = 0; i < c->n; i++)
+  for (uint32_t i = 0; i < c->n_conns; i++)
     if (c->conns[i].max_frame && (!m || c->conns[i].max_frame < m))
       m = c->conns[i].max_frame;
   return m;
@@ -156,54 +163,6 @@ static int code_retryable(int code) {
   return code == EMBPS_ECONN || code == EMBPS_ETIMEDOUT ||
          code == EMBPS_ESHUTDOWN || code == EMBPS_ENOREPLICAS ||
          code == EMBPS_ENOTPRIMARY;
-}
-
-/* Points k at addr ("HOST:PORT"); -1 when it does not parse. */
-static int conn_use_addr(conn_t *k, const char *addr) {
-  char host[256];
-  int port;
-  if (embps_parse_hostport(addr, host, sizeof host, &port))
-    return -1;
-  snprintf(k->host, sizeof k->host, "%s", host);
-  k->port = port;
-  snprintf(k->addr, sizeof k->addr, "%s", addr);
-  return 0;
-}
-
-void embps_conn_use_(conn_t *k, int i) {
-  const char *a = k->alts;
-  for (int j = 0; j < i && strchr(a, '|'); j++)
-    a = strchr(a, '|') + 1;
-  const char *bar = strchr(a, '|');
-  char item[300];
-  size_t len = bar ? (size_t)(bar - a) : strlen(a);
-  if (len >= sizeof item)
-    len = sizeof item - 1;
-  memcpy(item, a, len);
-  item[len] = 0;
-  k->alt = i;
-  (void)conn_use_addr(k, item); /* checked when the list was parsed */
-}
-
-/* After a failed attempt on k: the next server to try (the primary a
- * hello named, else the member's next one). 1 when it should be tried at
- * once (a server of the member not tried since the last connection that
- * served, or a redirect), 0 when a backoff comes first. */
-static int conn_next(conn_t *k) {
-  k->hops++;
-  if (k->redirect[0] && k->hops <= k->n_alts + 2 &&
-      !conn_use_addr(k, k->redirect)) {
-    k->redirect[0] = 0;
-    return 1;
-  }
-  k->redirect[0] = 0;
-  /* the member's next server; with one, the listed address again (a
-     primary some hello named may be gone for good) */
-  embps_conn_use_(k, k->n_alts > 1 ? (k->alt + 1) % k->n_alts : 0);
-  if (k->n_alts > 1 && k->hops < k->n_alts)
-    return 1;
-  k->hops = 0; /* a whole round failed: back off */
-  return 0;
 }
 
 static void pending_append(conn_t *k, part_t *p) {
@@ -276,6 +235,7 @@ static part_t *owed_new(conn_t *k, part_t *p) {
   o->seq = p->t->seq;
   part_t *q = &o->parts[0];
   q->server = p->server;
+  q->conn = p->conn;
   q->req_id = p->req_id;
   q->kind = p->kind;
   q->n = p->n;
@@ -347,7 +307,7 @@ static part_t *part_give_up(conn_t *k, part_t *p, int code, const char *why,
 void embps_owed_free_all_(embps_client_t *c) {
   while (c->owed_head) {
     part_t *q = &c->owed_head->parts[0];
-    conn_t *k = &c->conns[q->server];
+    conn_t *k = &c->conns[q->conn];
     for (part_t *x = k->pending_head; x; x = x->next)
       if (x == q) {
         unlink_part(k, q);
@@ -595,9 +555,15 @@ static void escape_server_text(char *text, size_t cap) {
   embps_escape(raw, text, cap);
 }
 
-/* Hands a checked reply m (taken) to part p. */
+/* Hands a checked reply m (taken) to part p; a read's LSN is its
+ * member's latest. */
 static void deliver(conn_t *k, part_t *p, embps_msg_t *m) {
   embps_ticket_t *t = p->t;
+  if (m->kind == (EMBPS_KIND_PULL | EMBPS_KIND_REPLY) && m->u.pull_reply.lsn)
+    k->m->read_lsn = m->u.pull_reply.lsn;
+  else if (m->kind == (EMBPS_KIND_SCAN | EMBPS_KIND_REPLY) &&
+           m->u.scan_reply.lsn)
+    k->m->read_lsn = m->u.scan_reply.lsn;
   if (m->kind == EMBPS_KIND_ERROR) {
     escape_server_text(m->u.error.message, sizeof m->u.error.message);
     embps_ticket_fail_(t, m->u.error.code, "server %u (%s): %s", k->index,
@@ -738,24 +704,16 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
       return EMBPS_FRAMER_STOP;
     }
     const char *bad = reply_mismatch(p, &m, in_place);
-    const int notprimary = m.kind == EMBPS_KIND_ERROR &&
-                           m.u.error.code == EMBPS_ENOTPRIMARY &&
-                           p->t->retry_until_ns > embps_now_ns();
-    if (bad || notprimary ||
-        (m.kind == EMBPS_KIND_ERROR &&
-         (m.u.error.code == EMBPS_ESHUTDOWN ||
-          (m.u.error.code == EMBPS_ENOREPLICAS &&
-           p->t->retry_until_ns > embps_now_ns())))) {
+    if (bad || (m.kind == EMBPS_KIND_ERROR &&
+                (m.u.error.code == EMBPS_ESHUTDOWN ||
+                 (m.u.error.code == EMBPS_ENOTPRIMARY &&
+                  k->want == CONN_PRIMARY) ||
+                 (m.u.error.code == EMBPS_ENOREPLICAS &&
+                  p->t->retry_until_ns > embps_now_ns())))) {
       /* a lying server is dropped; one going away is retried elsewhere,
-       * as is a write it could not get enough followers for, or a write
-       * a server that is not the primary refused: the next connection's
-       * hello says who is (the same bytes: exactly once, whether it was
-       * applied or not) */
-      if (notprimary) {
-        k->to_primary = 1;
-        if (k->n_alts > 1) /* a deposed primary's hello may not know */
-          embps_conn_use_(k, (k->alt + 1) % k->n_alts);
-      }
+       * as is a write it could not get enough followers for (the same
+       * bytes: exactly once, whether it was applied or not), and one a
+       * follower refused, at the member's primary ("Members") */
       char why[EMBPS_MESSAGE_MAX + 64];
       if (!bad)
         escape_server_text(m.u.error.message, sizeof m.u.error.message);
@@ -835,11 +793,12 @@ static void conn_read(conn_t *k) {
 static int progress(embps_client_t *c, const embps_ticket_t *t,
                     int timeout_ms) {
   struct pollfd stack[16];
-  struct pollfd *pfd = c->n <= 16 ? stack : malloc(c->n * sizeof *pfd);
+  struct pollfd *pfd =
+      c->n_conns <= 16 ? stack : malloc(c->n_conns * sizeof *pfd);
   if (!pfd)
     return -ENOMEM;
   uint32_t nf = 0;
-  for (uint32_t i = 0; i < c->n; i++) {
+  for (uint32_t i = 0; i < c->n_conns; i++) {
     conn_t *k = &c->conns[i];
     if (k->fd < 0 || (!k->out_head && !k->pending_head))
       continue;
@@ -860,7 +819,7 @@ static int progress(embps_client_t *c, const embps_ticket_t *t,
       if (!pfd[j].revents)
         continue;
       conn_t *k = NULL;
-      for (uint32_t i = 0; i < c->n; i++)
+      for (uint32_t i = 0; i < c->n_conns; i++)
         if (c->conns[i].fd == pfd[j].fd)
           k = &c->conns[i];
       if (!k)
@@ -881,7 +840,7 @@ static int progress(embps_client_t *c, const embps_ticket_t *t,
  * requests, and t's own while it may still retry, are sent again once the
  * connection is back. */
 static void ticket_abandon(embps_client_t *c, embps_ticket_t *t, int code) {
-  for (uint32_t i = 0; i < c->n; i++) {
+  for (uint32_t i = 0; i < c->n_conns; i++) {
     conn_t *k = &c->conns[i];
     if (k->fd < 0)
       continue;
@@ -907,7 +866,7 @@ static int conn_holds(const conn_t *k, const embps_ticket_t *t) {
 /* t's retries are over: its parts waiting on broken connections fail with
  * the reason the connection is down. */
 static void ticket_expire(embps_client_t *c, embps_ticket_t *t) {
-  for (uint32_t i = 0; i < c->n; i++) {
+  for (uint32_t i = 0; i < c->n_conns; i++) {
     conn_t *k = &c->conns[i];
     while (conn_holds(k, t)) {
       part_t *p = k->pending_head;
@@ -940,7 +899,7 @@ void embps_ticket_cancel_(embps_client_t *c, embps_ticket_t *t, int code) {
  * (UINT64_MAX: none). */
 static uint64_t reconnect_due(embps_client_t *c, embps_ticket_t *t) {
   uint64_t next = UINT64_MAX;
-  for (uint32_t i = 0; i < c->n; i++) {
+  for (uint32_t i = 0; i < c->n_conns; i++) {
     conn_t *k = &c->conns[i];
     if (!conn_holds(k, t))
       continue;
@@ -1007,7 +966,11 @@ void embps_ticket_allow_retry_(const embps_client_t *c, embps_ticket_t *t) {
     t->retry_until_ns = embps_now_ns() + (uint64_t)c->retry_ms * 1000000ULL;
 }
 
-static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
+/* Says hello on k, just connected as connection ki: sets k's frame limit
+ * and the role of the server it reached, and *primary (EMBPS_ADDR_MAX
+ * bytes, may be NULL) to the primary a follower names. A server of
+ * another place in the cluster is EMBPS_EWRONGSERVER. */
+static int hello(embps_client_t *c, conn_t *k, uint32_t ki, char *primary) {
   embps_ticket_t *t = embps_ticket_new_(OP_HELLO, 1);
   if (!t)
     return -ENOMEM;
@@ -1018,7 +981,8 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   memcpy(m.u.hello.token, c->token, c->token_len);
   m.u.hello.token_len = c->token_len;
   part_t *p = &t->parts[0];
-  p->server = index;
+  p->server = k->index;
+  p->conn = ki;
   p->kind = m.kind;
   p->req_id = ++c->next_req_id;
   int rc = embps_frame_build(&m, p->req_id, 0, &p->frame, &p->frame_len, NULL);
@@ -1029,19 +993,18 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   if (!rc) {
     const embps_hello_reply_t *r = &p->reply.u.hello_reply;
     k->max_frame = r->max_frame_bytes;
-    if (!c->peer && (r->cluster_size != c->n || r->cluster_index != index)) {
+    k->role = r->role == EMBPS_ROLE_FOLLOWER ? EMBPS_ROLE_FOLLOWER
+                                             : EMBPS_ROLE_PRIMARY;
+    if (primary) {
+      snprintf(primary, EMBPS_ADDR_MAX, "%s", r->primary);
+      escape_server_text(primary, EMBPS_ADDR_MAX);
+    }
+    if (!c->peer &&
+        (r->cluster_size != c->n || r->cluster_index != k->index)) {
       rc = EMBPS_EWRONGSERVER;
       snprintf(t->error, sizeof t->error, "%s is server %u of a cluster of "
                "%u, but the client lists it as server %u of %u", k->addr,
-               r->cluster_index, r->cluster_size, index, c->n);
-    } else if (!c->peer && k->to_primary &&
-               r->role == EMBPS_ROLE_FOLLOWER) {
-      /* not the primary (any more, or yet): the one it names, if any */
-      rc = EMBPS_ENOTPRIMARY;
-      snprintf(k->redirect, sizeof k->redirect, "%s", r->primary);
-      snprintf(t->error, sizeof t->error, "%.200s is not the primary of "
-               "member %u (%.100s)", k->addr, index,
-               r->primary[0] ? r->primary : "none elected yet");
+               r->cluster_index, r->cluster_size, k->index, c->n);
     }
   }
   if (rc)
@@ -1051,43 +1014,174 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t index) {
   return rc;
 }
 
-/* Makes sure server s is connected (reconnecting after a failure); a new
- * connection first sends again, in their order, the requests still
- * pending from the broken one. A failure schedules the next attempt. */
-int embps_client_connect_(embps_client_t *c, uint32_t s) {
-  conn_t *k = &c->conns[s];
-  if (k->fd >= 0)
-    return 0;
+/* One attempt at k's current server: connects and says hello. 0, or an
+ * error with k's down_code and down_why set. */
+static int conn_attempt(embps_client_t *c, conn_t *k, uint32_t ki,
+                        char *primary) {
   char why[400];
   int rc = connect_fd(k, c->timeout_ms, why, sizeof why);
   if (rc) {
     k->down_code = rc;
     snprintf(k->down_why, sizeof k->down_why, "server %u (%s): %s", k->index,
              k->addr, why);
-  } else {
-    embps_framer_init(&k->framer, &reply_ops, k, MAX_REPLY_BYTES);
-    rc = hello(c, k, s);
-    if (rc && k->fd >= 0)
-      conn_fail(k, rc, "hello failed");
-    if (rc) {
-      k->down_code = rc;
-      snprintf(k->down_why, sizeof k->down_why, "%s", c->last_error);
-    }
+    return rc;
   }
+  embps_framer_init(&k->framer, &reply_ops, k, MAX_REPLY_BYTES);
+  rc = hello(c, k, ki, primary);
+  if (rc && k->fd >= 0)
+    conn_fail(k, rc, "hello failed");
   if (rc) {
-    if (conn_next(k)) { /* another server of the member: at once */
-      k->retry_at_ns = embps_now_ns();
-      return embps_client_error_(c, rc, "%s", k->down_why);
+    k->down_code = rc;
+    snprintf(k->down_why, sizeof k->down_why, "%s", c->last_error);
+  }
+  return rc;
+}
+
+/* ------------------------------------------------------------ members
+ *
+ * A member listed with several servers (servers.c) is reached through
+ * connections that each want a role: its primary connection takes the
+ * first server whose hello says primary, its read connection (reads from
+ * followers) the first whose hello says follower, else the primary. One
+ * connection attempt tries the member's servers in turn from the one it
+ * is at, at most once each (and once more for a primary a follower names:
+ * it is tried next, listed or not, as hello still checks its place in the
+ * cluster); when none will do, the attempt fails like a connection that
+ * cannot be made, with every server's reason, and is made again after
+ * the backoff while the requests waiting on it may retry. A write a
+ * server refuses with EMBPS_ENOTPRIMARY (it became a follower after the
+ * hello) drops the connection the same way, keeping the write for the
+ * member's primary: a follower refuses a write before doing anything. */
+
+/* Points k at server a of its member. */
+static void conn_move(conn_t *k, uint32_t a) {
+  const embps_server_addr_t *x = &k->m->alt[a];
+  k->alt = a;
+  snprintf(k->host, sizeof k->host, "%s", x->host);
+  k->port = x->port;
+  snprintf(k->addr, sizeof k->addr, "%s", x->addr);
+}
+
+/* The index in m of the server at addr (a primary some follower named),
+ * put in m's spare slot when m does not list it; UINT32_MAX when addr is
+ * no HOST:PORT. */
+static uint32_t member_learn(member_t *m, const char *addr) {
+  for (uint32_t i = 0; i < m->n_alt; i++)
+    if (strcmp(m->alt[i].addr, addr) == 0)
+      return i;
+  embps_server_addr_t *x = &m->alt[m->n_listed];
+  if (strlen(addr) >= sizeof x->addr ||
+      embps_parse_hostport(addr, x->host, sizeof x->host, &x->port))
+    return UINT32_MAX;
+  snprintf(x->addr, sizeof x->addr, "%s", addr);
+  m->n_alt = m->n_listed + 1;
+  return m->n_listed;
+}
+
+/* Closes k after a hello from a server of the wrong role: what waits on
+ * k stays for the member's next server. */
+static void conn_close_quiet(conn_t *k) {
+  close(k->fd);
+  k->fd = -1;
+  for (out_buf_t *o = k->out_head, *next; o; o = next) {
+    next = o->next;
+    free(o);
+  }
+  k->out_head = k->out_tail = NULL;
+  free(k->body);
+  k->body = NULL;
+  k->body_cap = 0;
+  k->cur = NULL;
+  k->in_place = 0;
+}
+
+/* Appends "; <what>" to the reasons in buf (cut to fit). */
+static void reason_add(char *buf, size_t cap, const char *what) {
+  size_t used = strlen(buf);
+  if (used + 3 >= cap)
+    return;
+  if (used) {
+    memcpy(buf + used, "; ", 3);
+    used += 2;
+  }
+  size_t n = strlen(what);
+  if (n > cap - used - 1)
+    n = cap - used - 1;
+  memcpy(buf + used, what, n);
+  buf[used + n] = 0;
+}
+
+/* One attempt at connection ki of a member listing several servers (see
+ * above). 0, or an error with k's down_code and down_why set. */
+static int member_connect(embps_client_t *c, conn_t *k, uint32_t ki) {
+  member_t *m = k->m;
+  const int want_follower = k->want == CONN_FOLLOWER;
+  const conn_t *primary_conn = &c->conns[k->index];
+  if (want_follower && k->alt == primary_conn->alt &&
+      primary_conn->fd >= 0 && primary_conn->role == EMBPS_ROLE_PRIMARY)
+    conn_move(k, (k->alt + 1) % m->n_alt); /* not the primary first */
+  char reasons[sizeof k->down_why] = "";
+  int rc = EMBPS_ECONN, last = EMBPS_ECONN;
+  uint32_t fallback = UINT32_MAX; /* a primary, for reads */
+  for (uint32_t i = 0; i <= m->n_alt; i++) {
+    char named[EMBPS_ADDR_MAX] = "";
+    rc = conn_attempt(c, k, ki, named);
+    if (!rc && (k->role == EMBPS_ROLE_FOLLOWER) == want_follower)
+      return 0;
+    uint32_t next = (k->alt + 1) % m->n_alt;
+    char what[EMBPS_ADDR_MAX + 400];
+    if (rc) {
+      snprintf(what, sizeof what, "%.600s", k->down_why);
+      last = rc;
+    } else if (want_follower) {
+      conn_close_quiet(k);
+      fallback = k->alt;
+      snprintf(what, sizeof what, "%s is the primary", k->addr);
+    } else {
+      conn_close_quiet(k);
+      snprintf(what, sizeof what, "%s follows %s", k->addr,
+               named[0] ? named : "(no primary named)");
+      uint32_t a = named[0] ? member_learn(m, named) : UINT32_MAX;
+      if (a != UINT32_MAX && a != k->alt)
+        next = a;
+      last = EMBPS_ENOTPRIMARY;
     }
-    const int cap = k->n_alts > 1 ? BACKOFF_MEMBER_MAX_MS : BACKOFF_MAX_MS;
+    reason_add(reasons, sizeof reasons, what);
+    conn_move(k, next);
+  }
+  if (fallback != UINT32_MAX) { /* no follower answered: the primary */
+    conn_move(k, fallback);
+    char named[EMBPS_ADDR_MAX];
+    if ((rc = conn_attempt(c, k, ki, named)) == 0)
+      return 0;
+    reason_add(reasons, sizeof reasons, k->down_why);
+    last = rc;
+  }
+  k->down_code = last;
+  snprintf(k->down_why, sizeof k->down_why, "server %u: no %s among its "
+           "servers: %s", k->index, want_follower ? "server" : "primary",
+           reasons);
+  return last;
+}
+
+/* Makes sure connection ki is connected (reconnecting after a failure);
+ * a new connection first sends again, in their order, the requests still
+ * pending from the broken one. A failure schedules the next attempt. */
+int embps_client_connect_(embps_client_t *c, uint32_t ki) {
+  conn_t *k = &c->conns[ki];
+  if (k->fd >= 0)
+    return 0;
+  int rc = k->want == CONN_ANY ? conn_attempt(c, k, ki, NULL)
+                               : member_connect(c, k, ki);
+  if (rc) {
+    const int cap = k->want == CONN_ANY ? BACKOFF_MAX_MS : BACKOFF_MEMBER_MAX_MS;
     k->backoff_ms = k->backoff_ms < BACKOFF_MIN_MS ? BACKOFF_MIN_MS
-                    : 2 * k->backoff_ms > cap     ? cap
-                                                  : 2 * k->backoff_ms;
+                    : 2 * k->backoff_ms > cap    ? cap
+                                                 : 2 * k->backoff_ms;
     k->retry_at_ns = embps_now_ns() + (uint64_t)k->backoff_ms * 1000000ULL;
     return embps_client_error_(c, rc, "%s", k->down_why);
   }
   k->backoff_ms = 0;
-  k->hops = 0;
   for (part_t *p = k->pending_head; p; p = p->next) {
     if (out_queue(k, p)) {
       embps_conn_drop_(k, -ENOMEM, "out of memory", 0);
@@ -1095,16 +1189,6 @@ int embps_client_connect_(embps_client_t *c, uint32_t s) {
     }
   }
   return 0;
-}
-
-int embps_client_connect_member_(embps_client_t *c, uint32_t s) {
-  const conn_t *k = &c->conns[s];
-  int rc = embps_client_connect_(c, s);
-  /* the member's other servers, and the primary a hello named, at once */
-  for (int i = 0; rc && i < k->n_alts + 2 && k->retry_at_ns <= embps_now_ns();
-       i++)
-    rc = embps_client_connect_(c, s);
-  return rc;
 }
 
 /* ------------------------------------------------------------ owed */
@@ -1143,7 +1227,7 @@ static void name_parts(const embps_client_t *c, const embps_ticket_t *t,
       continue;
     }
     int w = snprintf(buf + used, len - used, "%sserver %u (%.64s)",
-                     named++ ? ", " : "", p->server, c->conns[p->server].addr);
+                     named++ ? ", " : "", p->server, c->conns[p->conn].addr);
     if (w > 0 && (size_t)w < len - used)
       used += (size_t)w;
   }
@@ -1160,7 +1244,7 @@ int embps_push_outcome_(embps_client_t *c, embps_ticket_t *t, int rc) {
     const part_t *p = &t->parts[i];
     n[part_state(p)]++;
     if (p->orphan && (p->orphan->written ||
-                      owed_queued(&c->conns[p->server], p->orphan)))
+                      owed_queued(&c->conns[p->conn], p->orphan)))
       maybe = 1;
   }
   if (!n[OWED] && !n[NOT_APPLIED])
@@ -1169,7 +1253,7 @@ int embps_push_outcome_(embps_client_t *c, embps_ticket_t *t, int rc) {
     for (uint32_t i = 0; i < t->n_parts; i++) {
       part_t *q = t->parts[i].orphan;
       if (q) {
-        conn_t *k = &c->conns[q->server];
+        conn_t *k = &c->conns[q->conn];
         unlink_part(k, q);
         owed_free(k, q, 0);
       }
@@ -1222,7 +1306,7 @@ int embps_push_resume(embps_client_t *c) {
       (c->retry_ms > 0 ? (uint64_t)c->retry_ms * 1000000ULL : 0);
   for (int first = 1; c->n_owed; first = 0) {
     uint64_t now = embps_now_ns(), wake = UINT64_MAX;
-    for (uint32_t i = 0; i < c->n; i++) {
+    for (uint32_t i = 0; i < c->n_conns; i++) {
       conn_t *k = &c->conns[i];
       if (!k->n_owed)
         continue;
@@ -1251,7 +1335,7 @@ int embps_push_resume(embps_client_t *c) {
   }
   if (c->n_owed) {
     const part_t *q = &c->owed_head->parts[0];
-    const conn_t *k = &c->conns[q->server];
+    const conn_t *k = &c->conns[q->conn];
     return embps_client_error_(c, k->down_code ? k->down_code : EMBPS_ECONN,
                                "%u push(es) still owed; the oldest, seq "
                                "%llu, to %.400s: each is sent again before "
@@ -1282,16 +1366,20 @@ int embps_client_frame_fits_(embps_client_t *c, uint32_t s,
                              (unsigned long long)k->max_frame);
 }
 
-/* Sends part p, its frame built, to server s: now when connected (or it
+/* Sends part p, its frame built, to member s (on its read connection for
+ * a read when c reads from followers): now when connected (or it
  * connects), later when the connection is down and p's ticket may retry;
  * otherwise p fails. */
 void embps_part_submit_(embps_client_t *c, uint32_t s, part_t *p) {
-  conn_t *k = &c->conns[s];
+  const uint32_t ki = embps_client_conn_for_(c, s, p->t);
+  conn_t *k = &c->conns[ki];
   int rc = 0;
   int waiting = k->fd < 0 && k->pending_head && p->t->retry_until_ns &&
                 embps_now_ns() < k->retry_at_ns;
+  p->server = s;
+  p->conn = ki;
   if (k->fd < 0 && !waiting)
-    rc = embps_client_connect_(c, s);
+    rc = embps_client_connect_(c, ki);
   if (k->fd >= 0) {
     conn_send(k, p);
   } else if (p->t->retry_until_ns &&
@@ -1355,7 +1443,7 @@ int embps_client_reply_(embps_client_t *c, embps_ticket_t *t,
   if (!rc && (!p->has_reply || p->rbulk))
     rc = embps_client_error_(c, EMBPS_EPROTO, "server %u (%s): a reply of "
                              "%zu bulk bytes where at most %zu were asked "
-                             "for", p->server, c->conns[p->server].addr,
+                             "for", p->server, c->conns[p->conn].addr,
                              p->rbulk_len, p->rdst_cap);
   else if (rc)
     embps_client_error_(c, rc, "%s",

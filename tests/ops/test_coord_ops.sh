@@ -4,8 +4,8 @@
 # etcd on loopback: the /metrics coordinator series (promtool-valid, the
 # role of each server, a failover counted on the one elected, every
 # series a row of README.md's metrics table), stats
-# naming the primary on both servers, the CLI given only the follower's
-# address reaching the primary for a push (its hello names it), a push
+# naming the primary on both servers, the CLI given the member's servers
+# follower first reaching the primary for a push (its hello names it), a push
 # sent with no retries to the follower refused with EMBPS_ENOTPRIMARY
 # naming the primary, `embps promote` refused (etcd elects), and a
 # primary stopped with SIGTERM giving its lease
@@ -56,8 +56,8 @@ MB=http://127.0.0.1:$(cat "$TMP/b.mport")
 # the follower in sync: a push through b's address lands on a
 check "create through the primary" timeout 30 "$CLI" --servers "$a_ADDR" \
   create-table t --dim 2 --rows 10 --optimizer sgd --lr 1
-check "a push given only the follower's address reaches the primary" \
-  timeout 30 "$CLI" --servers "$b_ADDR" push t --indices 1 --values 1,1
+check "a push given the member's servers, the follower first, reaches the primary" \
+  timeout 30 "$CLI" --servers "$b_ADDR|$a_ADDR" push t --indices 1 --values 1,1
 timeout 30 "$CLI" --servers "$b_ADDR" --retry-ms 0 push t --indices 1 \
   --values 1,1 >"$TMP/out" 2>&1 && bad "a push with no retries to the follower refused" ||
   { grep -q "ENOTPRIMARY\|not the primary\|follows $a_ADDR" "$TMP/out" &&

@@ -79,7 +79,7 @@ expect "embps-server --fsync e<TAB>" "everysec" x embps-server --fsync e
 expect "embps-server --data-dir <TAB> (directories)" "dumps" x embps-server --data-dir ""
 expect "embps-server --listen <TAB> (a value: nothing)" "" x embps-server --listen ""
 expect "embps c<TAB>: commands" "checkpoint complete-table create-table" x embps c
-expect "embps --<TAB>: global flags" "--help --member --retry-ms --servers --timeout-ms --token-file --version" x embps --
+expect "embps --<TAB>: global flags" "--help --member --read-from --retry-ms --servers --timeout-ms --token-file --version" x embps --
 expect "embps --servers H:P cre<TAB>: past a global value" "create-table" x embps --servers h:1 cre
 expect "embps create-table t --opt<TAB>" "--optimizer" x embps create-table t --opt
 expect "embps create-table t --optimizer a<TAB>" "adagrad adam" x embps create-table t --optimizer a
@@ -87,6 +87,7 @@ expect "embps --token-file <TAB> (files)" "dumps token.txt" x embps --token-file
 expect "embps tables --<TAB>" "--json" x embps tables --
 expect "embps import t --<TAB>: that command's flags" "--create --from --state --with-state" x embps import t --
 expect "embps bench --mode <TAB>" "both pull push" x embps bench --mode ""
+expect "embps --read-from <TAB>" "follower primary" x embps --read-from ""
 
 # the install tree
 if "$CMAKE" --install "$BUILD" --prefix "$TMP/prefix" >"$TMP/out" 2>&1; then

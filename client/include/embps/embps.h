@@ -380,15 +380,30 @@ typedef struct {
 typedef struct embps_client embps_client_t;
 typedef struct embps_ticket embps_ticket_t;
 
+/* The servers one entry of a server list may name (a member's primary and
+ * its followers). */
+#define EMBPS_MEMBER_SERVERS_MAX 8
+
+/* Where reads go (embps_client_options_t.read_from). */
+#define EMBPS_READ_PRIMARY 0  /* every request to the member's primary */
+#define EMBPS_READ_FOLLOWER 1 /* pulls, scans, describes to a follower */
+
 typedef struct {
   /* sizeof(embps_client_options_t): embps_client_options_init() sets it */
   size_t size;
   /* "host:port[,host:port...]"; NULL: $EMBPS_SERVERS, else 127.0.0.1:7070.
-   * The order is the cluster order: entry I is --cluster-index I. An
-   * entry may list the servers of one member, "a:7070|b:7070" (a primary
-   * and its followers): the library uses the one that is primary (a
-   * follower's hello names it) and moves on when it cannot be reached or
-   * refuses a write with EMBPS_ENOTPRIMARY, within retry_ms. */
+   * The order is the cluster order: entry I is --cluster-index I. An entry
+   * may list the servers of one member, its primary and its followers, in
+   * any order, separated by `|` ("a:7070|b:7070,c:7070|d:7070"; at most
+   * EMBPS_MEMBER_SERVERS_MAX). Every request then goes to the member's
+   * primary: the first server listed at first; a server that says it is
+   * a follower (in its hello, or refusing a write with EMBPS_ENOTPRIMARY)
+   * sends the client to the primary it names, listed or not; a server
+   * that cannot be reached to the member's next server. Both happen
+   * inside the retry window (retry_ms), and a push sent again keeps its
+   * (client id, sequence), so a push retried across a promotion is
+   * applied once. An entry of one server is used as it is: a follower
+   * listed alone serves reads and refuses writes (EMBPS_ENOTPRIMARY). */
   const char *servers;
   /* the auth token; NULL: read $EMBPS_TOKEN_FILE if set, else none */
   const char *token;
@@ -399,11 +414,17 @@ typedef struct {
    * order. Pushes keep their (client id, sequence), so a push the server
    * already applied is acknowledged as a duplicate, never applied twice;
    * pulls and describe/list/stats are reads. A server's answer (validation
-   * errors, EMBPS_EIO, ...) is never retried, nor are create and drop,
-   * except EMBPS_ENOTPRIMARY (a failover): the call goes to the server
-   * that is primary now, the same bytes.
+   * errors, EMBPS_EIO, ...) is never retried, nor are create and drop.
    * 0: 30000; negative: never retry. */
   int retry_ms;
+  /* EMBPS_READ_PRIMARY (0) or EMBPS_READ_FOLLOWER: pulls, scans and
+   * embps_describe_table (and the description a pull needs) of a member listing several servers
+   * go to one of its followers, the primary when none answers; each reply
+   * says the LSN it read at (embps_client_read_lsn). A follower's rows are
+   * the primary's at that LSN, which may be behind the primary's (and
+   * behind this client's own pushes). Everything else goes to the
+   * primary. */
+  int read_from;
 } embps_client_options_t;
 
 /* Every option at its default (0, NULL), and o->size the size of the struct
@@ -439,9 +460,21 @@ EMBPS_EXTERN const char *embps_client_last_error(const embps_client_t *c);
 EMBPS_EXTERN size_t embps_client_n_servers(const embps_client_t *c);
 
 /* The address ("host:port") of server `index` of the cluster, or NULL;
- * valid as long as c. */
+ * valid until the next call on c. For a member listing several servers:
+ * the one its writes go to now (its primary, once one answered). */
 EMBPS_EXTERN const char *embps_client_server_address(const embps_client_t *c,
                                                      size_t index);
+
+/* The LSN the latest pull or scan reply of member `index` said it read at
+ * (every row it held was the member's primary's at that LSN); 0 before
+ * any, or from a server that does not say. */
+EMBPS_EXTERN uint64_t embps_client_read_lsn(const embps_client_t *c,
+                                            size_t index);
+/* The address ("host:port") member `index`'s pulls and scans go to now: a
+ * follower's with EMBPS_READ_FOLLOWER once one answered, else the
+ * primary's (embps_client_server_address); NULL past the list. */
+EMBPS_EXTERN const char *embps_client_read_address(const embps_client_t *c,
+                                                   size_t index);
 
 /* Create flags. */
 #define EMBPS_CREATE_EXIST_OK 1u /* a table that exists with this spec: 0 */

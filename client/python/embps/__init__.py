@@ -194,11 +194,16 @@ class _Alter(_Sized):
         [(f, ctypes.c_double) for f in _ALTER_FIELDS]
 
 
+# Client(read_from=...): EMBPS_READ_PRIMARY, EMBPS_READ_FOLLOWER
+_READ_FROM = {"primary": 0, "follower": 1}
+
+
 class _Options(_Sized):
     _c_name_ = "embps_client_options_t"
     _fields_ = [("size", ctypes.c_size_t),
                 ("servers", ctypes.c_char_p), ("token", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int), ("retry_ms", ctypes.c_int)]
+                ("timeout_ms", ctypes.c_int), ("retry_ms", ctypes.c_int),
+                ("read_from", ctypes.c_int)]
 
 
 class _Slices(ctypes.Structure):
@@ -339,6 +344,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "embps_evict": (ctypes.c_int, [P, ctypes.c_char_p,
                                        ctypes.POINTER(ctypes.c_uint64)]),
         "embps_client_n_servers": (ctypes.c_size_t, [P]),
+        "embps_client_read_lsn": (ctypes.c_uint64, [P, ctypes.c_size_t]),
+        "embps_client_read_address": (ctypes.c_char_p, [P, ctypes.c_size_t]),
+        "embps_client_server_address": (ctypes.c_char_p,
+                                        [P, ctypes.c_size_t]),
         "embps_pull": (ctypes.c_int, [P, ctypes.c_char_p, i64p,
                                       ctypes.c_size_t, f32p, ctypes.c_uint32]),
         "embps_push": (ctypes.c_int, [P, ctypes.c_char_p, i64p,
@@ -587,15 +596,24 @@ class Client:
 
     def __init__(self, servers: Union[str, Sequence[str], None] = None,
                  token: Optional[str] = None, timeout_ms: int = 0,
-                 retry_ms: int = 0) -> None:
+                 retry_ms: int = 0, read_from: str = "primary") -> None:
+        """servers: "a:7070,b:7070" or a list of members in cluster order;
+        a member may list its primary and followers separated by "|"
+        ("a:7070|a2:7070"), and writes find its primary. read_from
+        "follower": pulls (and scans) of such a member go to a follower,
+        whose rows may be behind the primary's (read_lsn says at which
+        LSN each member read)."""
         lib = _lib()
         if isinstance(servers, (list, tuple)):
             servers = ",".join(servers)
         self.servers = servers or os.environ.get("EMBPS_SERVERS",
                                                  "127.0.0.1:7070")
+        if read_from not in _READ_FROM:
+            raise InvalidArgument(EMBPS_EINVAL, "read_from must be \"primary\""
+                                  " or \"follower\", not %r" % (read_from,))
         opts = _Options(servers.encode() if servers else None,
                         token.encode() if token else None, int(timeout_ms),
-                        int(retry_ms))
+                        int(retry_ms), _READ_FROM[read_from])
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
         self._c = None
@@ -683,6 +701,29 @@ class Client:
         """The number of servers of the cluster."""
         with self._lock:
             return int(_lib().embps_client_n_servers(self._h()))
+
+    def read_lsn(self, member: int = 0) -> int:
+        """The LSN member `member`'s latest pull (or scan) reply read at:
+        every row it returned was the primary's at that LSN (0: none yet)."""
+        with self._lock:
+            return int(_lib().embps_client_read_lsn(self._h(), int(member)))
+
+    def server_address(self, member: int = 0) -> str:
+        """Where member `member`'s writes go now (its primary)."""
+        with self._lock:
+            a = _lib().embps_client_server_address(self._h(), int(member))
+        if a is None:
+            raise IndexError("member %d of %d" % (member, self.n_servers))
+        return a.decode()
+
+    def read_address(self, member: int = 0) -> str:
+        """Where member `member`'s pulls go now (a follower with
+        read_from="follower")."""
+        with self._lock:
+            a = _lib().embps_client_read_address(self._h(), int(member))
+        if a is None:
+            raise IndexError("member %d of %d" % (member, self.n_servers))
+        return a.decode()
 
     def _raise(self, rc: int) -> None:
         raise error_for(rc, _lib().embps_client_last_error(self._c).decode())
