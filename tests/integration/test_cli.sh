@@ -333,7 +333,7 @@ expect_fail_with "bad --servers address" '"nonsense" is not HOST:PORT' \
   timeout 30 "$CLI" --servers nonsense pull emb --ids 1
 expect_fail_with "bad --servers port" '127.0.0.1:99999' \
   timeout 30 "$CLI" --servers 127.0.0.1:99999 tables
-expect_fail_with "bad server of a member" '"" is not HOST:PORT' \
+expect_fail_with "bad server of a member" '("127.0.0.1:7070|"): an empty address' \
   timeout 30 "$CLI" --servers '127.0.0.1:7070|' tables
 expect_fail_with "bad second server of a member" '"x" is not HOST:PORT' \
   timeout 30 "$CLI" --servers '127.0.0.1:7070|x' tables
