@@ -604,6 +604,18 @@ static void test_backup_under_storm(void **state) {
   pthread_create(&th[1], NULL, ex_main, &st);
   pthread_create(&th[2], NULL, pull_main, &st);
   it_sleep_ms(1500); /* pushes, and a checkpoint or two */
+  /* and the dynamic table past its capacity, which the restores check (a
+   * slow build, ThreadSanitizer's, needs longer than 1.5 s to get there) */
+  for (const double until = it_now_ms() + 60000;;) {
+    embps_table_info_t d;
+    info_of(c, "dyn", &d);
+    if (d.evicted_capacity)
+      break;
+    if (it_now_ms() > until || atomic_load(&st.failed))
+      fail_msg("storm: table dyn has not evicted for capacity%s",
+               atomic_load(&st.failed) ? " (a storm thread failed)" : " in 60 s");
+    it_sleep_ms(20);
+  }
 
   /* 1. through the library, slowly: periodic checkpoints during it */
   atomic_store(&st.window, 1);

@@ -33,6 +33,7 @@ docs = [d for f in sorted(glob.glob(sys.argv[1] + "/*.yaml"))
         for d in yaml.safe_load_all(open(f)) if d]
 kinds = {d["kind"] for d in docs}
 assert {"StatefulSet", "Service", "PodDisruptionBudget", "NetworkPolicy"} <= kinds, kinds
+sets = []  # the StatefulSets' pod selectors
 ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                    "persistentVolumeClaim", "projected", "secret"}
 for d in docs:
@@ -81,27 +82,33 @@ for d in docs:
         aa = pod["affinity"]["podAntiAffinity"]
         terms = aa.get("requiredDuringSchedulingIgnoredDuringExecution", [])
         assert terms and terms[0]["topologyKey"] == "kubernetes.io/hostname", aa
-        pods = d["spec"]["selector"]["matchLabels"]
-# the NetworkPolicy: selects the embps pods, only ingress rules with a
-# source each, the protocol port from workers and members, metrics from
-# Prometheus, nothing else
-np = [d for d in docs if d["kind"] == "NetworkPolicy"]
-assert len(np) == 1, np
-np = np[0]["spec"]
-assert np["podSelector"]["matchLabels"] == pods, np["podSelector"]
-assert np["policyTypes"] == ["Ingress"], np["policyTypes"]
-allowed = {}
-for rule in np["ingress"]:
-    assert rule.get("from"), ("a rule without a source admits everyone", rule)
-    for p in rule["ports"]:
-        allowed.setdefault(p["port"], []).extend(rule["from"])
-assert set(allowed) == {"embps", "metrics"}, allowed
+        sets.append(d["spec"]["selector"]["matchLabels"])
+# a NetworkPolicy per StatefulSet (primaries, followers): selects its pods,
+# only ingress rules with a source each, the protocol port from workers and
+# the embps servers (members ask each other; followers fetch from their
+# primaries), metrics from Prometheus, nothing else
+nps = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy"]
+assert sorted(str(n["podSelector"]["matchLabels"]) for n in nps) == \
+    sorted(str(p) for p in sets), (nps, sets)
 sel = lambda f: f.get("podSelector", {}).get("matchLabels", {})
-assert {"embps-client": "true"} in [sel(f) for f in allowed["embps"]], allowed["embps"]
-assert pods in [sel(f) for f in allowed["embps"]], "members ask each other"
-assert [sel(f).get("app.kubernetes.io/name") for f in allowed["metrics"]] == ["prometheus"]
+for np in nps:
+    assert np["policyTypes"] == ["Ingress"], np["policyTypes"]
+    allowed = {}
+    for rule in np["ingress"]:
+        assert rule.get("from"), ("a rule without a source admits everyone", rule)
+        for p in rule["ports"]:
+            allowed.setdefault(p["port"], []).extend(rule["from"])
+    assert set(allowed) == {"embps", "metrics"}, allowed
+    assert {"embps-client": "true"} in [sel(f) for f in allowed["embps"]], allowed["embps"]
+    assert {"app.kubernetes.io/name": "embps"} in [sel(f) for f in allowed["embps"]], \
+        "the primaries reach every server"
+    assert [sel(f).get("app.kubernetes.io/name") for f in allowed["metrics"]] == ["prometheus"]
+primaries = [n for n in nps if n["podSelector"]["matchLabels"] ==
+             {"app.kubernetes.io/name": "embps"}][0]
+assert {"app.kubernetes.io/name": "embps-follower"} in \
+    [sel(f) for r in primaries["ingress"] for f in r["from"]], "followers fetch"
 kust = yaml.safe_load(open(sys.argv[1] + "/kustomization.yaml"))
-assert "networkpolicy.yaml" in kust["resources"], kust
+assert {"networkpolicy.yaml", "followers.yaml"} <= set(kust["resources"]), kust
 PY
 
 check "compose: a token secret laid out root:10001 0440, data volumes, no --insecure" \
@@ -109,7 +116,7 @@ check "compose: a token secret laid out root:10001 0440, data volumes, no --inse
 import sys, yaml
 c = yaml.safe_load(open(sys.argv[1]))
 servers = {n: s for n, s in c["services"].items() if n.startswith("embps-")}
-assert len(servers) == 3, list(c["services"])
+assert len(servers) == 6, list(c["services"])  # 3 primaries, 3 followers
 for n, s in servers.items():
     args = s["command"]
     assert "--insecure" not in args, n
@@ -118,7 +125,10 @@ for n, s in servers.items():
     assert "--checkpoint-every" in args, n
     assert "--checkpoint-log-bytes" in args, n
     vols = dict(v.split(":", 1) for v in s["volumes"])
-    assert vols["data-" + n[-1]] == "/var/lib/embps", vols
+    assert vols["data-" + n.split("-", 1)[1]] == "/var/lib/embps", vols
+    slot = args[args.index("--cluster-index") + 1]
+    if n.startswith("embps-f"):  # follows the primary of its slot
+        assert slot == n[-1] and args[args.index("--follow") + 1] == "embps-%s:7070" % slot, n
     assert vols["auth"] == "/etc/embps/auth:ro", vols
     assert s["depends_on"]["token"]["condition"] == "service_completed_successfully"
     assert all(p.startswith("127.0.0.1:") for p in s["ports"]), s["ports"]
@@ -186,6 +196,33 @@ assert args[args.index("--auth-token-file") + 1] == "/etc/embps/auth/token", arg
 assert "--insecure" not in args and "--checkpoint-every" in args, args
 assert "--checkpoint-log-bytes" in args, args
 assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+PY
+
+# the followers' start script, run as pod embps-follower-1 (stub server)
+check "k8s: pod embps-follower-1 follows embps-1 in slot 1, the token, never beside a server" \
+  $PY - "$D/k8s/followers.yaml" "$TMP" <<'PY'
+import os, subprocess, sys, yaml
+sts = next(d for d in yaml.safe_load_all(open(sys.argv[1]))
+           if d and d["kind"] == "StatefulSet")
+pod = sts["spec"]["template"]["spec"]
+c = pod["containers"][0]
+stub = os.path.join(sys.argv[2], "embps-server")
+with open(stub, "w") as f:
+    f.write('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+os.chmod(stub, 0o755)
+env = {e["name"]: e["value"] for e in c["env"]}
+env.update(HOSTNAME=sts["metadata"]["name"] + "-1",
+           PATH=sys.argv[2] + ":/usr/bin:/bin")
+args = subprocess.run(c["command"] + c["args"], env=env, check=True,
+                      capture_output=True, text=True).stdout.split("\n")
+assert int(env["EMBPS_CLUSTER_SIZE"]) == sts["spec"]["replicas"]
+assert args[args.index("--follow") + 1] == "embps-1.embps:7070", args
+assert args[args.index("--cluster-index") + 1] == "1", args
+assert args[args.index("--auth-token-file") + 1] == "/etc/embps/auth/token", args
+assert "--insecure" not in args and "--checkpoint-log-bytes" in args, args
+term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+names = term["labelSelector"]["matchExpressions"][0]
+assert names["operator"] == "In" and {"embps", "embps-follower"} <= set(names["values"]), term
 PY
 
 if command -v promtool >/dev/null; then
@@ -289,6 +326,14 @@ env.update(HOSTNAME=sts["metadata"]["name"] + "-0", PATH=tmp + ":/usr/bin:/bin")
 args = subprocess.run(c["command"] + c["args"], env=env, check=True,
                       capture_output=True, text=True).stdout.split("\n")
 used["StatefulSet"] = [a for a in args if a.startswith("--")]
+fol = next(d for d in yaml.safe_load_all(open(os.path.join(os.path.dirname(sts_file),
+                                                           "followers.yaml")))
+           if d and d["kind"] == "StatefulSet")
+fc = fol["spec"]["template"]["spec"]["containers"][0]
+env.update(HOSTNAME=fol["metadata"]["name"] + "-0")
+args = subprocess.run(fc["command"] + fc["args"], env=env, check=True,
+                      capture_output=True, text=True).stdout.split("\n")
+used["follower StatefulSet"] = [a for a in args if a.startswith("--")]
 assert all(used.values()) and len(used) >= 4, used
 unknown = {k: sorted(set(v) - known) for k, v in used.items() if set(v) - known}
 assert not unknown, unknown
