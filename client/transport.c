@@ -74,6 +74,11 @@
 #define TABLES_REPLY_MAX (64u << 20)
 #define BACKOFF_MIN_MS 20
 #define BACKOFF_MAX_MS 1000
+/* A member listed with several servers is in a failover while none of
+ * them is primary: they are asked again sooner, for the one elected
+ * (automatic failover: a lease's time after the primary died) to be found
+ * within this of its promotion. */
+#define BACKOFF_MEMBER_MAX_MS 250
 
 /* ------------------------------------------------------------ errors */
 
@@ -1169,9 +1174,10 @@ int embps_client_connect_(embps_client_t *c, uint32_t ki) {
   int rc = k->want == CONN_ANY ? conn_attempt(c, k, ki, NULL)
                                : member_connect(c, k, ki);
   if (rc) {
+    const int cap = k->want == CONN_ANY ? BACKOFF_MAX_MS : BACKOFF_MEMBER_MAX_MS;
     k->backoff_ms = k->backoff_ms < BACKOFF_MIN_MS ? BACKOFF_MIN_MS
-                    : 2 * k->backoff_ms > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
-                                                         : 2 * k->backoff_ms;
+                    : 2 * k->backoff_ms > cap    ? cap
+                                                 : 2 * k->backoff_ms;
     k->retry_at_ns = embps_now_ns() + (uint64_t)k->backoff_ms * 1000000ULL;
     return embps_client_error_(c, rc, "%s", k->down_why);
   }

@@ -3,7 +3,9 @@
 # is missing. Safe to run again: it does nothing when all are present.
 set -euo pipefail
 
-# build: compiler, cmake, libraries (libmicrohttpd: the metrics endpoint);
+# build: compiler, cmake, libraries (libmicrohttpd: the metrics endpoint;
+# libcurl: the etcd client of --coordinator); etcd-server: the failover
+# tests start a real etcd on loopback;
 # tests: cmocka, python3 + numpy + torch (the framework comparison suite),
 # promtool (Debian prometheus) and yamllint for the operations tests, redis
 # for the benchmark comparison; strace (the unit's system call audit);
@@ -14,7 +16,8 @@ set -euo pipefail
 PACKAGES=(gcc make cmake pkg-config libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libcmocka-dev libmicrohttpd-dev python3
           python3-numpy python3-torch python3-pip python3-venv prometheus
-          yamllint strace clang libclang-rt-dev libomp-dev)
+          yamllint strace clang libclang-rt-dev libomp-dev
+          libcurl4-openssl-dev etcd-server)
 # optional extras: `scripts/install-deps.sh --bench` adds these
 if [[ "${1:-}" == "--bench" ]]; then
   PACKAGES+=(redis-server gnuplot-nox)

@@ -2,6 +2,7 @@
  * parsed with getopt_long, printed by --help), then the checks that need
  * several of them. No config file is ever needed: every setting has a
  * default that serves on 127.0.0.1:7070. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,52 @@ static int set_follow(const embps_flag_t *f, const char *v, void *obj,
       strlen(v) >= sizeof cfg->follow)
     return embps_flag_refuse(f, v, err, err_len);
   snprintf(cfg->follow, sizeof cfg->follow, "%s", v);
+  return 0;
+}
+
+static int set_coordinator(const embps_flag_t *f, const char *v, void *obj,
+                           char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  if (strncmp(v, "etcd://", 7) || !v[7] || strlen(v) >= sizeof cfg->coordinator)
+    return embps_flag_refuse(f, v, err, err_len);
+  snprintf(cfg->coordinator, sizeof cfg->coordinator, "%s", v);
+  return 0;
+}
+
+static int set_cluster_name(const embps_flag_t *f, const char *v, void *obj,
+                            char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  size_t n = strlen(v);
+  if (!n || n >= sizeof cfg->cluster_name ||
+      strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                "0123456789-_.") != n)
+    return embps_flag_refuse(f, v, err, err_len);
+  snprintf(cfg->cluster_name, sizeof cfg->cluster_name, "%s", v);
+  return 0;
+}
+
+static int set_member(const embps_flag_t *f, const char *v, void *obj,
+                      char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  char *end;
+  errno = 0;
+  unsigned long m = strtoul(v, &end, 10);
+  if (errno || end == v || *end || v[0] == '-' || m >= 4096)
+    return embps_flag_refuse(f, v, err, err_len);
+  cfg->member = (uint32_t)m;
+  cfg->member_given = 1;
+  return 0;
+}
+
+static int set_advertise(const embps_flag_t *f, const char *v, void *obj,
+                         char *err, size_t err_len) {
+  embps_server_config_t *cfg = obj;
+  char host[256];
+  int port;
+  if (embps_parse_hostport(v, host, sizeof host, &port) || !port ||
+      strlen(v) >= sizeof cfg->advertise || strchr(v, '/'))
+    return embps_flag_refuse(f, v, err, err_len);
+  snprintf(cfg->advertise, sizeof cfg->advertise, "%s", v);
   return 0;
 }
 
@@ -258,6 +305,22 @@ static const embps_flag_t server_flags[] = {
           1ULL << 40, "log records kept for followers (default 256M)"),
     SIZE_("max-lag-ms", "MS", max_lag_ms, 1, 86400 * 1000,
           "a follower is ready within MS of its primary (default 5000)"),
+    SET_("coordinator", "etcd://HOST:PORT[,HOST:PORT...]", set_coordinator,
+         "etcd://HOST:PORT[,HOST:PORT...]",
+         "elect the primary of this member in etcd: a lease, a key per "
+         "member, automatic failover (default: none)"),
+    SET_("cluster-name", "NAME", set_cluster_name,
+         "1-63 letters, digits, '-', '_' or '.'",
+         "with --coordinator: the cluster's name in etcd"),
+    SET_("member", "I", set_member, "a member slot below 4096",
+         "with --coordinator: the member slot this server serves (default "
+         "and only value: --cluster-index)"),
+    SIZE_("lease-ms", "MS", lease_ms, 1000, 600000,
+          "with --coordinator: the lease; a primary stops acknowledging "
+          "writes before it could have ended (default 3000)"),
+    SET_("advertise", "HOST:PORT", set_advertise, "HOST:PORT",
+         "with --coordinator: the address others reach this server at "
+         "(default: --listen's host, or the host name, and the bound port)"),
     EMBPS_FLAG_END};
 
 static const embps_flag_t info_flags[] = {
@@ -345,6 +408,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->sync_timeout_ms = 5000;
   d->repl_backlog_bytes = 256ULL << 20;
   d->max_lag_ms = 5000;
+  d->lease_ms = 3000;
   d->stall_timeout_s = 60;
   d->checkpoint_log_bytes = EMBPS_CHECKPOINT_LOG_AUTO;
   d->idle_timeout_s = 600; /* idle workers reconnect on their next call */
@@ -377,6 +441,27 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
     return -1;
   if (embps_cluster_config_check(cfg, err, err_len))
     return -1;
+  if (cfg->coordinator[0] && !cfg->cluster_name[0])
+    return embps_refuse(-1, err, err_len, "--coordinator needs --cluster-name: the "
+                "cluster's keys in etcd");
+  if (!cfg->member_given) /* the member slot is the rows' slot */
+    cfg->member = cfg->cluster_index;
+  else if (cfg->member != cfg->cluster_index)
+    return embps_refuse(-1, err, err_len, "--member %u and --cluster-index %u: a "
+                "member's servers hold its rows (--cluster-index) and are "
+                "elected in its slot (--member), the same number",
+                cfg->member, cfg->cluster_index);
+  if (!cfg->coordinator[0]) {
+    static const char *const only[] = {"cluster-name", "member", "lease-ms",
+                                       "advertise"};
+    for (size_t i = 0; i < sizeof only / sizeof *only; i++)
+      if (embps_flags_given(&p, only[i]))
+        return embps_refuse(-1, err, err_len, "--%s is a setting of --coordinator, "
+                    "which is not given", only[i]);
+  }
+  if (cfg->coordinator[0] && cfg->follow[0])
+    return embps_refuse(-1, err, err_len, "--follow with --coordinator: the coordinator "
+                "says which server to follow");
   if (cfg->cluster_index >= cfg->cluster_size)
     return embps_refuse(-1, err, err_len, "--cluster-index %u must be below "
                 "--cluster-size %u", cfg->cluster_index, cfg->cluster_size);

@@ -48,6 +48,7 @@
 #include <uv.h>
 
 #include "conn.h"
+#include "failover.h"
 #include "framer.h"
 #include "server.h"
 #include "watchdog.h"
@@ -202,6 +203,7 @@ static void on_write(uv_write_t *w, int status) {
 
 /* Sends req's reply (taking it) and frees req. */
 static void send_reply(embps_conn_t *c, embps_request_t *req) {
+  embps_failover_check_reply(c->io->srv, req); /* a fence that just ended */
   uint8_t *buf = req->reply;
   size_t len = req->reply_len;
   req->reply = NULL;
@@ -280,13 +282,23 @@ static int deferred_kind(uint16_t kind) {
          kind == EMBPS_KIND_EVICT;
 }
 
+/* Kinds that need not wait for the connection's requests in flight: the
+ * deferred ones (the apply FIFO orders those) and FETCH, which reads no
+ * table and whose stream the feed orders itself. A follower keeps two
+ * FETCHes in flight, the first held until a record comes: the second
+ * must reach the feed at once, since it carries the acknowledgement a
+ * synchronous push waits for. */
+static int unordered_kind(uint16_t kind) {
+  return deferred_kind(kind) || kind == EMBPS_KIND_FETCH;
+}
+
 /* A request must wait while earlier requests of its connection wait, or
- * while earlier deferred requests are in flight (unless it is deferred
- * itself: the apply FIFO orders those), or while a CREATE/DROP is (a push
- * finds its table at dispatch), or until its cost fits the budgets. */
+ * while earlier deferred requests are in flight (unless it is unordered,
+ * above), or while a CREATE/DROP is (a push finds its table at
+ * dispatch), or until its cost fits the budgets. */
 static int must_wait(const embps_conn_t *c, const embps_request_t *req) {
   return c->wait_head || c->barriers ||
-         (c->in_flight && !deferred_kind(req->hdr.kind)) ||
+         (c->in_flight && !unordered_kind(req->hdr.kind)) ||
          !budget_allows(c, req);
 }
 
@@ -308,7 +320,7 @@ static void handle_frame(embps_conn_t *c, embps_request_t *req) {
 static void run_waiting(embps_conn_t *c) {
   while (c->wait_head && !c->closing && !c->close_after_write) {
     embps_request_t *req = c->wait_head;
-    if (c->barriers || (c->in_flight && !deferred_kind(req->hdr.kind)) ||
+    if (c->barriers || (c->in_flight && !unordered_kind(req->hdr.kind)) ||
         !budget_allows(c, req))
       return;
     c->wait_head = req->next;

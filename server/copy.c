@@ -23,6 +23,7 @@
 
 struct embps_copy {
   embps_server_t *srv;
+  char primary[EMBPS_ADDR_MAX]; /* HOST:PORT copied */
   embps_client_t *c;       /* the session's own connection */
   embps_snapshot_t *snap; /* open until prepare */
   embps_history_t hist;
@@ -35,12 +36,13 @@ struct embps_copy {
   int staged;              /* redo set up */
 };
 
-int embps_copy_connect(embps_server_t *srv, int timeout_ms,
-                       embps_client_t **out, char *err, size_t err_len) {
+int embps_copy_connect(embps_server_t *srv, const char *primary,
+                       int timeout_ms, embps_client_t **out, char *err,
+                       size_t err_len) {
   char token[EMBPS_TOKEN_MAX + 1];
   const size_t len = embps_auth_current(&srv->auth, token, sizeof token);
-  return embps_client_create_peer_(srv->cfg.follow, token, len, timeout_ms,
-                                   out, err, err_len);
+  return embps_client_create_peer_(primary, token, len, timeout_ms, out, err,
+                                   err_len);
 }
 
 /* The snapshot's bytes for the loader, until the caller stops. */
@@ -100,9 +102,9 @@ static int stage(embps_copy_t *cp, char *err, size_t err_len) {
   return 0;
 }
 
-int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
-                    int (*stopping)(void *ctx), void *stop_ctx,
-                    embps_copy_t **out, int *halt, char *err,
+int embps_copy_load(embps_server_t *srv, const char *primary,
+                    const embps_history_t *h, int (*stopping)(void *ctx),
+                    void *stop_ctx, embps_copy_t **out, int *halt, char *err,
                     size_t err_len) {
   *out = NULL;
   *halt = 0;
@@ -112,6 +114,7 @@ int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
     return -ENOMEM;
   }
   cp->srv = srv;
+  snprintf(cp->primary, sizeof cp->primary, "%s", primary);
   embps_registry_init(&cp->reg);
   embps_seen_init(&cp->seen);
   if (embps_history_copy(&cp->hist, h)) {
@@ -121,7 +124,8 @@ int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
   }
   const uint64_t t0 = embps_now_ns();
   char why[1024];
-  int rc = embps_copy_connect(srv, CALL_TIMEOUT_MS, &cp->c, why, sizeof why);
+  int rc = embps_copy_connect(srv, cp->primary, CALL_TIMEOUT_MS, &cp->c, why,
+                              sizeof why);
   if (rc) {
     snprintf(err, err_len, "snapshot of the primary: %s", why);
     embps_copy_free(cp);
@@ -149,7 +153,7 @@ int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
     return EMBPS_EINVAL;
   }
   LOG_INFO("follower: copying a snapshot of primary %s at LSN %" PRIu64
-           " (%u tables)", cfg->follow, in->lsn, in->tables);
+           " (%u tables)", cp->primary, in->lsn, in->tables);
   source_t src = {cp->snap, stopping, stop_ctx};
   embps_snapstream_reader_t r;
   embps_snapstream_reader_init(&r, source_next, &src);
@@ -258,7 +262,7 @@ int embps_copy_install(embps_copy_t *cp, embps_apply_ctx_t *ctx, char *err,
     return -1;
   }
   LOG_INFO("follower: the copy of primary %s replaces this server's state "
-           "at LSN %" PRIu64 " (it was at LSN %" PRIu64 ")", srv->cfg.follow,
+           "at LSN %" PRIu64 " (it was at LSN %" PRIu64 ")", cp->primary,
            cp->lsn, was);
   return srv->dur ? embps_durable_adopted(ctx, cp->lsn, err, err_len) : 0;
 }

@@ -37,22 +37,24 @@
 
 typedef struct embps_copy embps_copy_t;
 
-/* A client of this server's primary (--follow), saying hello with the
- * current token (auth.h: a rotation by SIGHUP changes it), each call given
- * timeout_ms. 0, or an error with err. */
-int embps_copy_connect(embps_server_t *srv, int timeout_ms,
-                       embps_client_t **out, char *err, size_t err_len);
+/* A client of primary (HOST:PORT: --follow, or the one the coordinator
+ * names), saying hello with the current token (auth.h: a rotation by
+ * SIGHUP changes it), each call given timeout_ms. 0, or an error with
+ * err. */
+int embps_copy_connect(embps_server_t *srv, const char *primary,
+                       int timeout_ms, embps_client_t **out, char *err,
+                       size_t err_len);
 
-/* Step 1, over a connection of its own to the primary (--follow), whose
+/* Step 1, over a connection of its own to primary (as above), whose
  * history is h (copied): 0 with *out, or an error code with err (*halt
  * when this server cannot follow that primary at all: another cluster
  * slot or --shards). stopping(stop_ctx) (NULL: never), asked between the
- * stream's chunks, gives up the copy (shutdown, a promotion). The
- * snapshot session stays open (the primary keeps the records after S)
- * until embps_copy_prepare or embps_copy_free. */
-int embps_copy_load(embps_server_t *srv, const embps_history_t *h,
-                    int (*stopping)(void *ctx), void *stop_ctx,
-                    embps_copy_t **out, int *halt, char *err,
+ * stream's chunks, gives up the copy (shutdown, a promotion, a new
+ * primary to follow). The snapshot session stays open (the primary keeps
+ * the records after S) until embps_copy_prepare or embps_copy_free. */
+int embps_copy_load(embps_server_t *srv, const char *primary,
+                    const embps_history_t *h, int (*stopping)(void *ctx),
+                    void *stop_ctx, embps_copy_t **out, int *halt, char *err,
                     size_t err_len);
 /* The last LSN the copy holds (S, then each record applied). */
 uint64_t embps_copy_lsn(const embps_copy_t *cp);

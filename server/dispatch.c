@@ -25,6 +25,7 @@
 #include "durable.h"
 #include "evict.h"
 #include "feed.h"
+#include "failover.h"
 #include "follow.h"
 #include "push.h"
 #include "rows.h"
@@ -75,9 +76,12 @@ static embps_dispatch_t do_hello(embps_server_t *srv, embps_request_t *req,
   m.u.hello_reply.role = (uint32_t)atomic_load(&srv->role);
   m.u.hello_reply.epoch = embps_feed_epoch(srv->feed);
   m.u.hello_reply.applied_lsn = embps_apply_lsn(srv->apply);
-  if (m.u.hello_reply.role == EMBPS_ROLE_FOLLOWER)
-    snprintf(m.u.hello_reply.primary, sizeof m.u.hello_reply.primary, "%s",
-             srv->cfg.follow);
+  if (srv->failover) /* coordinated: primary only while it may write */
+    embps_failover_hello(srv, &m.u.hello_reply.role, m.u.hello_reply.primary,
+                         sizeof m.u.hello_reply.primary);
+  else if (m.u.hello_reply.role == EMBPS_ROLE_FOLLOWER)
+    embps_follow_primary(srv, m.u.hello_reply.primary,
+                         sizeof m.u.hello_reply.primary);
   embps_request_reply(srv, req, EMBPS_KIND_HELLO, &m, 0);
   return EMBPS_DISPATCH_REPLY;
 }
@@ -231,7 +235,7 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
   snprintf(s->version, sizeof s->version, "%s", EMBPS_VERSION_STRING);
   if (srv->dur)
     embps_durable_stats(srv->dur, s);
-  embps_follow_stats(srv, s);
+  embps_failover_stats(srv, s);
   if (embps_registry_list(&srv->registry, &s->tables, &s->n_tables)) {
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
     return;
@@ -264,11 +268,18 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
                        "connection must be a hello");
     return EMBPS_DISPATCH_CLOSE;
   }
+  if (is_write(req->hdr.kind) && srv->failover &&
+      req->hdr.kind != EMBPS_KIND_FETCH && !embps_failover_may_write(srv)) {
+    embps_failover_refuse(srv, req); /* not elected, or its lease ended */
+    return EMBPS_DISPATCH_REPLY;
+  }
   if (is_write(req->hdr.kind) &&
       atomic_load(&srv->role) == EMBPS_ROLE_FOLLOWER) {
+    char primary[EMBPS_ADDR_MAX];
+    embps_follow_primary(srv, primary, sizeof primary);
     embps_request_fail(srv, req, EMBPS_ENOTPRIMARY, "this server follows "
                        "%s: send writes there (or promote this one)",
-                       srv->cfg.follow);
+                       primary);
     return EMBPS_DISPATCH_REPLY;
   }
   switch (req->hdr.kind) {
@@ -334,6 +345,12 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
     return embps_feed_fetch(srv->feed, req) ? EMBPS_DISPATCH_DEFERRED
                                             : EMBPS_DISPATCH_REPLY;
   case EMBPS_KIND_PROMOTE:
+    if (srv->failover) { /* one primary at a time: etcd's to decide */
+      embps_request_fail(srv, req, EMBPS_EINVAL, "this server's member is "
+                         "elected in etcd (--coordinator): a follower is "
+                         "promoted when it wins the election, not by hand");
+      break;
+    }
     return embps_follow_promote(srv, req) ? EMBPS_DISPATCH_DEFERRED
                                           : EMBPS_DISPATCH_REPLY;
   case EMBPS_KIND_SNAPSHOT_BEGIN: /* snapshot.h */

@@ -969,7 +969,8 @@ int embps_feed_create(embps_server_t *srv, embps_feed_t **out) {
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   pthread_cond_init(&f->cv, &attr);
   pthread_condattr_destroy(&attr);
-  if (f->sync_n && !srv->cfg.follow[0]) /* acks need every record */
+  if (f->sync_n && !srv->cfg.follow[0] && !srv->cfg.coordinator[0])
+    /* a primary from the start: acks need every record */
     atomic_store(&f->active, 1);
   f->last_fetch_ns = embps_now_ns();
   int rc = pthread_create(&f->thread, NULL, feed_main, f);

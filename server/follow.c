@@ -42,6 +42,12 @@ struct embps_follow {
   pthread_cond_t cv; /* stop, a batch done; CLOCK_MONOTONIC */
   int stop;
   embps_request_t *promote; /* the PROMOTE waiting for the thread's end */
+  /* the primary followed (mu): --follow, or what the coordinator says
+   * (empty: none known yet); retarget: it changed, reconnect */
+  char target[EMBPS_ADDR_MAX];
+  int retarget, exited;
+  uint32_t target_epoch; /* the epoch etcd granted target (0: --follow) */
+  uint32_t min_epoch; /* a promotion's epoch is at least this (mu) */
   int need_copy; /* the primary lacks our next record: copy it (thread) */
   embps_copy_t *copy; /* being installed (apply thread, in install_run) */
   /* figures (mu) */
@@ -64,7 +70,19 @@ static embps_follow_t *of_batch(embps_request_t *req) {
   return (embps_follow_t *)((char *)req - offsetof(embps_follow_t, batch));
 }
 
-/* Sleeps ms unless stop is asked; returns stop. mu held. */
+/* How long a call to the primary may take. Coordinated, it is bounded
+ * by the lease: a primary frozen (SIGSTOP) holds its follower's FETCH
+ * open, and a promotion waits for the follower thread to let go of it,
+ * on the coordinator's thread, which must renew its lease meanwhile. */
+static int call_timeout_ms(const embps_server_t *srv) {
+  int ms = CALL_TIMEOUT_MS;
+  if (srv->cfg.coordinator[0] && (int)srv->cfg.lease_ms / 4 < ms)
+    ms = (int)srv->cfg.lease_ms / 4;
+  return WAIT_MS + ms;
+}
+
+/* Sleeps ms unless stop or a new target is asked; returns stop. mu
+ * held. */
 static int nap_locked(embps_follow_t *fw, int ms) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -74,10 +92,17 @@ static int nap_locked(embps_follow_t *fw, int ms) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
-  while (!fw->stop &&
+  while (!fw->stop && !fw->retarget &&
          pthread_cond_timedwait(&fw->cv, &fw->mu, &ts) != ETIMEDOUT) {
   }
   return fw->stop;
+}
+
+/* The primary followed now ("" none). Any thread. */
+static void target_copy(embps_follow_t *fw, char *out, size_t cap) {
+  pthread_mutex_lock(&fw->mu);
+  snprintf(out, cap, "%s", fw->target);
+  pthread_mutex_unlock(&fw->mu);
 }
 
 static void set_why(embps_follow_t *fw, const char *fmt, ...)
@@ -234,7 +259,8 @@ static int send_fetch(embps_follow_t *fw, embps_client_t *c, uint64_t stream,
 
 /* Adopts the primary's history when it says more than ours (a new epoch):
  * written to DIR/HISTORY before any record of it. 0, or -1 (logged). */
-static int adopt_history(embps_follow_t *fw, const embps_fetch_reply_t *r) {
+static int adopt_history(embps_follow_t *fw, const embps_fetch_reply_t *r,
+                         const char *target) {
   embps_history_t mine, theirs = {.v = r->history, .n = r->n_history,
                                   .cap = r->n_history};
   if (embps_feed_history(fw->srv->feed, &mine))
@@ -252,7 +278,7 @@ static int adopt_history(embps_follow_t *fw, const embps_fetch_reply_t *r) {
     LOG_ERROR("follower: cannot keep the primary's history: %s", err);
     return -1;
   }
-  LOG_INFO("follower: primary %s is in epoch %u", fw->srv->cfg.follow,
+  LOG_INFO("follower: primary %s is in epoch %u", target,
            embps_history_epoch(&theirs));
   return 0;
 }
@@ -343,10 +369,11 @@ static int install_if_ready(embps_follow_t *fw, embps_copy_t **cp) {
 
 /* One connection's stream: FETCHes two in flight, each reply applied
  * before the next is asked for; with cp, to the copy first, until it is
- * installed. Returns RECONNECT when the connection fails (or on stop),
- * COPY when the primary no longer holds our next record, HALT when
- * following must stop (fw->why). */
-static int stream(embps_follow_t *fw, embps_client_t *c, embps_copy_t *cp) {
+ * installed. Returns RECONNECT when the connection fails (or on stop, or
+ * a new target), COPY when the primary no longer holds our next record,
+ * HALT when following must stop (fw->why). */
+static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
+                  embps_copy_t *cp) {
   embps_server_t *srv = fw->srv;
   uint64_t id;
   if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id)
@@ -369,7 +396,8 @@ static int stream(embps_follow_t *fw, embps_client_t *c, embps_copy_t *cp) {
     rc = result = HALT;
   while (!rc) {
     pthread_mutex_lock(&fw->mu);
-    int stop = fw->stop;
+    int stop = fw->stop || fw->retarget;
+    const uint32_t min_epoch = fw->target_epoch;
     pthread_mutex_unlock(&fw->mu);
     if (stop)
       break;
@@ -387,7 +415,10 @@ static int stream(embps_follow_t *fw, embps_client_t *c, embps_copy_t *cp) {
     }
     if (rc == EMBPS_EDIVERGED || rc == EMBPS_ENOTPRIMARY) {
       set_why(fw, "%s", embps_client_last_error(c));
-      result = HALT;
+      /* coordinated: a server that is not primary (yet, or any more) is
+         asked again until the coordinator names another */
+      result = rc == EMBPS_ENOTPRIMARY && srv->cfg.coordinator[0] ? RECONNECT
+                                                                  : HALT;
       break;
     }
     if (rc) {
@@ -398,13 +429,20 @@ static int stream(embps_follow_t *fw, embps_client_t *c, embps_copy_t *cp) {
     char why[EMBPS_MESSAGE_MAX];
     int halt;
     if (check_reply(fw, r, bulk, len, expect, &halt, why, sizeof why)) {
-      set_why(fw, "primary %s: %s", srv->cfg.follow, why);
+      set_why(fw, "primary %s: %s", target, why);
       result = halt ? HALT : RECONNECT;
+      rc = -1;
+    } else if (r->epoch < min_epoch) {
+      /* a deposed primary (frozen, cut off) still answering: none of its
+         records is taken once a newer epoch was granted */
+      set_why(fw, "%s answers in epoch %u, older than the epoch %u granted "
+              "to it or since: its records are refused", target, r->epoch,
+              min_epoch);
       rc = -1;
     } else if (cp) { /* to the copy, which may then go in */
       if (r->n_records &&
           embps_copy_apply(cp, bulk, len, r->n_records, why, sizeof why)) {
-        set_why(fw, "primary %s: %s", srv->cfg.follow, why);
+        set_why(fw, "primary %s: %s", target, why);
         rc = -1;
       } else if (install_if_ready(fw, &cp)) {
         result = HALT;
@@ -414,12 +452,12 @@ static int stream(embps_follow_t *fw, embps_client_t *c, embps_copy_t *cp) {
         note_primary(fw, r, len);
         rc = send_fetch(fw, c, id, 0, NULL, MAX_BYTES, &t[1]);
       }
-    } else if (adopt_history(fw, r)) {
+    } else if (adopt_history(fw, r, target)) {
       result = HALT;
       set_why(fw, "cannot record the primary's history");
       rc = -1;
     } else if (r->n_records && apply_batch(fw, bulk, len, r->n_records)) {
-      set_why(fw, "primary %s: %s", srv->cfg.follow, fw->err);
+      set_why(fw, "primary %s: %s", target, fw->err);
       result = HALT;
       rc = -1;
     } else {
@@ -443,7 +481,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, embps_copy_t *cp) {
 static int stopping(void *ctx) {
   embps_follow_t *fw = ctx;
   pthread_mutex_lock(&fw->mu);
-  int stop = fw->stop;
+  int stop = fw->stop || fw->retarget; /* a new primary: copy that one */
   pthread_mutex_unlock(&fw->mu);
   return stop;
 }
@@ -451,7 +489,8 @@ static int stopping(void *ctx) {
 /* A connection to a primary that no longer holds our next record: its
  * history asked (a probe), a copy of its state made (copy.h), then the
  * stream from the copy's LSN. Returns as stream does. */
-static int copy_and_stream(embps_follow_t *fw, embps_client_t *c) {
+static int copy_and_stream(embps_follow_t *fw, embps_client_t *c,
+                           const char *target) {
   embps_ticket_t *t;
   embps_msg_t m;
   uint8_t *bulk = NULL;
@@ -462,7 +501,9 @@ static int copy_and_stream(embps_follow_t *fw, embps_client_t *c) {
   free(bulk);
   if (rc) {
     set_why(fw, "%s", embps_client_last_error(c));
-    return rc == EMBPS_ENOTPRIMARY ? HALT : RECONNECT;
+    return rc == EMBPS_ENOTPRIMARY && !fw->srv->cfg.coordinator[0]
+               ? HALT
+               : RECONNECT;
   }
   embps_history_t h = {.v = m.u.fetch_reply.history,
                        .n = m.u.fetch_reply.n_history,
@@ -470,14 +511,14 @@ static int copy_and_stream(embps_follow_t *fw, embps_client_t *c) {
   embps_copy_t *cp;
   int halt;
   char err[EMBPS_MESSAGE_MAX];
-  rc = embps_copy_load(fw->srv, &h, stopping, fw, &cp, &halt, err,
+  rc = embps_copy_load(fw->srv, target, &h, stopping, fw, &cp, &halt, err,
                        sizeof err);
   embps_msg_free(&m);
   if (rc) {
-    set_why(fw, "primary %s: %s", fw->srv->cfg.follow, err);
+    set_why(fw, "primary %s: %s", target, err);
     return halt ? HALT : RECONNECT;
   }
-  int result = stream(fw, c, cp);
+  int result = stream(fw, c, target, cp);
   embps_copy_free(cp);
   return result == COPY ? RECONNECT : result;
 }
@@ -489,22 +530,31 @@ static void *follow_main(void *arg) {
   uint64_t logged_ns = 0;
   pthread_mutex_lock(&fw->mu);
   while (!fw->stop) {
+    char target[EMBPS_ADDR_MAX];
+    snprintf(target, sizeof target, "%s", fw->target);
+    fw->retarget = 0;
+    if (!target[0]) { /* coordinated, no primary known yet */
+      snprintf(fw->why, sizeof fw->why, "no primary elected yet");
+      nap_locked(fw, 1000);
+      continue;
+    }
     pthread_mutex_unlock(&fw->mu);
     char err[EMBPS_MESSAGE_MAX + 64] = "";
     embps_client_t *c = NULL;
-    int rc = embps_copy_connect(srv, WAIT_MS + CALL_TIMEOUT_MS, &c, err,
+    int rc = embps_copy_connect(srv, target, call_timeout_ms(srv), &c, err,
                                 sizeof err);
     int halt = 0;
     if (rc) {
-      set_why(fw, "cannot reach primary %s: %s", srv->cfg.follow, err);
+      set_why(fw, "cannot reach primary %s: %s", target, err);
     } else {
       pthread_mutex_lock(&fw->mu);
       fw->connected = 1;
       pthread_mutex_unlock(&fw->mu);
-      LOG_INFO("follower: following %s from LSN %" PRIu64, srv->cfg.follow,
+      LOG_INFO("follower: following %s from LSN %" PRIu64, target,
                embps_apply_lsn(srv->apply) + 1);
       uint64_t before = embps_apply_lsn(srv->apply);
-      int r = fw->need_copy ? copy_and_stream(fw, c) : stream(fw, c, NULL);
+      int r = fw->need_copy ? copy_and_stream(fw, c, target)
+                            : stream(fw, c, target, NULL);
       halt = r == HALT;
       fw->need_copy = r == COPY;
       if (embps_apply_lsn(srv->apply) > before || r == COPY)
@@ -516,14 +566,28 @@ static void *follow_main(void *arg) {
     if (halt) {
       fw->halted = 1;
       LOG_ERROR("follower: stopped following %s: %s (reads go on from "
-                "LSN %" PRIu64 ")", srv->cfg.follow, fw->why,
+                "LSN %" PRIu64 ")", target, fw->why,
                 embps_apply_lsn(srv->apply));
-      while (!fw->stop)
+      if (srv->rejoin && !fw->stop) { /* coordinated: start over */
+        char why[sizeof fw->why];
+        snprintf(why, sizeof why, "%s", fw->why);
+        pthread_mutex_unlock(&fw->mu);
+        srv->rejoin(srv, why);
+        pthread_mutex_lock(&fw->mu);
+      }
+      while (!fw->stop && !fw->retarget)
         pthread_cond_wait(&fw->cv, &fw->mu);
-      break;
+      if (fw->stop)
+        break;
+      fw->halted = 0;
+      continue;
     }
     if (fw->stop)
       break;
+    if (fw->retarget) { /* the new primary may hold our next record */
+      fw->need_copy = 0;
+      continue;
+    }
     if (fw->need_copy) { /* at once, on a connection of its own */
       LOG_INFO("follower: %s", fw->why);
       continue;
@@ -537,6 +601,7 @@ static void *follow_main(void *arg) {
     backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
   }
   embps_request_t *promote = fw->promote;
+  fw->exited = 1;
   pthread_mutex_unlock(&fw->mu);
   if (promote) /* after every batch handed over: the FIFO keeps order */
     embps_apply_submit(srv->apply, promote);
@@ -560,6 +625,14 @@ static void promote_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   if (ctx->epoch > epoch)
     epoch = ctx->epoch;
   epoch++;
+  char target[EMBPS_ADDR_MAX] = "";
+  if (fw) {
+    pthread_mutex_lock(&fw->mu);
+    if (fw->min_epoch > epoch) /* the one the coordinator was granted */
+      epoch = fw->min_epoch;
+    snprintf(target, sizeof target, "%s", fw->target);
+    pthread_mutex_unlock(&fw->mu);
+  }
   while (h.n && h.v[h.n - 1].start > ctx->lsn + 1)
     h.n--; /* epochs its log holds no record of */
   if (!rc && embps_history_add(&h, epoch, ctx->lsn + 1))
@@ -584,7 +657,7 @@ static void promote_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
     atomic_store(&srv->role, EMBPS_ROLE_PRIMARY);
     LOG_INFO("promoted: primary of epoch %u from LSN %" PRIu64 " (followed "
              "%s up to LSN %" PRIu64 ")", epoch, ctx->lsn + 1,
-             srv->cfg.follow, ctx->lsn);
+             target[0] ? target : "no one", ctx->lsn);
     embps_msg_t m;
     memset(&m, 0, sizeof m);
     m.u.promote.epoch = epoch;
@@ -611,9 +684,98 @@ int embps_follow_promote(embps_server_t *srv, embps_request_t *req) {
   fw->promote = req;
   fw->stop = 1;
   pthread_cond_broadcast(&fw->cv);
+  LOG_INFO("promotion asked: stopping to follow %s",
+           fw->target[0] ? fw->target : "no one");
   pthread_mutex_unlock(&fw->mu);
-  LOG_INFO("promotion asked: stopping to follow %s", srv->cfg.follow);
   return 1;
+}
+
+/* A promotion the coordinator asks for, waited for on its thread. */
+typedef struct {
+  embps_request_t req; /* first: complete gets it */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+} sync_promote_t;
+
+static void sync_promote_done(embps_request_t *req) {
+  sync_promote_t *p = (sync_promote_t *)req;
+  pthread_mutex_lock(&p->mu);
+  p->done = 1;
+  pthread_cond_signal(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+int embps_follow_promote_to(embps_server_t *srv, uint32_t epoch) {
+  embps_follow_t *fw = srv->follow;
+  if (!fw)
+    return -1;
+  sync_promote_t p;
+  memset(&p, 0, sizeof p);
+  pthread_mutex_init(&p.mu, NULL);
+  pthread_cond_init(&p.cv, NULL);
+  p.req.hdr.kind = EMBPS_KIND_PROMOTE;
+  p.req.run = promote_run;
+  p.req.complete = sync_promote_done;
+  pthread_mutex_lock(&fw->mu);
+  int busy = fw->promote != NULL && !fw->exited;
+  if (!busy) {
+    fw->min_epoch = epoch;
+    if (fw->started && !fw->exited) { /* the thread hands it over */
+      fw->promote = &p.req;
+      fw->stop = 1;
+      pthread_cond_broadcast(&fw->cv);
+    }
+  }
+  int direct = !busy && (!fw->started || fw->exited);
+  pthread_mutex_unlock(&fw->mu);
+  if (busy) {
+    LOG_WARN("promotion to epoch %u: another is under way", epoch);
+    pthread_mutex_destroy(&p.mu);
+    pthread_cond_destroy(&p.cv);
+    return -1;
+  }
+  if (direct) /* already promoted once (a new epoch), or never started */
+    embps_apply_submit(srv->apply, &p.req);
+  pthread_mutex_lock(&p.mu);
+  while (!p.done)
+    pthread_cond_wait(&p.cv, &p.mu);
+  pthread_mutex_unlock(&p.mu);
+  embps_frame_header_t h;
+  int rc = p.req.reply && p.req.reply_len >= EMBPS_FRAME_HEADER_LEN &&
+                   !embps_frame_header_decode(p.req.reply, SIZE_MAX, &h) &&
+                   h.kind != EMBPS_KIND_ERROR
+               ? 0
+               : -1;
+  free(p.req.reply);
+  pthread_mutex_destroy(&p.mu);
+  pthread_cond_destroy(&p.cv);
+  return rc;
+}
+
+void embps_follow_retarget(embps_server_t *srv, const char *addr,
+                           uint32_t epoch) {
+  embps_follow_t *fw = srv->follow;
+  if (!fw)
+    return;
+  pthread_mutex_lock(&fw->mu);
+  if (epoch > fw->target_epoch)
+    fw->target_epoch = epoch;
+  if (strcmp(fw->target, addr)) {
+    snprintf(fw->target, sizeof fw->target, "%s", addr);
+    fw->retarget = 1;
+    pthread_cond_broadcast(&fw->cv);
+    LOG_INFO("follower: the primary to follow is %s now (epoch %u)", addr,
+             epoch);
+  }
+  pthread_mutex_unlock(&fw->mu);
+}
+
+void embps_follow_primary(embps_server_t *srv, char *out, size_t cap) {
+  if (srv->follow)
+    target_copy(srv->follow, out, cap);
+  else
+    snprintf(out, cap, "%s", srv->cfg.follow);
 }
 
 /* ------------------------------------------------------------ join */
@@ -631,7 +793,8 @@ int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
   for (;;) {
     char why[EMBPS_MESSAGE_MAX + 64] = "";
     embps_client_t *c = NULL;
-    int rc = embps_copy_connect(srv, CALL_TIMEOUT_MS, &c, why, sizeof why);
+    int rc = embps_copy_connect(srv, srv->cfg.follow, call_timeout_ms(srv),
+                                &c, why, sizeof why);
     if (!rc) {
       embps_ticket_t *t;
       embps_msg_t m;
@@ -653,6 +816,14 @@ int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
         LOG_WARN("this server's log leaves the history of primary %s after "
                  "LSN %" PRIu64 " (it holds up to %" PRIu64 "): %s",
                  srv->cfg.follow, at, last, why);
+        return 0;
+      }
+      if (rc == EMBPS_ENOTPRIMARY && srv->cfg.coordinator[0]) {
+        /* what etcd said is already stale: the log as it is; following
+           the one elected tells whether it must be cut (a rejoin) */
+        LOG_WARN("%s is not primary any more (%s): starting from this "
+                 "server's log as it is (up to LSN %" PRIu64 ")",
+                 srv->cfg.follow, why, last);
         return 0;
       }
       if (rc == EMBPS_ENOTPRIMARY || rc == EMBPS_EAUTH) {
@@ -700,6 +871,7 @@ int embps_follow_create(embps_server_t *srv) {
   pthread_cond_init(&fw->cv, &attr);
   pthread_condattr_destroy(&attr);
   snprintf(fw->why, sizeof fw->why, "not connected yet");
+  snprintf(fw->target, sizeof fw->target, "%s", srv->cfg.follow);
   srv->follow = fw;
   return 0;
 }
@@ -759,7 +931,9 @@ void embps_follow_stats(embps_server_t *srv, embps_server_stats_t *s) {
     embps_feed_stats(srv->feed, s);
     return;
   }
-  snprintf(s->primary, sizeof s->primary, "%.63s", srv->cfg.follow);
+  char target[EMBPS_ADDR_MAX];
+  target_copy(fw, target, sizeof target);
+  snprintf(s->primary, sizeof s->primary, "%.63s", target);
   pthread_mutex_lock(&fw->mu);
   s->lag_records =
       fw->primary_last > s->applied_lsn ? fw->primary_last - s->applied_lsn
@@ -782,16 +956,16 @@ int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len) {
   pthread_mutex_lock(&fw->mu);
   int ready = 0;
   if (fw->halted)
-    snprintf(why, why_len, "not following %s any more: %s", srv->cfg.follow,
+    snprintf(why, why_len, "not following %s any more: %s", fw->target,
              fw->why);
   else if (!fw->confirmed)
     snprintf(why, why_len, "no answer from primary %s yet: %s",
-             srv->cfg.follow, fw->why);
+             fw->target[0] ? fw->target : "(none elected)", fw->why);
   else if (lag_ms_locked(fw, applied) > srv->cfg.max_lag_ms)
     snprintf(why, why_len, "%" PRIu64 " ms (%" PRIu64 " records) behind "
              "primary %s, more than --max-lag-ms %u",
              lag_ms_locked(fw, applied), fw->primary_last - applied,
-             srv->cfg.follow, srv->cfg.max_lag_ms);
+             fw->target, srv->cfg.max_lag_ms);
   else
     ready = 1;
   pthread_mutex_unlock(&fw->mu);

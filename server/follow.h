@@ -48,6 +48,18 @@ int embps_follow_run(embps_server_t *srv, int port);
 /* Stops the thread and frees srv->follow; NULL-safe. Before the apply
  * thread stops. */
 void embps_follow_destroy(embps_server_t *srv);
+/* The coordinator (failover.h): promotion to an epoch of at least
+ * `epoch`, waited for (any thread but the apply thread); 0, or -1 when
+ * it failed (logged). Also for a primary that won a new epoch. */
+int embps_follow_promote_to(embps_server_t *srv, uint32_t epoch);
+/* Follows addr, primary of epoch `epoch`, from now on (the connection to
+ * the previous primary is dropped; fetching resumes after the last record
+ * applied; a server answering in an older epoch is not followed). Any
+ * thread. */
+void embps_follow_retarget(embps_server_t *srv, const char *addr,
+                           uint32_t epoch);
+/* The primary followed ("" none): for replies naming it. Any thread. */
+void embps_follow_primary(embps_server_t *srv, char *out, size_t cap);
 /* embps_durable_hooks_t.join (ctx: the server). */
 int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
                       uint64_t *keep, char *err, size_t err_len);

@@ -112,6 +112,7 @@ int main(int argc, char **argv) {
   if (cfg.omp_threads)
     omp_set_num_threads((int)cfg.omp_threads);
   cfg.handle_signals = 1;
+  cfg.argv = argv; /* a server the coordinator demotes starts over with it */
   int rc_guard = embps_signals_guard(); /* SIGTERM during the restore */
   if (rc_guard)
     LOG_WARN("cannot guard signals while starting (%s): SIGTERM before "

@@ -638,6 +638,48 @@ static void put_replication(text_t *t, embps_server_t *srv) {
         v[i].name, (unsigned long long)v[i].bytes_shipped);
 }
 
+/* The coordinator (issue 22): the role it gives this server, the epoch,
+ * the lease's renewals, elections won and lost, and how long writes may
+ * still be acknowledged. */
+static void put_coordinator(text_t *t, embps_server_t *srv) {
+  embps_coord_status_t s;
+  if (!m.hooks.coord_status || !m.hooks.coord_status(srv, &s))
+    return;
+  static const embps_coord_role_t roles[] = {
+      EMBPS_COORD_STARTING, EMBPS_COORD_FOLLOWER, EMBPS_COORD_CANDIDATE,
+      EMBPS_COORD_PRIMARY};
+  head(t, "embps_coord_role", "gauge",
+       "1 for the role the coordinator gives this server in its member.");
+  for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+    put(t, "embps_coord_role{role=\"%s\"} %d\n",
+        embps_coord_role_name(roles[i]), s.role == roles[i]);
+  head(t, "embps_coord_epoch", "gauge",
+       "The epoch of the member's primary as elected in etcd.");
+  put(t, "embps_coord_epoch %u\n", s.epoch);
+  head(t, "embps_coord_lease_renewals_total", "counter",
+       "Lease keepalives etcd answered.");
+  put(t, "embps_coord_lease_renewals_total %llu\n",
+      (unsigned long long)s.renewals);
+  head(t, "embps_coord_lease_renewal_failures_total", "counter",
+       "Lease keepalives that failed (etcd unreachable, or the lease gone).");
+  put(t, "embps_coord_lease_renewal_failures_total %llu\n",
+      (unsigned long long)s.renewal_failures);
+  head(t, "embps_coord_failovers_total", "counter",
+       "Elections this server won (it became primary).");
+  put(t, "embps_coord_failovers_total %llu\n",
+      (unsigned long long)s.elections_won);
+  head(t, "embps_coord_demotions_total", "counter",
+       "Times this server, primary, found another elected.");
+  put(t, "embps_coord_demotions_total %llu\n",
+      (unsigned long long)s.demotions);
+  uint64_t now = embps_coord_clock_ns();
+  head(t, "embps_coord_write_fence_seconds", "gauge",
+       "How long this primary may still acknowledge writes without renewing "
+       "its lease (0: it may not).");
+  put(t, "embps_coord_write_fence_seconds %.3f\n",
+      s.fence_ns > now ? (double)(s.fence_ns - now) / 1e9 : 0.0);
+}
+
 /* ------------------------------------------------------------ HTTP */
 
 /* The listener answers probes whatever its peers do. It is
@@ -878,6 +920,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
   if (atomic_load(&m.ready)) { /* srv->dur is set up once restored */
     put_durability(&t, m.srv);
     put_replication(&t, m.srv);
+    put_coordinator(&t, m.srv);
   }
   put_tables(&t, m.srv, names_allowed(conn));
   if (t.failed) {

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "coord.h"
 #include "embps/embps.h"
 
 struct embps_server;
@@ -61,6 +62,8 @@ typedef struct {
   size_t (*repl_followers)(struct embps_server *srv,
                            embps_follower_info_t *v, size_t cap);
   int (*repl_ready)(struct embps_server *srv, char *why, size_t why_len);
+  /* The coordinator (issue 22): 1 with *s filled, 0 when there is none. */
+  int (*coord_status)(struct embps_server *srv, embps_coord_status_t *s);
 } embps_metrics_hooks_t;
 
 /* Starts the HTTP server on cfg->metrics_host:metrics_port (when set) and

@@ -46,6 +46,7 @@
 #include "conn.h"
 #include "durable.h"
 #include "evict.h"
+#include "failover.h"
 #include "feed.h"
 #include "follow.h"
 #include "notify.h"
@@ -409,7 +410,8 @@ static const embps_metrics_hooks_t metrics_hooks = {
     .durable_stall_ms = embps_durable_stall_ms,
     .cluster_counts = embps_cluster_counts,
     .cluster_ready = embps_cluster_ready,
-    .repl_stats = embps_follow_stats,
+    .repl_stats = embps_failover_stats,
+    .coord_status = embps_failover_status,
     .repl_followers = embps_follow_followers,
     .repl_ready = embps_follow_ready,
 };
@@ -455,11 +457,12 @@ static int start_memory_only(embps_server_t *srv) {
   embps_history_init(&h);
   embps_seen_t seen;
   embps_seen_init(&seen);
-  int rc = srv->cfg.follow[0] ? 0 : embps_history_add(&h, 1, 1);
+  const int follower = embps_failover_starts_following(srv);
+  int rc = follower ? 0 : embps_history_add(&h, 1, 1);
   if (!rc)
     rc = embps_feed_set_history(srv->feed, &h);
   if (!rc)
-    embps_apply_restore(srv->apply, 0, srv->cfg.follow[0] ? 0 : 1, &seen);
+    embps_apply_restore(srv->apply, 0, follower ? 0 : 1, &seen);
   embps_history_close(&h);
   embps_seen_close(&seen);
   return rc;
@@ -474,14 +477,18 @@ static int net_start(net_t *net) {
     LOG_ERROR("cannot start the apply thread");
     return rc;
   }
+  /* --coordinator: who to follow, from etcd (sets cfg->follow) */
+  if (embps_failover_prepare(srv))
+    return EMBPS_EINVAL;
   rc = embps_feed_create(srv, &srv->feed);
   if (rc) {
     LOG_ERROR("cannot start the replication feed");
     return rc;
   }
-  atomic_store(&srv->role, cfg->follow[0] ? EMBPS_ROLE_FOLLOWER
-                                          : EMBPS_ROLE_PRIMARY);
-  if (cfg->follow[0] && embps_follow_create(srv))
+  const int follower = embps_failover_starts_following(srv);
+  atomic_store(&srv->role, follower ? EMBPS_ROLE_FOLLOWER
+                                    : EMBPS_ROLE_PRIMARY);
+  if (follower && embps_follow_create(srv))
     return EMBPS_EINVAL;
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
@@ -498,7 +505,9 @@ static int net_start(net_t *net) {
         .submit = durable_submit,
         .restored = durable_restored,
         .at_marker = embps_evict_at_checkpoint,
-        .join = cfg->follow[0] ? embps_follow_join : NULL,
+        .join = srv->failover    ? embps_failover_join
+                : cfg->follow[0] ? embps_follow_join
+                                 : NULL,
         .ctx = srv,
     };
     if (embps_durable_open(srv, &hooks, err, sizeof err)) {
@@ -532,6 +541,8 @@ static int net_start(net_t *net) {
   net->cluster_started = cfg->cluster_servers != NULL;
   if (srv->follow && embps_follow_run(srv, net->port))
     return EMBPS_EINVAL;
+  if (embps_failover_start(srv, net->port)) /* elects, or follows */
+    return EMBPS_EINVAL;
   if (cfg->port_file[0] &&
       (rc = write_port_file(cfg->port_file, net->port))) {
     LOG_ERROR("cannot write --port-file %s: %s", cfg->port_file,
@@ -559,6 +570,7 @@ static int net_stop_threads(net_t *net) {
   net->threads_stopped = 1;
   if (net->cluster_started)
     embps_cluster_stop();
+  embps_failover_stop(srv); /* a primary gives its lease back */
   embps_follow_destroy(srv); /* hands the apply thread nothing more */
   if (!net->stopping) {
     embps_feed_drain(srv->feed);

@@ -108,7 +108,17 @@ typedef struct {
   uint32_t sync_timeout_ms;     /* --sync-timeout-ms */
   uint64_t repl_backlog_bytes;  /* --repl-backlog-bytes */
   uint32_t max_lag_ms;          /* --max-lag-ms: a follower's readiness */
+  /* automatic failover (issue 22, failover.h) */
+  char coordinator[1024];       /* --coordinator etcd://...; empty: none */
+  char cluster_name[64];        /* --cluster-name */
+  uint32_t member;              /* --member: the slot this server serves */
+  int member_given;
+  uint32_t lease_ms;            /* --lease-ms */
+  char advertise[EMBPS_ADDR_MAX]; /* --advertise HOST:PORT; empty: derived */
   int handle_signals; /* not a flag: SIGTERM/SIGINT stop it (the daemon) */
+  /* not a flag: the daemon's argv, with which a server demoted by the
+   * coordinator executes itself again to rejoin (NULL: it cannot) */
+  char **argv;
 } embps_server_config_t;
 
 /* Where --max-buffer-bytes came from: the flag, RAM, the cgroup's limit. */
@@ -154,7 +164,12 @@ struct embps_server {
   struct embps_feed *feed;     /* records for followers (feed.h) */
   struct embps_follow *follow; /* --follow: the follower thread (follow.h) */
   atomic_int role;             /* EMBPS_ROLE_*: a follower until promoted */
+  /* automatic failover (issue 22): the coordinator's side (failover.h),
+   * and how a follower whose log left its primary's starts over */
+  struct embps_failover *failover;
+  void (*rejoin)(struct embps_server *srv, const char *why);
   struct embps_snapshots *snap; /* snapshot sessions (snapshot.h) */
+
 };
 
 /* Per-thread scratch, reused by every request of that thread. */

@@ -6,6 +6,8 @@
  *                  raised after a first frame, oversized frames stopped at
  *                  or skipped, split bodies, kinds that stop or are skipped
  *   OUT/dispatch/  request programs (see fuzz_dispatch.c for the encoding)
+ *   OUT/json/      etcd gateway answers (fuzz_json.c: a token-limit byte,
+ *                  then the text)
  * Run by tests/fuzz/gen-corpus.sh; the files are committed, and files the
  * fuzzers find are added beside them. */
 #include <errno.h>
@@ -383,6 +385,38 @@ void gen_dispatch(void) {
   write_file("dispatch", "export", prog_export, sizeof prog_export);
 }
 
+/* What etcd's gateway sends (etcd.c), behind fuzz_json.c's limit byte. */
+static void gen_json(void) {
+  static const struct {
+    const char *name, *text;
+  } seeds[] = {
+      {"range", "{\"header\":{\"cluster_id\":\"324952591200643719\",\"revision\":"
+                "\"2\"},\"kvs\":[{\"key\":\"L2VtYnBzL3gvcHJpbWFyeQ==\","
+                "\"create_revision\":\"2\",\"mod_revision\":\"2\",\"version\":"
+                "\"1\",\"value\":\"aGVsbG8=\",\"lease\":\"2324035612959321097\"}],"
+                "\"count\":\"1\"}"},
+      {"txn", "{\"header\":{\"revision\":\"5\"},\"succeeded\":true,"
+              "\"responses\":[{\"response_put\":{\"header\":{\"revision\":"
+              "\"5\"}}},{\"response_range\":{\"kvs\":[],\"more\":false}}]}"},
+      {"watch", "{\"result\":{\"header\":{\"revision\":\"3\"},\"events\":"
+                "[{\"kv\":{\"key\":\"YQ==\",\"mod_revision\":\"2\"}},"
+                "{\"type\":\"DELETE\",\"kv\":{\"key\":\"YQ==\"}}]}}\n"
+                "{\"result\":{\"canceled\":true,\"compact_revision\":\"4\"}}"},
+      {"error", "{\"error\":\"etcdserver: requested lease not found\","
+                "\"message\":\"etcdserver: requested lease not found\","
+                "\"code\":5}"},
+      {"strings", "[\"a\\\"b\\\\c\\/\\n\", \"\\u00e9\\ud83d\\ude00\", "
+                  "\"\\ud83d\", -12.5e+3, 0, -0, true, false, null, {}]"},
+  };
+  for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+    uint8_t buf[1024];
+    size_t n = strlen(seeds[i].text);
+    buf[0] = 11; /* 2048 tokens */
+    memcpy(buf + 1, seeds[i].text, n);
+    write_file("json", seeds[i].name, buf, n + 1);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
@@ -391,5 +425,6 @@ int main(int argc, char **argv) {
   out_dir = argv[1];
   gen_msg_and_frames();
   gen_dispatch();
+  gen_json();
   return 0;
 }

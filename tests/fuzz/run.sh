@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target for a set time:
 #   tests/fuzz/run.sh TARGET [SECONDS] [libFuzzer flags...]
-# TARGET is frames, framer, msg or dispatch (default 60 s). Builds
+# TARGET is frames, framer, msg, dispatch or json (default 60 s). Builds
 # build-fuzz with clang (-DEMBPS_FUZZ=ON: fuzzer, address, undefined) when
 # needed, starts from the committed corpus tests/fuzz/corpus/TARGET and
 # keeps what it finds in build-fuzz/corpus/TARGET; a crash is written to
@@ -11,12 +11,12 @@
 # BUILD_FUZZ overrides the build directory, JOBS the build parallelism.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-target="${1:?usage: tests/fuzz/run.sh frames|framer|msg|dispatch [SECONDS] [flags...]}"
+target="${1:?usage: tests/fuzz/run.sh frames|framer|msg|dispatch|json [SECONDS] [flags...]}"
 seconds="${2:-60}"
 shift $(( $# >= 2 ? 2 : 1 ))
 case "$target" in
-  frames|framer|msg|dispatch) ;;
-  *) echo "unknown target $target (frames, framer, msg, dispatch)" >&2
+  frames|framer|msg|dispatch|json) ;;
+  *) echo "unknown target $target (frames, framer, msg, dispatch, json)" >&2
      exit 2 ;;
 esac
 build="${BUILD_FUZZ:-$root/build-fuzz}"

@@ -134,7 +134,8 @@ static int scan_all(embps_client_t *c, const char *table, row_t **out,
   }
   for (size_t i = 0; i < *n; i++)
     (*out)[i].vals = *block + i * floats;
-  qsort(*out, *n, sizeof **out, by_id);
+  if (*n) /* an empty table: *out may be NULL */
+    qsort(*out, *n, sizeof **out, by_id);
   return 0;
 }
 

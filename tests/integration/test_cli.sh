@@ -333,6 +333,15 @@ expect_fail_with "bad --servers address" '"nonsense" is not HOST:PORT' \
   timeout 30 "$CLI" --servers nonsense pull emb --ids 1
 expect_fail_with "bad --servers port" '127.0.0.1:99999' \
   timeout 30 "$CLI" --servers 127.0.0.1:99999 tables
+expect_fail_with "bad server of a member" '("127.0.0.1:7070|"): an empty address' \
+  timeout 30 "$CLI" --servers '127.0.0.1:7070|' tables
+expect_fail_with "bad second server of a member" '"x" is not HOST:PORT' \
+  timeout 30 "$CLI" --servers '127.0.0.1:7070|x' tables
+# a member's servers: the unreachable first one is passed over
+SAVED_ADDR=$ADDR
+ADDR="127.0.0.1:1|$MAIN_ADDR"
+expect_ok "a member listed with an unreachable server first" tables
+ADDR=$SAVED_ADDR
 cli pull emb --ids 0,1,2,3,4,5,6,7,8,9 --out "$TMP/after.bin"
 if [ "$RC" -eq 0 ] && cmp -s "$TMP/before.bin" "$TMP/after.bin"; then
   ok "refused requests changed nothing"

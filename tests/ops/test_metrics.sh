@@ -245,19 +245,8 @@ stop g
 # every series these servers export (a data dir, tables, a cgroup's limit)
 # is a row of README.md's metrics table
 check "README's metrics table: every exported series" \
-  python3 - "$(dirname "$0")/../../README.md" "$TMP/dmetrics" "$TMP/metrics" <<'PY'
-import re, sys
-rows = [l for l in open(sys.argv[1]) if re.match(r"\s*\| `(embps|process)_", l)]
-documented = set()
-for l in rows:
-    documented.update(re.findall(r"`((?:embps|process)_\w+)`", l.split("|")[1]))
-exported = set()
-for f in sys.argv[2:]:
-    exported.update(l.split()[2] for l in open(f) if l.startswith("# TYPE "))
-assert len(exported) > 40, sorted(exported)
-missing = sorted(exported - documented)
-assert not missing, "not in the table: " + " ".join(missing)
-PY
+  python3 "$(dirname "$0")/metrics_documented.py" \
+  "$(dirname "$0")/../../README.md" "$TMP/dmetrics" "$TMP/metrics"
 rm -f "$TMP/dport" "$TMP/d2.port"
 EMBPS_TEST_RESTORE_DELAY_MS=3000 "$SERVER" --listen 127.0.0.1:0 \
   --port-file "$TMP/d2.port" --data-dir "$TMP/data" \

@@ -177,6 +177,16 @@ static void test_refusals_name_the_flag(void **state) {
       {"--cluster-index", "1",
        "--cluster-index 1 must be below "
        "--cluster-size 1"},
+      {"--coordinator", "http://h:1",
+       "--coordinator \"http://h:1\" is not etcd://HOST:PORT"},
+      {"--coordinator", "etcd://h:1",
+       "--coordinator needs --cluster-name"},
+      {"--cluster-name", "a/b", "--cluster-name \"a/b\" is not 1-63"},
+      {"--cluster-name", "x",
+       "--cluster-name is a setting of --coordinator"},
+      {"--lease-ms", "999", "--lease-ms \"999\" is not a number in [1000"},
+      {"--member", "4096", "--member \"4096\" is not a member slot"},
+      {"--advertise", "nohost", "--advertise \"nohost\" is not HOST:PORT"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
     if (parse(&c, bad[k].a, bad[k].b, NULL) != -1)
@@ -184,6 +194,38 @@ static void test_refusals_name_the_flag(void **state) {
     if (!strstr(err, bad[k].want))
       fail_msg("%s: \"%s\", want \"%s\"", bad[k].a, err, bad[k].want);
   }
+}
+
+/* --coordinator's settings, and what it cannot be combined with. */
+static void test_coordinator(void **state) {
+  (void)state;
+  embps_server_config_t c;
+  assert_int_equal(parse(&c, "--coordinator", "etcd://127.0.0.1:2379,h:2",
+                         "--cluster-name", "prod-1", "--cluster-size", "3",
+                         "--cluster-index", "2", "--lease-ms", "5000",
+                         "--advertise", "10.0.0.5:7070", NULL),
+                   0);
+  assert_string_equal(c.coordinator, "etcd://127.0.0.1:2379,h:2");
+  assert_string_equal(c.cluster_name, "prod-1");
+  assert_int_equal(c.member, 2); /* the slot is --cluster-index's */
+  assert_int_equal(c.lease_ms, 5000);
+  assert_string_equal(c.advertise, "10.0.0.5:7070");
+  /* the slot is the rows' slot: --member 1 serves --cluster-index 1 */
+  assert_int_equal(parse(&c, "--coordinator", "etcd://h:1", "--cluster-name",
+                         "x", "--cluster-size", "2", "--member", "1", NULL),
+                   -1);
+  assert_non_null(strstr(err, "--member 1 and --cluster-index 0"));
+  assert_int_equal(parse(&c, "--coordinator", "etcd://h:1", "--cluster-name",
+                         "x", "--cluster-size", "2", "--cluster-index", "1",
+                         "--member", "1", NULL),
+                   0);
+  assert_int_equal(parse(&c, "--coordinator", "etcd://h:1", "--cluster-name",
+                         "x", "--follow", "127.0.0.1:7070", NULL),
+                   -1);
+  assert_non_null(strstr(err, "--follow with --coordinator"));
+  assert_int_equal(parse(&c, NULL), 0);
+  assert_int_equal(c.coordinator[0], 0);
+  assert_int_equal(c.lease_ms, 3000);
 }
 
 static void test_help_and_version(void **state) {
@@ -211,6 +253,7 @@ int main(void) {
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_every_flag_both_forms),
       cmocka_unit_test(test_refusals_name_the_flag),
+      cmocka_unit_test(test_coordinator),
       cmocka_unit_test(test_help_and_version),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

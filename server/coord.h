@@ -1,0 +1,176 @@
+/* coord.h - who is primary of a member slot, decided in etcd (issue 22):
+ * a leased key per slot, a campaign transaction, fencing by the lease's
+ * own clock, the candidate with the most records preferred. The
+ * coordinator is a thread that talks to etcd (etcd.h) and tells its
+ * owner (the server, or a test) through callbacks what to be; it knows
+ * nothing else of the server, so it is tested alone.
+ *
+ * Keys, under P = /embps/NAME/member/I:
+ *   P/primary       {"addr","epoch","lsn"}: the holder, attached to its
+ *                   lease. Whoever created it is primary of that epoch.
+ *   P/epoch         the last epoch granted (not leased: it outlives every
+ *                   holder, so epochs only grow).
+ *   P/servers/ADDR  {"addr","lsn","epoch","candidate","vacancy",
+ *                   "eligible"}: each server of the slot, attached to its
+ *                   lease (present while it lives); candidate says it
+ *                   runs in the election after epoch `vacancy` ended (0:
+ *                   the first election), with that LSN and epoch.
+ *
+ * Leases. Every server holds one lease of --lease-ms (etcd counts whole
+ * seconds: the TTL asked is the lease rounded up, and etcd may raise it
+ * to its minimum, about 2 s with its default timings), renewed every
+ * lease/3 (every lease/10 after a failed renewal). Each etcd call is
+ * bounded by lease/3.
+ *
+ * Fencing. etcd restarts a lease's TTL when it receives a keepalive,
+ * which is after we sent it. So if the holder measures from the moment it
+ * sent its last successful keepalive (t_s, CLOCK_BOOTTIME: monotonic and,
+ * unlike CLOCK_MONOTONIC, counting the time a suspended machine slept),
+ * its lease cannot have ended at etcd before t_s + lease. The holder acknowledges
+ * writes only while now < t_s + lease - margin (embps_coord_may_write;
+ * margin = max(lease/10, 100 ms)): the margin covers the rate difference
+ * of two machines' clocks (parts per million) and the time between the
+ * check and the acknowledgement leaving the process; a new primary
+ * needs etcd to have ended the lease (after t_s + lease), then a round
+ * of the election (below), then its own promotion, so the margin is not
+ * all that separates them. A frozen holder (SIGSTOP, a stalled VM) finds
+ * its deadline passed when it wakes, before it can acknowledge anything,
+ * whatever its threads were doing. Once its deadline passed the holder
+ * refuses writes until it has renewed (its lease still alive: it goes
+ * on) or read the key (someone else's: it becomes a follower, through
+ * the demote callback; no one's: it campaigns again). etcd restarted
+ * after being down restores leases with a fresh TTL, so a holder whose
+ * lease outlived the outage resumes without an election.
+ *
+ * Election. When P/primary is absent, each server asks its owner
+ * whether it may take the key (the eligible callback: a follower in sync
+ * with the primary of the epoch that ended, or that primary itself, or
+ * anyone while no epoch was ever granted) and posts its candidacy (its
+ * applied LSN and epoch) in its P/servers key. It then waits for one
+ * round (min(lease/4, 1 s)) or until every live server has posted for
+ * this vacancy, whichever comes first, and campaigns only if no eligible
+ * candidate has a higher LSN (ties: the lower address). The campaign is
+ * one transaction: P/primary does not exist, P/epoch is unchanged since
+ * it was read, and no P/servers key changed since the candidacies were
+ * read (a MOD compare over the prefix); then P/primary is created with
+ * its lease and P/epoch = max(P/epoch, every candidate's epoch) + 1.
+ * Race analysis:
+ *   - two candidates both believing they are best: impossible from the
+ *     same read (one order), and from different reads the transaction
+ *     decides: one creates the key, the other's compare fails;
+ *   - a better candidate posting late: its post changes a P/servers key,
+ *     so a worse candidate's transaction made after the post fails and
+ *     it reads again; one made before the post wins, which takes the
+ *     better candidate being slower than a whole round to notice the
+ *     vacancy (it was registered and live, so the round waited for it
+ *     until its end). That server is then behind the winner's log and
+ *     rejoins it (its extra records, never acknowledged unless it was
+ *     the only synchronous follower, are cut);
+ *   - a candidate that dies after posting: its key goes with its lease
+ *     and the others, waiting for the key to be taken, start a new
+ *     round after 2 rounds + a lease without a primary.
+ * With --sync-followers N >= 1, every acknowledged record is on at
+ * least N followers; all follow one log, so the one with the highest LSN
+ * holds every record any of them holds: choosing it loses nothing
+ * acknowledged.
+ *
+ * Addresses are unique: a server finding P/primary under its own address
+ * but another lease knows it as its own previous run (it serves on that
+ * address now, so that process is gone) and ends that lease at once
+ * instead of waiting for it.
+ *
+ * Threads: the coordinator's own thread runs every callback; the other
+ * functions may be called from any thread. */
+#ifndef EMBPS_COORD_H
+#define EMBPS_COORD_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define EMBPS_COORD_ADDR_MAX 128
+#define EMBPS_COORD_NAME_MAX 64
+/* Member slots per cluster name. */
+#define EMBPS_COORD_MEMBERS_MAX 4096
+
+typedef enum {
+  EMBPS_COORD_STARTING,  /* no answer from etcd yet */
+  EMBPS_COORD_FOLLOWER,  /* someone else holds the key */
+  EMBPS_COORD_CANDIDATE, /* no one does: an election */
+  EMBPS_COORD_PRIMARY,   /* we do (writes while the fence holds) */
+} embps_coord_role_t;
+
+/* What the owner says of itself when the key is free. */
+typedef struct {
+  uint64_t lsn;   /* its last record (applied, or made as a primary) */
+  uint32_t epoch; /* the epoch of that record (0: none) */
+  int eligible;   /* may take the key: see "Election" above */
+} embps_coord_self_t;
+
+typedef struct {
+  const char *url;     /* etcd://HOST:PORT[,HOST:PORT...] */
+  const char *cluster; /* NAME */
+  uint32_t member;     /* I */
+  const char *addr;    /* HOST:PORT others reach this server at */
+  uint32_t lease_ms;   /* >= 1000 */
+  void *ctx;           /* handed to every callback */
+  /* The owner's state for an election after epoch last_epoch ended (0:
+   * none was ever granted). */
+  void (*self)(void *ctx, uint32_t last_epoch, embps_coord_self_t *out);
+  /* This server won epoch `epoch`: become primary of it. 0, or -1 (the
+   * coordinator then gives the key back: its lease is revoked). Writes
+   * are accepted only once this returned 0 and the fence holds. */
+  int (*promote)(void *ctx, uint32_t epoch);
+  /* Someone else is primary (addr, epoch): follow it. Called whenever
+   * the holder or its epoch changes. was_primary: this server held the
+   * key before (it must rejoin: its log may hold records the new primary
+   * never had). */
+  void (*follow)(void *ctx, const char *addr, uint32_t epoch,
+                 int was_primary);
+  /* A line for the owner's log (level 0 info, 1 warning). May be NULL. */
+  void (*log)(void *ctx, int level, const char *msg);
+} embps_coord_config_t;
+
+typedef struct embps_coord embps_coord_t;
+
+typedef struct {
+  embps_coord_role_t role;
+  uint32_t epoch;                   /* of the primary we know (or are) */
+  char primary[EMBPS_COORD_ADDR_MAX]; /* its address ("" none known) */
+  uint64_t renewals, renewal_failures; /* lease keepalives */
+  uint64_t elections_won, demotions;
+  uint64_t fence_ns; /* may write before this (0: not; embps_coord_clock_ns) */
+  char error[256];                  /* the last etcd error ("" none) */
+} embps_coord_status_t;
+
+/* Checks cfg (copied) and sets up the client; nothing is sent until
+ * embps_coord_start. 0, or -1 with err. */
+int embps_coord_create(const embps_coord_config_t *cfg, embps_coord_t **out,
+                       char *err, size_t err_len);
+/* Starts the thread. 0 or -errno. */
+int embps_coord_start(embps_coord_t *c);
+/* Stops the thread; with resign, a primary first stops writing and
+ * revokes its lease (its key goes at once: followers elect without
+ * waiting for the lease to end). NULL-safe. */
+void embps_coord_destroy(embps_coord_t *c, int resign);
+/* Whether this server may acknowledge a write now: primary, promoted,
+ * and before its fence. Cheap: one atomic load and the clock. */
+int embps_coord_may_write(const embps_coord_t *c);
+/* The fence: may write while embps_coord_clock_ns() < this (0: may
+ * not). */
+uint64_t embps_coord_fence_ns(const embps_coord_t *c);
+/* The fence's clock: CLOCK_BOOTTIME, in ns. */
+uint64_t embps_coord_clock_ns(void);
+void embps_coord_status(embps_coord_t *c, embps_coord_status_t *s);
+/* The owner's state changed (e.g. caught up): look again now. */
+void embps_coord_kick(embps_coord_t *c);
+const char *embps_coord_role_name(embps_coord_role_t r);
+/* Reads who holds the slot's primary key now, with client e: 1 with its
+ * address (cap bytes) and epoch, 0 when no one does, or a negative code
+ * (embps_etcd_error says why; -EPROTO: a value that does not parse). */
+struct embps_etcd;
+int embps_coord_read_primary(struct embps_etcd *e, const char *cluster,
+                             uint32_t member, char *addr, size_t cap,
+                             uint32_t *epoch);
+/* The key prefix of a slot: /embps/NAME/member/I (cap bytes). */
+void embps_coord_prefix(const char *cluster, uint32_t member, char *out,
+                        size_t cap);
+#endif
