@@ -388,6 +388,18 @@ static int call_jw(embps_etcd_t *e, const char *path, embps_jw_t *w,
   return rc;
 }
 
+/* call_jw with the body {"<key>": v}: the lease calls. */
+static int call_int(embps_etcd_t *e, const char *path, const char *key,
+                    int64_t v, embps_json_t *doc) {
+  embps_jw_t w;
+  embps_jw_init(&w, BODY_MAX);
+  embps_jw_obj(&w);
+  embps_jw_key(&w, key);
+  embps_jw_int64(&w, v);
+  embps_jw_obj_end(&w);
+  return call_jw(e, path, &w, doc);
+}
+
 static int check_sizes(embps_etcd_t *e, size_t key_len, size_t value_len) {
   if (!key_len || key_len > EMBPS_ETCD_KEY_MAX) {
     set_err(e->err, "etcd key of %zu bytes (1 to %d)", key_len,
@@ -546,14 +558,8 @@ static int64_t header_revision(const embps_json_t *d, int obj) {
 
 int embps_etcd_lease_grant(embps_etcd_t *e, int64_t ttl_s, int64_t *id,
                            int64_t *ttl_s_out) {
-  embps_jw_t w;
-  embps_jw_init(&w, BODY_MAX);
-  embps_jw_obj(&w);
-  embps_jw_key(&w, "TTL");
-  embps_jw_int64(&w, ttl_s);
-  embps_jw_obj_end(&w);
   embps_json_t d;
-  int rc = call_jw(e, "/v3/lease/grant", &w, &d);
+  int rc = call_int(e, "/v3/lease/grant", "TTL", ttl_s, &d);
   if (rc)
     return rc;
   int64_t ttl = 0;
@@ -569,14 +575,8 @@ int embps_etcd_lease_grant(embps_etcd_t *e, int64_t ttl_s, int64_t *id,
 
 int embps_etcd_lease_keepalive(embps_etcd_t *e, int64_t id,
                                int64_t *ttl_s_out) {
-  embps_jw_t w;
-  embps_jw_init(&w, BODY_MAX);
-  embps_jw_obj(&w);
-  embps_jw_key(&w, "ID");
-  embps_jw_int64(&w, id);
-  embps_jw_obj_end(&w);
   embps_json_t d;
-  int rc = call_jw(e, "/v3/lease/keepalive", &w, &d);
+  int rc = call_int(e, "/v3/lease/keepalive", "ID", id, &d);
   if (rc)
     return rc;
   int res = embps_json_get(&d, 0, "result");
@@ -595,14 +595,8 @@ int embps_etcd_lease_keepalive(embps_etcd_t *e, int64_t id,
 }
 
 int embps_etcd_lease_revoke(embps_etcd_t *e, int64_t id) {
-  embps_jw_t w;
-  embps_jw_init(&w, BODY_MAX);
-  embps_jw_obj(&w);
-  embps_jw_key(&w, "ID");
-  embps_jw_int64(&w, id);
-  embps_jw_obj_end(&w);
   embps_json_t d;
-  int rc = call_jw(e, "/v3/lease/revoke", &w, &d);
+  int rc = call_int(e, "/v3/lease/revoke", "ID", id, &d);
   if (!rc)
     embps_json_free(&d);
   return rc;
