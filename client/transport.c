@@ -504,11 +504,12 @@ static int infos_printable(const embps_table_info_t *v, size_t n) {
 
 /* Checks a decoded reply m against the request of part p: its kind must be
  * the request's kind | EMBPS_KIND_REPLY (or ERROR), its counts those
- * asked for, the table names it holds printable. in_place: its bulk went
- * straight to the part's destination (pull rows). Returns NULL, or what
- * is wrong. */
+ * asked for, the table names it holds printable, a stats reply's server
+ * the one asked (any place in its cluster for a peer, whose hello says
+ * nothing of it). in_place: its bulk went straight to the part's
+ * destination (pull rows). Returns NULL, or what is wrong. */
 static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
-                                  int in_place) {
+                                  int in_place, int peer) {
   static const char *const bad_name =
       "reply names a table with a control, space or non-ASCII byte";
   if (m->kind == EMBPS_KIND_ERROR)
@@ -535,7 +536,7 @@ static const char *reply_mismatch(const part_t *p, const embps_msg_t *m,
       return "push reply counts more rows than were sent";
     break;
   case EMBPS_KIND_STATS:
-    if (m->u.stats.cluster_index != p->server)
+    if (!peer && m->u.stats.cluster_index != p->server)
       return "stats reply from another cluster index";
     if (!infos_printable(m->u.stats.tables, m->u.stats.n_tables))
       return bad_name;
@@ -703,7 +704,7 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
       conn_fail(k, EMBPS_EPROTO, why);
       return EMBPS_FRAMER_STOP;
     }
-    const char *bad = reply_mismatch(p, &m, in_place);
+    const char *bad = reply_mismatch(p, &m, in_place, k->client->peer);
     if (bad || (m.kind == EMBPS_KIND_ERROR &&
                 (m.u.error.code == EMBPS_ESHUTDOWN ||
                  (m.u.error.code == EMBPS_ENOTPRIMARY &&

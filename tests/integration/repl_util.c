@@ -12,17 +12,16 @@
 
 #include "frame.h"
 #include "harness.h"
+#include "internal.h" /* embps_client_create_peer_ */
 #include "wire.h"
 
+/* A client of the one server at addr whatever its place in its cluster
+ * (a peer's: a member of a cluster of several answers it too), no
+ * retries. */
 static embps_client_t *client_of(const char *addr) {
-  embps_client_options_t o;
-  embps_client_options_init(&o);
-  o.servers = addr;
-  o.timeout_ms = 20000;
-  o.retry_ms = -1;
   embps_client_t *c = NULL;
   char err[512];
-  if (embps_client_create(&o, &c, err, sizeof err))
+  if (embps_client_create_peer_(addr, "", 0, 20000, &c, err, sizeof err))
     fprintf(stderr, "repl: cannot connect to %s: %s\n", addr, err);
   return c;
 }

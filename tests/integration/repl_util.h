@@ -3,7 +3,8 @@
  * its primary, comparing two servers table by table (every row with its
  * optimizer state, and every counter a replica must share), and a pull
  * over a raw connection that returns the LSN the server says it read at
- * (the library does not hand it out).
+ * (the library does not hand it out). Each talks to one server whatever
+ * its place in its cluster (a member of a cluster of several too).
  *
  * Comparisons report each difference on stderr ("<what>: table T row R
  * ...") and return how many there were. */
