@@ -237,11 +237,13 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
     embps_durable_stats(srv->dur, s);
   embps_failover_stats(srv, s);
   if (embps_registry_list(&srv->registry, &s->tables, &s->n_tables)) {
+    free(s->members);
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
     return;
   }
   embps_request_reply(srv, req, EMBPS_KIND_STATS, &m, 0);
   free(s->tables);
+  free(s->members);
 }
 
 embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
