@@ -323,10 +323,7 @@ int embps_failover_status(embps_server_t *srv, embps_coord_status_t *s) {
   return 1;
 }
 
-/* s->members (malloc'd, the caller frees them): the cluster's primaries
- * as the coordinator last read them; none when out of memory (the rest of
- * the stats still go out). */
-static void stats_members(embps_server_t *srv, embps_server_stats_t *s) {
+void embps_failover_members(embps_server_t *srv, embps_server_stats_t *s) {
   embps_failover_t *f = srv->failover;
   embps_coord_primary_t *v;
   size_t n;
@@ -352,5 +349,4 @@ void embps_failover_stats(embps_server_t *srv, embps_server_stats_t *s) {
   embps_coord_status_t st;
   if (embps_failover_status(srv, &st) && st.primary[0])
     snprintf(s->primary, sizeof s->primary, "%.63s", st.primary);
-  stats_members(srv, s);
 }

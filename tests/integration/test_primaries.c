@@ -91,7 +91,8 @@ static int server_members(int m, int j, embps_server_stats_t *st,
   }
   *st = s[0];
   size_t k = s[0].n_members < cap ? s[0].n_members : cap;
-  memcpy(mp, s[0].members, k * sizeof *mp);
+  if (k)
+    memcpy(mp, s[0].members, k * sizeof *mp);
   st->tables = NULL;
   st->members = NULL;
   embps_stats_free(s, n);
