@@ -330,7 +330,10 @@ static int scenario(void) {
   if (!rc) {
     dur_server_kill(&srv[1][0]);
     dur_server_kill(&srv[1][1]);
-    rc = wait_named(0, 1, 1, NULL, 0, NULL, 15000);
+    rc = wait_named(0, 1, 1, NULL, 0, NULL, 15000) ||
+                 wait_named(0, 0, 1, NULL, 0, NULL, 15000)
+             ? -1
+             : 0;
     char list[80];
     snprintf(list, sizeof list, "%s,%s", p0, f1);
     if (!rc)

@@ -89,6 +89,12 @@ class Followers(unittest.TestCase):
         with embps.Client(self.p) as c:
             self.assertIn("u", [t["name"] for t in c.tables()])
             c.drop_table("u")
+        # servers_as_listed: that server alone, its refusals included
+        with embps.Client(self.f, retry_ms=-1, servers_as_listed=True) as c:
+            self.assertEqual(c.server_address(0), self.f)
+            with self.assertRaises(embps.NotPrimary) as e:
+                c.create_table("v", 4, rows=4)
+            self.assertIn(self.p, str(e.exception))
 
 
 if __name__ == "__main__":
