@@ -505,6 +505,10 @@ static void print_spec_json(const embps_table_spec_t *s) {
 }
 
 static void print_durability(const embps_server_stats_t *x, int json);
+static void print_json_string(const char *s);
+static const embps_member_primary_t *
+member_primary(const embps_server_stats_t *st, size_t n, uint32_t member);
+static void print_member_primary(const embps_member_primary_t *m, int json);
 
 /* Under a table of `tables --json`: `, "servers": [{"server": S,
  * "address": "H:P", <stats' durability figures>}, ...]` for the servers
@@ -521,6 +525,11 @@ static void print_table_servers_json(const embps_server_stats_t *st,
     printf("%s{\"server\": %zu, \"address\": \"%s\"", any++ ? ", " : "", s,
            st[s].address);
     print_durability(&st[s], 1);
+    const embps_member_primary_t *p = member_primary(st, n, (uint32_t)s);
+    if (p) { /* coordinated: the primary of member s */
+      printf(", ");
+      print_member_primary(p, 1);
+    }
     printf("}");
   }
   printf("]");
@@ -533,7 +542,40 @@ static const char *ckpt_dir(uint64_t lsn, char buf[32]) {
   return buf;
 }
 
-/* Under `tables`: one line per server that has a data dir. */
+/* The primary of member slot `member` as the servers of st (n of them)
+ * know it: server `member`'s own word (its slot's key is the one it
+ * watches), else the first that names it; NULL when none is coordinated. */
+static const embps_member_primary_t *
+member_primary(const embps_server_stats_t *st, size_t n, uint32_t member) {
+  const embps_member_primary_t *found = NULL;
+  for (size_t i = 0; i < n; i++)
+    for (uint32_t j = 0; j < st[i].n_members; j++)
+      if (st[i].members[j].member == member &&
+          (!found || i == member))
+        found = &st[i].members[j];
+  return found;
+}
+
+/* One member's primary: as JSON `"primary": "H:P", "epoch": E` (null and
+ * 0 during an election), as text `primary H:P epoch E` or `no primary
+ * (an election is on)`. */
+static void print_member_primary(const embps_member_primary_t *m, int json) {
+  if (json) {
+    printf("\"primary\": ");
+    if (m->primary[0])
+      print_json_string(m->primary);
+    else
+      printf("null");
+    printf(", \"epoch\": %u", m->epoch);
+  } else if (m->primary[0]) {
+    printf("primary %s epoch %u", m->primary, m->epoch);
+  } else {
+    printf("no primary (an election is on)");
+  }
+}
+
+/* Under `tables`: one line per server that has a data dir, then, for a
+ * coordinated cluster, one per member slot naming its primary. */
 static void print_tables_durability(cmd_t *cmd) {
   embps_server_stats_t *s;
   size_t n;
@@ -556,6 +598,19 @@ static void print_tables_durability(cmd_t *cmd) {
     printf(", log %" PRIu64 " bytes%s%s\n", s[i].log_bytes,
            s[i].durability_failed[0] ? ", FAILED: " : "",
            s[i].durability_failed);
+  }
+  uint32_t slots = 0; /* the highest slot any server names, plus one */
+  for (size_t i = 0; i < n; i++)
+    for (uint32_t j = 0; j < s[i].n_members; j++)
+      if (s[i].members[j].member >= slots)
+        slots = s[i].members[j].member + 1;
+  for (uint32_t m = 0; m < slots; m++) {
+    const embps_member_primary_t *p = member_primary(s, n, m);
+    if (!p)
+      continue;
+    printf("member %u: ", m);
+    print_member_primary(p, 0);
+    printf("\n");
   }
   embps_stats_free(s, n);
 }
@@ -896,6 +951,30 @@ static void print_replication(const embps_server_stats_t *x, int json) {
            x->followers_in_sync, x->lag_records, x->lag_ms, x->bytes_shipped);
 }
 
+/* A coordinated server's word on every member's primary: as JSON
+ * `, "members": [{"member": I, "primary": ..., "epoch": E}, ...]`, as text
+ * a line `  member I: primary H:P epoch E` each; nothing for a server
+ * without --coordinator. */
+static void print_members(const embps_server_stats_t *x, int json) {
+  if (!x->n_members)
+    return;
+  if (json)
+    printf(", \"members\": [");
+  for (uint32_t i = 0; i < x->n_members; i++) {
+    if (json) {
+      printf("%s{\"member\": %u, ", i ? ", " : "", x->members[i].member);
+      print_member_primary(&x->members[i], 1);
+      printf("}");
+    } else {
+      printf("  member %u: ", x->members[i].member);
+      print_member_primary(&x->members[i], 0);
+      printf("\n");
+    }
+  }
+  if (json)
+    printf("]");
+}
+
 static int cmd_promote(cmd_t *cmd) {
   uint32_t epoch;
   uint64_t lsn;
@@ -1001,6 +1080,7 @@ static int cmd_stats(cmd_t *cmd) {
       printf("]");
       print_durability(x, 1);
       print_replication(x, 1);
+      print_members(x, 1);
       printf(", \"missing_tables\": [");
       int any = 0;
       for (size_t t = 0; t < n_names; t++)
@@ -1021,6 +1101,7 @@ static int cmd_stats(cmd_t *cmd) {
              x->bytes_out);
       print_durability(x, 0);
       print_replication(x, 0);
+      print_members(x, 0);
       for (size_t t = 0; t < x->n_tables; t++) {
         printf("  table %-20s dim %-5u %-8s %-5s rows %" PRIu64
                "  bytes %" PRIu64 "  step %" PRIu64 "\n",
@@ -1059,57 +1140,60 @@ typedef struct {
   const embps_flag_group_t *groups;
   int (*check)(cmd_t *cmd); /* before connecting: 0 or the exit status */
   int (*run)(cmd_t *cmd);   /* NULL: bench, which parses its own flags */
+  /* 1: it addresses servers (stats, promote, ...): an entry of one server
+   * is that server, its role not followed (servers_as_listed) */
+  int as_listed;
 } command_t;
 
 static const command_t commands[] = {
     {"create-table", "NAME", "create a table on every server", create_groups,
-     check_create, cmd_create},
+     check_create, cmd_create, 0},
     {"complete-table", "NAME",
      "create a table some servers lack (a member that lost its data) on "
      "those, with the spec the others hold: its rows there start from the "
      "initializer",
-     no_groups, NULL, cmd_complete},
-    {"drop-table", "NAME", "drop a table", no_groups, NULL, cmd_drop},
+     no_groups, NULL, cmd_complete, 0},
+    {"drop-table", "NAME", "drop a table", no_groups, NULL, cmd_drop, 0},
     {"alter", "NAME",
      "change hyperparameters on every server, in order with "
      "the pushes, and print the new ones",
-     alter_groups, check_alter, cmd_alter},
+     alter_groups, check_alter, cmd_alter, 0},
     {"tables", NULL,
      "the tables: spec, rows, bytes, servers that lack them, "
      "durability",
-     json_groups, NULL, cmd_tables},
+     json_groups, NULL, cmd_tables, 1},
     {"pull", "NAME",
      "print rows (id, tab, values) in request order (--json: and the LSN "
      "each member read at)",
-     pull_groups, check_pull, cmd_pull},
+     pull_groups, check_pull, cmd_pull, 0},
     {"push", "NAME", "push a gradient: one optimizer step on its rows",
-     push_groups, check_push, cmd_push},
+     push_groups, check_push, cmd_push, 0},
     {"stats", NULL, "every server's counters, tables and durability",
-     json_groups, NULL, cmd_stats},
+     json_groups, NULL, cmd_stats, 1},
     {"checkpoint", NULL, "take a checkpoint on every server (--data-dir)",
-     no_groups, NULL, cmd_checkpoint},
+     no_groups, NULL, cmd_checkpoint, 1},
     {"export", "NAME", "write the table's rows to .npy files and spec.json",
-     export_groups, check_export, cmd_export},
+     export_groups, check_export, cmd_export, 0},
     {"import", "NAME",
      "read rows from what export wrote (or numpy .npy "
      "files) into the table",
-     import_groups, check_import, cmd_import},
+     import_groups, check_import, cmd_import, 0},
     {"evict", "NAME",
      "evict the expired rows now, and those of L2 norm "
      "below the table's --evict-l2-below",
-     no_groups, NULL, cmd_evict},
+     no_groups, NULL, cmd_evict, 0},
     {"promote", NULL,
      "the follower addressed (its only server, or --member I) stops "
      "following and becomes a primary of a new epoch",
-     no_groups, NULL, cmd_promote},
+     no_groups, NULL, cmd_promote, 1},
     {"backup", NULL,
      "copy every member (or --member I) while it serves: DIR/member-I is a "
      "data dir (--data-dir) holding its state at one LSN",
-     backup_groups, check_backup, cmd_backup},
+     backup_groups, check_backup, cmd_backup, 1},
     {"bench", NULL,
      "drive the servers with W workers pulling, then pushing, "
      "Zipf batches; report rows/s and latency",
-     embps_cli_bench_groups, NULL, NULL},
+     embps_cli_bench_groups, NULL, NULL, 0},
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 
@@ -1193,6 +1277,7 @@ static int run_command(const command_t *cmd, global_t *g,
     rc = cmd->check(&c);
   if (!rc)
     rc = client_options(g, global, &token);
+  g->client.servers_as_listed = cmd->as_listed;
   if (!rc && embps_client_create_member(&g->client, g->member, &c.client,
                                         err, sizeof err))
     rc = die(1, "%s", err);

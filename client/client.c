@@ -128,6 +128,7 @@ int embps_client_create_member(const embps_client_options_t *opts,
     rc = EMBPS_EINVAL;
   }
   c->read_from = opts->read_from;
+  c->servers_as_listed = opts->servers_as_listed != 0;
   if (!rc)
     rc = embps_servers_parse_(c, servers, errbuf, errbuf_len);
   c->member = member;
@@ -611,8 +612,13 @@ int embps_stats(embps_client_t *c, embps_server_stats_t **out,
     escape_field(v[i].data_dir, sizeof v[i].data_dir);
     escape_field(v[i].fsync, sizeof v[i].fsync);
     escape_field(v[i].durability_failed, sizeof v[i].durability_failed);
+    escape_field(v[i].primary, sizeof v[i].primary);
+    for (uint32_t j = 0; j < v[i].n_members; j++)
+      escape_field(v[i].members[j].primary, sizeof v[i].members[j].primary);
     t->parts[i].reply.u.stats.tables = NULL; /* handed to the caller */
     t->parts[i].reply.u.stats.n_tables = 0;
+    t->parts[i].reply.u.stats.members = NULL;
+    t->parts[i].reply.u.stats.n_members = 0;
   }
   embps_ticket_free_(t);
   *out = v;
@@ -623,8 +629,10 @@ int embps_stats(embps_client_t *c, embps_server_stats_t **out,
 void embps_stats_free(embps_server_stats_t *s, size_t n_servers) {
   if (!s)
     return;
-  for (size_t i = 0; i < n_servers; i++)
+  for (size_t i = 0; i < n_servers; i++) {
     free(s[i].tables);
+    free(s[i].members);
+  }
   free(s);
 }
 
@@ -1350,6 +1358,7 @@ int embps_client_create_peer_(const char *addr, const char *token,
   embps_dedup_init(&c->dedup);
   embps_bufpool_init(&c->pool, 64 << 10, (size_t)16 << 20);
   c->peer = 1;
+  c->servers_as_listed = 1; /* that server, whatever its role */
   c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
   c->retry_ms = -1;
   c->member = UINT32_MAX;

@@ -169,6 +169,7 @@ struct embps_client {
   uint32_t n, n_conns;
   member_t *members; /* n */
   int read_from;     /* EMBPS_READ_* */
+  int servers_as_listed; /* an entry of one server is that server alone */
   char token[EMBPS_TOKEN_MAX];
   size_t token_len;
   int timeout_ms;

@@ -5,9 +5,13 @@
  *
  *   a:7070|b:7070,c:7070|d:7070     two members of two servers each
  *
- * Parsing makes one member_t per entry and one connection per member (its
- * primary's, or its only server's); a client reading from followers gets a
- * second connection for each member that lists more than one server.
+ * Parsing makes one member_t per entry and one connection per member, to
+ * its primary: an entry of one server is a seed like any other (a follower
+ * there sends the client to the primary it names), unless the client was
+ * made servers_as_listed (tools addressing one server: the connection is
+ * then to that server, whatever its role); a client reading from
+ * followers gets a second connection for each member that lists more than
+ * one server.
  * Every refusal names the entry and what is wrong with it; nothing is
  * connected before the whole list is good. */
 #include <errno.h>
@@ -128,7 +132,8 @@ int embps_servers_parse_(embps_client_t *c, const char *list, char *err,
   c->n_conns = n_conns;
   for (uint32_t i = 0; i < n; i++) {
     int multi = c->members[i].n_listed > 1;
-    conn_init(c, &c->conns[i], i, multi ? CONN_PRIMARY : CONN_ANY);
+    conn_init(c, &c->conns[i], i,
+              multi || !c->servers_as_listed ? CONN_PRIMARY : CONN_ANY);
     if (n_conns > n)
       conn_init(c, &c->conns[n + i], i, multi ? CONN_FOLLOWER : CONN_ANY);
   }

@@ -190,6 +190,36 @@ static int epochs_from_pb(Embps__Epoch **src, size_t n, embps_epoch_t **out,
   return 0;
 }
 
+/* ---- member primaries (issue 22) ---- */
+
+/* s->members from a stats reply's: at most EMBPS_STATS_MEMBERS_MAX, each
+ * address within its field. 0, EMBPS_EPROTO, or -ENOMEM. */
+static int members_from_pb(Embps__MemberPrimary **src, size_t n,
+                           embps_server_stats_t *s) {
+  s->members = NULL;
+  s->n_members = 0;
+  if (n > EMBPS_STATS_MEMBERS_MAX)
+    return EMBPS_EPROTO;
+  if (!n)
+    return 0;
+  embps_member_primary_t *v = calloc(n, sizeof *v);
+  if (!v)
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    const char *a = src[i]->primary ? src[i]->primary : "";
+    if (strlen(a) >= sizeof v[i].primary) {
+      free(v);
+      return EMBPS_EPROTO;
+    }
+    v[i].member = src[i]->member;
+    v[i].epoch = src[i]->epoch;
+    memcpy(v[i].primary, a, strlen(a) + 1);
+  }
+  s->members = v;
+  s->n_members = (uint32_t)n;
+  return 0;
+}
+
 /* ---- generic pack: build the protobuf view of m, then size or pack it ---- */
 
 /* Calls protobuf's packer on the view of m: with out == NULL it returns the
@@ -357,7 +387,30 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     p.durability_failed = (char *)s->durability_failed;
     p.n_tables = s->n_tables;
     p.tables = v.ptrs;
+    Embps__MemberPrimary *mp = NULL, **mpp = NULL;
+    if (s->n_members) {
+      mp = calloc(s->n_members, sizeof *mp);
+      mpp = calloc(s->n_members, sizeof *mpp);
+      if (!mp || !mpp) {
+        free(mp);
+        free(mpp);
+        views_free(&v);
+        return 0;
+      }
+      for (uint32_t i = 0; i < s->n_members; i++) {
+        embps__member_primary__init(&mp[i]);
+        mp[i].member = s->members[i].member;
+        mp[i].has_epoch = 1;
+        mp[i].epoch = s->members[i].epoch;
+        mp[i].primary = (char *)s->members[i].primary;
+        mpp[i] = &mp[i];
+      }
+      p.n_members = s->n_members;
+      p.members = mpp;
+    }
     r = RUN_(stats_reply, p);
+    free(mp);
+    free(mpp);
     views_free(&v);
     break;
   }
@@ -801,6 +854,13 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
     if (!rc)
       rc = infos_from_pb(p->tables, p->n_tables, &s->tables);
     s->n_tables = rc ? 0 : p->n_tables;
+    if (!rc)
+      rc = members_from_pb(p->members, p->n_members, s);
+    if (rc) {
+      free(s->tables);
+      s->tables = NULL;
+      s->n_tables = 0;
+    }
     FREE_(stats_reply, p);
     break;
   }
@@ -970,6 +1030,9 @@ void embps_msg_free(embps_msg_t *m) {
     free(m->u.stats.tables);
     m->u.stats.tables = NULL;
     m->u.stats.n_tables = 0;
+    free(m->u.stats.members);
+    m->u.stats.members = NULL;
+    m->u.stats.n_members = 0;
   } else if (m->kind == EMBPS_KIND_FETCH) {
     free(m->u.fetch.history);
     m->u.fetch.history = NULL;

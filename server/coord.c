@@ -84,6 +84,13 @@ struct embps_coord {
   int etcd_failing;
 
   atomic_uint_fast64_t fence;
+
+  /* the cluster's primaries (coord.h): map, n_map under mu */
+  embps_coord_primary_t *map;
+  size_t n_map;
+  uint64_t next_map_ns;     /* the thread's: the next read of the cluster */
+  char map_base[96];        /* /embps/NAME/member/ */
+  int map_warned;           /* a bound was hit (logged once) */
 };
 
 static void logf_(embps_coord_t *c, int level, const char *fmt, ...)
@@ -171,6 +178,7 @@ int embps_coord_create(const embps_coord_config_t *cfg, embps_coord_t **out,
   snprintf(c->k_epoch, sizeof c->k_epoch, "%s/epoch", p);
   snprintf(c->k_servers, sizeof c->k_servers, "%s/servers/", p);
   snprintf(c->k_me, sizeof c->k_me, "%s%s", c->k_servers, c->addr);
+  snprintf(c->map_base, sizeof c->map_base, "/embps/%s/member/", c->cluster);
   c->lease_ns = (uint64_t)cfg->lease_ms * MS;
   c->margin_ns = c->lease_ns / 10 > 100 * MS ? c->lease_ns / 10 : 100 * MS;
   c->round_ns = c->lease_ns / 4 < 1000 * MS ? c->lease_ns / 4 : 1000 * MS;
@@ -211,6 +219,25 @@ void embps_coord_status(embps_coord_t *c, embps_coord_status_t *s) {
   *s = c->st;
   pthread_mutex_unlock(&c->mu);
   s->fence_ns = embps_coord_fence_ns(c);
+}
+
+int embps_coord_primaries(embps_coord_t *c, embps_coord_primary_t **out,
+                          size_t *n) {
+  *out = NULL;
+  *n = 0;
+  pthread_mutex_lock(&c->mu);
+  int rc = 0;
+  if (c->n_map) {
+    *out = malloc(c->n_map * sizeof **out);
+    if (*out) {
+      memcpy(*out, c->map, c->n_map * sizeof **out);
+      *n = c->n_map;
+    } else {
+      rc = -ENOMEM;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return rc;
 }
 
 void embps_coord_kick(embps_coord_t *c) {
@@ -462,6 +489,122 @@ static int read_slot(embps_coord_t *c, view_t *v) {
   return 0;
 }
 
+/* ---- the cluster's primaries ---- */
+
+/* The slot of a key under map_base ("I/..."): its index, *rest the text
+ * after "I/"; -1 for a key of no slot (not digits then '/', or past
+ * UINT32_MAX). */
+static int64_t map_slot(const char *k, size_t len, const char **rest) {
+  size_t i = 0;
+  uint64_t v = 0;
+  while (i < len && i < 11 && k[i] >= '0' && k[i] <= '9')
+    v = v * 10 + (uint64_t)(k[i++] - '0');
+  if (i == 0 || i == len || k[i] != '/' || v > UINT32_MAX)
+    return -1;
+  *rest = k + i + 1;
+  return (int64_t)v;
+}
+
+/* Reads every slot's P/primary (bounded, coord.h) into slots[] (seen[]
+ * marks a slot with any key). 0 when the whole prefix was read, 1 when a
+ * bound cut it, -1 when etcd failed (logged). */
+static int map_read(embps_coord_t *c, embps_coord_primary_t *slots,
+                    uint8_t *seen, size_t *beyond) {
+  const size_t bl = strlen(c->map_base);
+  uint8_t end[sizeof c->map_base];
+  size_t end_len;
+  embps_etcd_prefix_end(c->map_base, bl, end, &end_len);
+  char from[EMBPS_ETCD_KEY_MAX];
+  size_t from_len = bl;
+  memcpy(from, c->map_base, bl);
+  int64_t rev = 0;
+  for (int page = 0; page < EMBPS_COORD_MAP_PAGES; page++) {
+    embps_etcd_kvs_t kvs;
+    if (embps_etcd_range_between(c->etcd, from, from_len, end, end_len, rev,
+                                 &kvs)) {
+      etcd_failed(c, "reading the cluster's primaries");
+      return -1;
+    }
+    if (!rev)
+      rev = kvs.revision;
+    for (size_t i = 0; i < kvs.n; i++) {
+      const embps_etcd_kv_t *kv = &kvs.v[i];
+      const char *rest;
+      int64_t m = kv->key_len > bl
+                      ? map_slot(kv->key + bl, kv->key_len - bl, &rest)
+                      : -1;
+      if (m < 0)
+        continue;
+      if (m >= EMBPS_COORD_MAP_MAX) {
+        ++*beyond;
+        continue;
+      }
+      seen[m] = 1;
+      slots[m].member = (uint32_t)m;
+      if (strcmp(rest, "primary"))
+        continue;
+      uint64_t lsn;
+      if (parse_value(kv, slots[m].addr, &slots[m].epoch, &lsn, NULL, NULL,
+                      NULL))
+        slots[m].addr[0] = 0; /* no address: as good as none */
+    }
+    const embps_etcd_kv_t *last = kvs.n ? &kvs.v[kvs.n - 1] : NULL;
+    int more = kvs.more && last && last->key_len + 1 <= sizeof from;
+    if (more) { /* the next page starts just after the last key */
+      memcpy(from, last->key, last->key_len);
+      from[last->key_len] = 0;
+      from_len = last->key_len + 1;
+    }
+    embps_etcd_kvs_free(&kvs);
+    if (!more)
+      return 0;
+  }
+  return 1;
+}
+
+/* Reads the cluster's primaries and swaps the copy in (coord.h). */
+static void map_refresh(embps_coord_t *c) {
+  embps_coord_primary_t *slots = calloc(EMBPS_COORD_MAP_MAX, sizeof *slots);
+  uint8_t *seen = calloc(EMBPS_COORD_MAP_MAX, 1);
+  size_t beyond = 0, n = 0;
+  int rc = slots && seen ? map_read(c, slots, seen, &beyond) : -1;
+  if (rc >= 0) {
+    for (size_t i = 0; i < EMBPS_COORD_MAP_MAX; i++)
+      if (seen[i])
+        slots[n++] = slots[i];
+    if ((rc || beyond) && !c->map_warned) {
+      c->map_warned = 1;
+      logf_(c, 1, "coordinator: %s holds %s: the primaries of slots 0 to %d "
+            "only are known", c->map_base, rc ? "more keys than are read"
+            : "slots past the member limit", EMBPS_COORD_MAP_MAX - 1);
+    }
+    embps_coord_primary_t *old;
+    pthread_mutex_lock(&c->mu);
+    old = c->map;
+    c->map = slots;
+    c->n_map = n;
+    pthread_mutex_unlock(&c->mu);
+    slots = old;
+  }
+  free(slots);
+  free(seen);
+}
+
+/* Whether the copy's entry for this server's slot differs from what the
+ * read of the slot (v) shows. */
+static int map_own_stale(embps_coord_t *c, const view_t *v) {
+  const char *addr = v->has_primary ? v->primary_addr : "";
+  const uint32_t epoch = v->has_primary ? v->primary_epoch : 0;
+  int stale = 1;
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = 0; i < c->n_map; i++)
+    if (c->map[i].member == c->cfg.member)
+      stale = strcmp(c->map[i].addr, addr) ||
+              (addr[0] && c->map[i].epoch != epoch);
+  pthread_mutex_unlock(&c->mu);
+  return stale;
+}
+
 static void set_status(embps_coord_t *c) {
   pthread_mutex_lock(&c->mu);
   c->st.role = c->role;
@@ -682,6 +825,11 @@ static void step(embps_coord_t *c) {
     return;
   ensure_watch(c, v.revision + 1);
   decide(c, &v);
+  const uint64_t now = embps_now_ns();
+  if (now >= c->next_map_ns || map_own_stale(c, &v)) {
+    c->next_map_ns = now + c->renew_ns;
+    map_refresh(c);
+  }
 }
 
 /* Waits for a change of the slot, a kick, stop, or the next step. */
@@ -772,6 +920,7 @@ void embps_coord_destroy(embps_coord_t *c, int resign) {
       logf_(c, 0, "coordinator: lease given back");
   }
   close_watch(c);
+  free(c->map);
   embps_etcd_destroy(c->etcd);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);

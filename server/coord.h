@@ -79,6 +79,17 @@
  * address now, so that process is gone) and ends that lease at once
  * instead of waiting for it.
  *
+ * The cluster's primaries. Clients ask any server which server is
+ * primary of each member (stats), so the thread also keeps a copy of every
+ * slot's P/primary under /embps/NAME/member/: its own slot's as soon as a
+ * read of it shows a change, the others' on every step at most a renewal
+ * period (lease/3) apart. The read is paged at one revision (a consistent
+ * picture) and bounded: slots 0 to EMBPS_COORD_MAP_MAX - 1 (the members a
+ * client can list), at most EMBPS_COORD_MAP_PAGES pages of keys. The copy
+ * is swapped in under the status lock, never held during a call to etcd,
+ * so readers (I/O threads) never wait on etcd; a failed read keeps the
+ * last copy.
+ *
  * Threads: the coordinator's own thread runs every callback; the other
  * functions may be called from any thread. */
 #ifndef EMBPS_COORD_H
@@ -170,6 +181,25 @@ struct embps_etcd;
 int embps_coord_read_primary(struct embps_etcd *e, const char *cluster,
                              uint32_t member, char *addr, size_t cap,
                              uint32_t *epoch);
+/* Member slots whose primaries the cluster copy holds: the client's
+ * member limit. */
+#define EMBPS_COORD_MAP_MAX 1024
+/* Pages of EMBPS_ETCD_KVS_MAX keys one read of the cluster takes at most. */
+#define EMBPS_COORD_MAP_PAGES 16
+
+/* The primary of one member slot as etcd said ("" addr: none, an
+ * election). */
+typedef struct {
+  uint32_t member, epoch;
+  char addr[EMBPS_COORD_ADDR_MAX];
+} embps_coord_primary_t;
+
+/* A copy of the cluster's primaries (see "The cluster's primaries"): every
+ * slot that has keys in etcd, in member order, *n of them (at most
+ * EMBPS_COORD_MAP_MAX), in *out (malloc'd; NULL when *n is 0). 0, or
+ * -ENOMEM. Never waits on etcd. */
+int embps_coord_primaries(embps_coord_t *c, embps_coord_primary_t **out,
+                          size_t *n);
 /* The key prefix of a slot: /embps/NAME/member/I (cap bytes). */
 void embps_coord_prefix(const char *cluster, uint32_t member, char *out,
                         size_t cap);

@@ -236,12 +236,15 @@ static void do_stats(embps_server_t *srv, embps_request_t *req) {
   if (srv->dur)
     embps_durable_stats(srv->dur, s);
   embps_failover_stats(srv, s);
+  embps_failover_members(srv, s);
   if (embps_registry_list(&srv->registry, &s->tables, &s->n_tables)) {
+    free(s->members);
     embps_request_fail(srv, req, EMBPS_ENOMEM, "out of memory");
     return;
   }
   embps_request_reply(srv, req, EMBPS_KIND_STATS, &m, 0);
   free(s->tables);
+  free(s->members);
 }
 
 embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,

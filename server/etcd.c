@@ -642,6 +642,23 @@ static void put_range_body(embps_jw_t *w, const void *key, size_t key_len,
   embps_jw_obj_end(w);
 }
 
+/* The body of a range [key, end) at revision rev (0: the latest). */
+static void put_between_body(embps_jw_t *w, const void *key, size_t key_len,
+                             const void *end, size_t end_len, int64_t rev) {
+  embps_jw_obj(w);
+  embps_jw_key(w, "key");
+  embps_jw_base64(w, key, key_len);
+  embps_jw_key(w, "range_end");
+  embps_jw_base64(w, end, end_len);
+  embps_jw_key(w, "limit");
+  embps_jw_int64(w, EMBPS_ETCD_KVS_MAX);
+  if (rev > 0) {
+    embps_jw_key(w, "revision");
+    embps_jw_int64(w, rev);
+  }
+  embps_jw_obj_end(w);
+}
+
 static void put_put_body(embps_jw_t *w, const void *key, size_t key_len,
                          const void *value, size_t value_len, int64_t lease) {
   embps_jw_obj(w);
@@ -664,6 +681,27 @@ int embps_etcd_range(embps_etcd_t *e, const void *key, size_t key_len,
   embps_jw_t w;
   embps_jw_init(&w, BODY_MAX);
   put_range_body(&w, key, key_len, prefix);
+  embps_json_t d;
+  if ((rc = call_jw(e, "/v3/kv/range", &w, &d)))
+    return rc;
+  out->revision = header_revision(&d, 0);
+  rc = parse_range(e, &d, 0, out);
+  embps_json_free(&d);
+  if (rc)
+    embps_etcd_kvs_free(out);
+  return rc;
+}
+
+int embps_etcd_range_between(embps_etcd_t *e, const void *key,
+                             size_t key_len, const void *end, size_t end_len,
+                             int64_t rev, embps_etcd_kvs_t *out) {
+  memset(out, 0, sizeof *out);
+  int rc = check_sizes(e, key_len > end_len ? key_len : end_len, 0);
+  if (rc)
+    return rc;
+  embps_jw_t w;
+  embps_jw_init(&w, BODY_MAX);
+  put_between_body(&w, key, key_len, end, end_len, rev);
   embps_json_t d;
   if ((rc = call_jw(e, "/v3/kv/range", &w, &d)))
     return rc;

@@ -94,6 +94,14 @@ int embps_etcd_lease_revoke(embps_etcd_t *e, int64_t id);
 /* key[0, key_len); with prefix, every key starting with those bytes. */
 int embps_etcd_range(embps_etcd_t *e, const void *key, size_t key_len,
                      int prefix, embps_etcd_kvs_t *out);
+/* The keys in [key, end), at most EMBPS_ETCD_KVS_MAX of them (out->more
+ * says whether there are others past the last one: read on from the last
+ * key plus a NUL byte), as of revision rev (0: the latest; a fixed one
+ * keeps the pages of one read consistent; -ERANGE once etcd compacted
+ * it). */
+int embps_etcd_range_between(embps_etcd_t *e, const void *key,
+                             size_t key_len, const void *end, size_t end_len,
+                             int64_t rev, embps_etcd_kvs_t *out);
 /* Puts key = value, attached to lease (0: none). *rev (may be NULL): the
  * revision of the put. */
 int embps_etcd_put(embps_etcd_t *e, const void *key, size_t key_len,

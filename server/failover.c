@@ -323,6 +323,27 @@ int embps_failover_status(embps_server_t *srv, embps_coord_status_t *s) {
   return 1;
 }
 
+void embps_failover_members(embps_server_t *srv, embps_server_stats_t *s) {
+  embps_failover_t *f = srv->failover;
+  embps_coord_primary_t *v;
+  size_t n;
+  s->members = NULL;
+  s->n_members = 0;
+  if (!f || !f->coord || embps_coord_primaries(f->coord, &v, &n) || !n)
+    return;
+  s->members = calloc(n, sizeof *s->members);
+  if (s->members) {
+    for (size_t i = 0; i < n; i++) {
+      s->members[i].member = v[i].member;
+      s->members[i].epoch = v[i].addr[0] ? v[i].epoch : 0;
+      snprintf(s->members[i].primary, sizeof s->members[i].primary, "%s",
+               v[i].addr);
+    }
+    s->n_members = (uint32_t)n;
+  }
+  free(v);
+}
+
 void embps_failover_stats(embps_server_t *srv, embps_server_stats_t *s) {
   embps_follow_stats(srv, s);
   embps_coord_status_t st;

@@ -78,4 +78,10 @@ void embps_failover_hello(embps_server_t *srv, uint32_t *role,
 void embps_failover_stats(embps_server_t *srv, embps_server_stats_t *s);
 /* The coordinator's figures: 1 with *s set, 0 without a coordinator. */
 int embps_failover_status(embps_server_t *srv, embps_coord_status_t *s);
+/* s->members (malloc'd: the caller frees them), for a stats reply: the
+ * primary of every member slot of the cluster as the coordinator last read
+ * them (coord.h, "The cluster's primaries"); none without --coordinator
+ * or when out of memory (the other figures still go out). Never waits on
+ * etcd. */
+void embps_failover_members(embps_server_t *srv, embps_server_stats_t *s);
 #endif

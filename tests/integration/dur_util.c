@@ -247,6 +247,7 @@ embps_client_t *dur_connect(const char *addr, int timeout_ms, int retry_ms,
   embps_client_options_init(&o);
   o.servers = addr;
   o.timeout_ms = timeout_ms;
+  o.servers_as_listed = 1; /* that server's own answers, whatever its role */
 #ifdef EMBPS_TEST_HAVE_RETRY
   if (retry_ms != DUR_RETRY_DEFAULT)
     o.retry_ms = retry_ms;

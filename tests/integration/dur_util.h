@@ -69,8 +69,10 @@ int dur_engine_present(void);
 int dur_client_retries(void);
 
 /* A client on addr; retry_ms DUR_RETRY_DEFAULT: the library's default
- * (other values are set when the library retries: < 0 never). NULL on
- * failure (reported with dur_fail when `what` is not NULL). */
+ * (other values are set when the library retries: < 0 never). An entry of
+ * one server is that server (servers_as_listed): its own answers, a
+ * follower's refusals included. NULL on failure (reported with dur_fail
+ * when `what` is not NULL). */
 embps_client_t *dur_connect(const char *addr, int timeout_ms, int retry_ms,
                             const char *what);
 

@@ -37,6 +37,8 @@ int repl_stats(const char *addr, embps_server_stats_t *out) {
     *out = s[0];
     out->tables = NULL;
     out->n_tables = 0;
+    out->members = NULL; /* freed below: not the caller's */
+    out->n_members = 0;
     embps_stats_free(s, n);
   }
   embps_client_destroy(c);

@@ -384,6 +384,23 @@ static void test_exact(void **state) {
   assert_non_null(strstr(embps_client_last_error(cf), p.addr));
   assert_int_equal(embps_drop_table(cf, "sgd_f32_dense"), EMBPS_ENOTPRIMARY);
   embps_client_destroy(cf);
+  /* ...by a client that takes the list as it is; by default an entry of
+     one server is a seed: the follower names its primary in its hello,
+     and the push goes there, applied once (no retry needed) */
+  embps_client_options_t so;
+  embps_client_options_init(&so);
+  so.servers = f1.addr;
+  so.retry_ms = -1;
+  char serr[512];
+  embps_client_t *cs = NULL;
+  assert_int_equal(embps_client_create(&so, &cs, serr, sizeof serr), 0);
+  assert_int_equal(repl_stats(p.addr, &sp), 0);
+  const uint64_t pushes_before = sp.pushes;
+  assert_int_equal(embps_push(cs, "sgd_f32_dense", &id, 1, v, DIM, 0), 0);
+  assert_string_equal(embps_client_server_address(cs, 0), p.addr);
+  assert_int_equal(repl_stats(p.addr, &sp), 0);
+  assert_int_equal(sp.pushes, pushes_before + 1);
+  embps_client_destroy(cs);
   embps_client_destroy(c);
   /* the follower with a data dir restores to the same state */
   stop_server(&f2);

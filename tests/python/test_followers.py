@@ -81,10 +81,19 @@ class Followers(unittest.TestCase):
         with self.assertRaises(embps.InvalidArgument) as e:
             embps.Client(self.p, read_from="nearest")
         self.assertIn("read_from", str(e.exception))
-        # a follower listed alone is that server: reads, writes refused
+        # a follower listed alone is a seed: it names its primary in its
+        # hello, and writes go there (no retry needed)
         with embps.Client(self.f, retry_ms=-1) as c:
+            c.create_table("u", 4, rows=4)
+            self.assertEqual(c.server_address(0), self.p)
+        with embps.Client(self.p) as c:
+            self.assertIn("u", [t["name"] for t in c.tables()])
+            c.drop_table("u")
+        # servers_as_listed: that server alone, its refusals included
+        with embps.Client(self.f, retry_ms=-1, servers_as_listed=True) as c:
+            self.assertEqual(c.server_address(0), self.f)
             with self.assertRaises(embps.NotPrimary) as e:
-                c.create_table("u", 4, rows=4)
+                c.create_table("v", 4, rows=4)
             self.assertIn(self.p, str(e.exception))
 
 

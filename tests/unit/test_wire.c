@@ -591,6 +591,82 @@ static void test_stats_reply(void **state) {
   free(o);
 }
 
+/* A coordinated server's member primaries (issue 22) go through, the
+ * empty primary of an election too; a reply of more than
+ * EMBPS_STATS_MEMBERS_MAX of them, or an address past its field, is
+ * refused (EMBPS_EPROTO) before the caller sees any. */
+static int stats_with_members(uint32_t n, embps_msg_t *out) {
+  embps_msg_t *m = new_msg(EMBPS_KIND_STATS | EMBPS_KIND_REPLY);
+  embps_member_primary_t *v = calloc(n, sizeof *v);
+  assert_non_null(v);
+  for (uint32_t i = 0; i < n; i++) {
+    v[i].member = i;
+    v[i].epoch = i % 3 ? i + 7 : 0;
+    if (i % 3) /* every third: an election, no primary */
+      snprintf(v[i].primary, sizeof v[i].primary, "10.0.%u.%u:7070",
+               i / 256, i % 256);
+  }
+  snprintf(m->u.stats.version, sizeof m->u.stats.version, "0.1.0");
+  m->u.stats.members = v;
+  m->u.stats.n_members = n;
+  size_t len = embps_msg_size(m);
+  uint8_t *buf = malloc(len + 1);
+  assert_non_null(buf);
+  embps_msg_pack(m, buf);
+  int rc = embps_msg_unpack(m->kind, buf, len, out);
+  free(buf);
+  free(v);
+  free(m);
+  return rc;
+}
+
+/* A stats reply holding one member primary whose address is len bytes. */
+static int stats_member_addr(size_t len, embps_msg_t *out) {
+  char addr[300];
+  assert_true(len < sizeof addr);
+  memset(addr, 'h', len);
+  addr[len] = 0;
+  pb_t inner = {.n = 0}, p = {.n = 0};
+  pb_uint(&inner, 1, 0);
+  pb_str(&inner, 3, addr);
+  pb_str(&p, 16, "0.1.0");
+  pb_bytes(&p, 34, inner.b, inner.n);
+  return embps_msg_unpack(EMBPS_KIND_STATS | EMBPS_KIND_REPLY, p.b, p.n, out);
+}
+
+static void test_stats_members(void **state) {
+  (void)state;
+  embps_msg_t *o = new_msg(0);
+  assert_int_equal(stats_with_members(5, o), 0);
+  const embps_server_stats_t *r = &o->u.stats;
+  assert_int_equal(r->n_members, 5);
+  assert_int_equal(r->members[0].member, 0);
+  assert_string_equal(r->members[0].primary, "");
+  assert_int_equal(r->members[0].epoch, 0);
+  assert_int_equal(r->members[4].member, 4);
+  assert_string_equal(r->members[4].primary, "10.0.0.4:7070");
+  assert_int_equal(r->members[4].epoch, 11);
+  embps_msg_free(o);
+  assert_null(o->u.stats.members);
+  assert_int_equal(o->u.stats.n_members, 0);
+  memset(o, 0, sizeof *o);
+  assert_int_equal(stats_with_members(EMBPS_STATS_MEMBERS_MAX, o), 0);
+  assert_int_equal(o->u.stats.n_members, EMBPS_STATS_MEMBERS_MAX);
+  embps_msg_free(o);
+  memset(o, 0, sizeof *o);
+  assert_int_equal(stats_with_members(EMBPS_STATS_MEMBERS_MAX + 1, o),
+                   EMBPS_EPROTO);
+  memset(o, 0, sizeof *o);
+  assert_int_equal(stats_member_addr(sizeof r->members[0].primary - 1, o), 0);
+  assert_int_equal(strlen(o->u.stats.members[0].primary),
+                   sizeof r->members[0].primary - 1);
+  embps_msg_free(o);
+  memset(o, 0, sizeof *o);
+  assert_int_equal(stats_member_addr(sizeof r->members[0].primary, o),
+                   EMBPS_EPROTO);
+  free(o);
+}
+
 /* Requests and replies without a body (LIST, STATS, CREATE and DROP
  * replies) pack as an empty Ack and unpack. */
 static void test_ack_kinds(void **state) {
@@ -1212,6 +1288,7 @@ int main(void) {
       cmocka_unit_test(test_scan_write_rows),
       cmocka_unit_test(test_snapshot),
       cmocka_unit_test(test_stats_reply),
+      cmocka_unit_test(test_stats_members),
       cmocka_unit_test(test_ack_kinds),
       cmocka_unit_test(test_frame_build),
       cmocka_unit_test(test_garbage),

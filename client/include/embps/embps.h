@@ -341,6 +341,16 @@ typedef struct {
   X(uint64_t, lag_ms, "how long a follower is behind its primary")            \
   X(uint64_t, bytes_shipped, "log bytes sent to followers (or received)")
 
+/* The primary of one member slot, as a coordinated server (issue 22,
+ * --coordinator) knows it (embps_server_stats_t.members). */
+typedef struct {
+  uint32_t member;  /* its slot (the index of its entry in the list) */
+  uint32_t epoch;   /* the primary's epoch (0 with no primary) */
+  char primary[128]; /* its host:port; empty while an election is on */
+} embps_member_primary_t;
+/* The most member primaries a stats reply carries. */
+#define EMBPS_STATS_MEMBERS_MAX 1024
+
 typedef struct {
   char address[64]; /* host:port of the server these come from */
   char version[32];
@@ -358,7 +368,15 @@ typedef struct {
   EMBPS_SERVER_REPL_FIELDS(EMBPS_MEMBER_)
 #undef EMBPS_MEMBER_
   char primary[64];      /* a follower's primary (host:port), else empty */
-  uint64_t reserved[2];  /* zero */
+  /* coordinated (--coordinator): the primary of every member slot of its
+   * cluster as the server last read them from etcd, n_members of them in
+   * slot order (released by embps_stats_free); else NULL and 0 */
+  union {
+    embps_member_primary_t *members;
+    uint64_t members_word_; /* keeps the struct's size on 32-bit targets */
+  };
+  uint32_t n_members;
+  uint32_t reserved;     /* zero */
 } embps_server_stats_t;
 
 /* What one server's checkpoint covers (embps_checkpoint), X(name, doc). */
@@ -402,8 +420,10 @@ typedef struct {
    * that cannot be reached to the member's next server. Both happen
    * inside the retry window (retry_ms), and a push sent again keeps its
    * (client id, sequence), so a push retried across a promotion is
-   * applied once. An entry of one server is used as it is: a follower
-   * listed alone serves reads and refuses writes (EMBPS_ENOTPRIMARY). */
+   * applied once. An entry of one server is a member too (a seed: a
+   * follower listed alone sends the client to the primary it names, e.g.
+   * a Kubernetes Service in front of a member's servers), unless
+   * servers_as_listed is set. */
   const char *servers;
   /* the auth token; NULL: read $EMBPS_TOKEN_FILE if set, else none */
   const char *token;
@@ -425,6 +445,13 @@ typedef struct {
    * behind this client's own pushes). Everything else goes to the
    * primary. */
   int read_from;
+  /* Nonzero: an entry of one server is that server alone, whatever its
+   * role: a follower listed alone serves reads and refuses writes
+   * (EMBPS_ENOTPRIMARY) rather than sending the client to its primary.
+   * For tools that address one server (embps promote, stats, tables,
+   * checkpoint, backup). Entries of several servers are members either
+   * way. */
+  int servers_as_listed;
 } embps_client_options_t;
 
 /* Every option at its default (0, NULL), and o->size the size of the struct

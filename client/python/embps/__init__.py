@@ -203,7 +203,8 @@ class _Options(_Sized):
     _fields_ = [("size", ctypes.c_size_t),
                 ("servers", ctypes.c_char_p), ("token", ctypes.c_char_p),
                 ("timeout_ms", ctypes.c_int), ("retry_ms", ctypes.c_int),
-                ("read_from", ctypes.c_int)]
+                ("read_from", ctypes.c_int),
+                ("servers_as_listed", ctypes.c_int)]
 
 
 class _Slices(ctypes.Structure):
@@ -596,13 +597,16 @@ class Client:
 
     def __init__(self, servers: Union[str, Sequence[str], None] = None,
                  token: Optional[str] = None, timeout_ms: int = 0,
-                 retry_ms: int = 0, read_from: str = "primary") -> None:
+                 retry_ms: int = 0, read_from: str = "primary",
+                 servers_as_listed: bool = False) -> None:
         """servers: "a:7070,b:7070" or a list of members in cluster order;
         a member may list its primary and followers separated by "|"
-        ("a:7070|a2:7070"), and writes find its primary. read_from
-        "follower": pulls (and scans) of such a member go to a follower,
-        whose rows may be behind the primary's (read_lsn says at which
-        LSN each member read)."""
+        ("a:7070|a2:7070"), and writes find its primary; a follower listed
+        alone sends the client to the primary it names, unless
+        servers_as_listed (that server's own answers: its stats, its
+        refusals). read_from "follower": pulls (and scans) of a member
+        listing several servers go to a follower, whose rows may be behind
+        the primary's (read_lsn says at which LSN each member read)."""
         lib = _lib()
         if isinstance(servers, (list, tuple)):
             servers = ",".join(servers)
@@ -613,7 +617,8 @@ class Client:
                                   " or \"follower\", not %r" % (read_from,))
         opts = _Options(servers.encode() if servers else None,
                         token.encode() if token else None, int(timeout_ms),
-                        int(retry_ms), _READ_FROM[read_from])
+                        int(retry_ms), _READ_FROM[read_from],
+                        int(bool(servers_as_listed)))
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
         self._c = None
