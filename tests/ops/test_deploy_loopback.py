@@ -15,12 +15,20 @@ every address. Then:
   /readyz is 200 (primary: serving; follower: in sync);
 - the workers' server list of the manifests' comments (names mapped)
   creates a table, pushes and pulls;
-- kill -9 of member 1's primary: the follower's /healthz stays 200 while
-  its /readyz is 503 (liveness would not restart it), it is elected, and a
-  push through the workers' list is acknowledged within the manifests'
-  lease + 2 s; no row lost;
-- the killed server started again with the same flags rejoins as a
-  follower of the new primary, ready (in sync).
+- kill -9 of member 1's primary, left down: the follower is elected within
+  the manifests' lease + 2 s, its /healthz 200 all along (liveness would
+  never restart it); member 1's part of a push is refused, unapplied,
+  while it has no follower (--sync-followers 1), the other members'
+  applied (a push across members is not atomic);
+- the killed server started again with the same flags: a push through the
+  workers' list acknowledged, the server ready as a follower of the new
+  primary;
+- kill -9 of the new primary and an immediate restart (what the kubelet
+  does to a crashed container): a push acknowledged within the lease + 2 s;
+- after each, every row holds exactly the acknowledged pushes.
+A fresh CLI that finds no primary among a member's servers (an election
+under way) fails before sending anything; the pushes that measure a
+failover are run again until their deadline.
 Prints "N passed, N failed" last."""
 import json
 import os
