@@ -30,6 +30,7 @@ A fresh CLI that finds no primary among a member's servers (an election
 under way) fails before sending anything; the pushes that measure a
 failover are run again until their deadline.
 Prints "N passed, N failed" last."""
+import atexit
 import json
 import os
 import re
@@ -59,15 +60,24 @@ def check(name, cond, detail=""):
     return cond
 
 
-def finish():
+def cleanup():
+    """Every process started here killed, TMP removed (EMBPS_KEEP_TMP: kept);
+    also at exit on an exception, so none outlives the test."""
     for p in PROCS.values():
         if p.poll() is None:
             p.kill()
             p.wait()
     if not os.environ.get("EMBPS_KEEP_TMP"):
         shutil.rmtree(TMP, ignore_errors=True)
-    else:
+    elif os.path.isdir(TMP):
         print("# kept " + TMP)
+
+
+atexit.register(cleanup)
+
+
+def finish():
+    cleanup()
     print("%d passed, %d failed" % tuple(results))
     sys.exit(1 if results[1] else 0)
 
