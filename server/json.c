@@ -390,7 +390,8 @@ int embps_json_string(const embps_json_t *d, int i, char *out, size_t cap,
     case 'r': cp = '\r'; break;
     case 't': cp = '\t'; break;
     case 'u':
-      hex4(s + k, &cp);
+      if (hex4(s + k, &cp)) /* checked by the parser: never here */
+        return -1;
       k += 4;
       if (cp >= 0xd800 && cp < 0xdc00) { /* a high surrogate: a pair? */
         unsigned lo;

@@ -22,19 +22,25 @@
 #     /metrics passes promtool; each member holds part of the rows; podman
 #     stop exits 0, and server 0 started again on its volume restores them;
 #  6. `podman kube play` of the StatefulSet's pod template (the pod embps-0
-#     and its claim cut out of docker/k8s/statefulset.yaml), its Secret laid
+#     and its claim cut out of docker/k8s/manual/statefulset.yaml), its Secret laid
 #     out as the kubelet does (root:10001 0440 behind ..data symlinks, in a
 #     host directory: podman 4.3 ignores defaultMode and fsGroup): the
 #     server runs as uid 10001 with the fsGroup, auth on, read-only root,
 #     its data dir on the claim, --cluster-servers and JSON logs;
 #  7. with podman-compose: docker/compose.yaml up (token service, three
-#     servers, the demo client) and down.
+#     servers, the demo client) and down;
+#  8. docker/compose.etcd.yaml with an etcd image built from Debian's
+#     etcd-server (tests/container/etcd.Dockerfile: no registry is needed):
+#     the demo through both servers of each member; kill -9 of member 0's
+#     primary, its other server elected; the killed one started again
+#     rejoins as a follower of it, and the demo passes again; down.
 # Run as root. Prints "N passed, N failed" last.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/build}
 CTR=${EMBPS_CTR_DIR:-/tmp/embps-ctr}
 IMAGE=localhost/embps:test
+ETCD_IMAGE=localhost/embps-etcd:test
 BASE=localhost/debian:bookworm-slim
 NAME=embps-ctest-$$
 SECRET=embps-token-$$
@@ -47,6 +53,9 @@ export CONTAINERS_STORAGE_CONF=$CTR/storage.conf
 COMPOSE_UP=0
 cleanup() {
   podman rm -f -v -t 5 "$NAME-0" "$NAME-1" "$NAME-x" >/dev/null 2>&1
+  [ "${COMPOSE_ETCD_UP:-0}" = 1 ] && (cd "$ROOT/docker" && EMBPS_TOKEN_FILE=$TMP/token \
+    EMBPS_IMAGE=$IMAGE EMBPS_ETCD_IMAGE=$ETCD_IMAGE \
+    podman-compose -p "$NAME-e" -f compose.etcd.yaml down -v >/dev/null 2>&1)
   podman volume rm -f "$NAME-d0" "$NAME-d1" >/dev/null 2>&1
   [ -f "$TMP/kube.yaml" ] && podman kube down "$TMP/kube.yaml" >/dev/null 2>&1
   podman volume rm -f "$NAME-data" >/dev/null 2>&1
@@ -269,7 +278,7 @@ chmod 0755 "$TMP"
 chmod 3777 "$S"
 chmod 2755 "$S/$TS"
 chmod 0440 "$S/$TS/token"
-if /usr/bin/python3 "$ROOT/tests/ops/k8s_pod.py" "$ROOT/docker/k8s/statefulset.yaml" \
+if /usr/bin/python3 "$ROOT/tests/ops/k8s_pod.py" "$ROOT/docker/k8s/manual/statefulset.yaml" \
      "$IMAGE" "$NAME-data" "$S" >"$TMP/kube.yaml" 2>"$TMP/out"; then
   ok "pod embps-0 and its claim cut out of the StatefulSet"
 else
@@ -353,5 +362,68 @@ if command -v podman-compose >/dev/null; then
   unset EMBPS_TOKEN_FILE
 else
   echo "# podman-compose not installed: compose not run (apt-get install podman-compose)"
+fi
+
+# ---- 8. compose with etcd: a failover
+if command -v podman-compose >/dev/null; then
+  if podman build -f "$ROOT/tests/container/etcd.Dockerfile" --build-arg BASE="$BASE" \
+       -t "$ETCD_IMAGE" "$ROOT/tests/container" >"$TMP/etcd-build.log" 2>&1; then
+    ok "etcd image from Debian's etcd-server"
+  else
+    bad "etcd image from Debian's etcd-server" "$(tail -20 "$TMP/etcd-build.log")"; finish
+  fi
+  cd "$ROOT/docker"
+  export EMBPS_TOKEN_FILE=$TMP/token EMBPS_IMAGE=$IMAGE EMBPS_ETCD_IMAGE=$ETCD_IMAGE
+  COMPOSE_ETCD_UP=1
+  pe() { podman-compose -p "$NAME-e" -f compose.etcd.yaml "$@" >>"$TMP/compose-etcd.log" 2>&1; }
+  c() { printf '%s_%s_1' "$NAME-e" "$1"; }
+  exited() { # exited CONTAINER SECONDS
+    for _ in $(seq 1 $(($2 * 5))); do
+      [ "$(podman inspect -f '{{.State.Status}}' "$1" 2>/dev/null)" = exited ] && return 0
+      sleep 0.2
+    done
+    return 1
+  }
+  pe up -d --no-build token
+  exited "$(c token)" 20
+  pe up -d --no-build
+  if exited "$(c demo)" 90 && [ "$(podman inspect -f '{{.State.ExitCode}}' "$(c demo)")" = 0 ] &&
+     podman logs "$(c demo)" 2>&1 | grep -q '^demo '; then
+    ok "compose.etcd: etcd, six coordinated servers, the demo through both servers per member"
+  else
+    bad "compose.etcd: the demo" "$(podman logs "$(c demo)" 2>&1 | tail -5)" \
+      "$(tail -20 "$TMP/compose-etcd.log")"
+  fi
+  # who is member 0's primary: its own log says so
+  primary=
+  for s in embps-0-0 embps-0-1; do
+    podman logs "$(c "$s")" 2>&1 | grep -q "elected primary of member 0" && primary=$s
+  done
+  other=embps-0-0
+  [ "$primary" = embps-0-0 ] && other=embps-0-1
+  if [ -n "$primary" ]; then
+    ok "compose.etcd: $primary elected primary of member 0"
+    podman kill -s KILL "$(c "$primary")" >/dev/null 2>&1
+    elected=0
+    for _ in $(seq 1 100); do
+      podman logs "$(c "$other")" 2>&1 | grep -q "elected primary of member 0" && { elected=1; break; }
+      sleep 0.1
+    done
+    [ $elected = 1 ] && ok "compose.etcd: kill -9 of $primary, $other elected within 10 s" ||
+      bad "compose.etcd: $other elected after the kill" "$(podman logs "$(c "$other")" 2>&1 | tail -5)"
+    # started again (member 0's writes wait for it: --sync-followers 1)
+    podman start "$(c "$primary")" >/dev/null 2>&1
+    pe run --rm --no-deps demo
+    [ $? = 0 ] && ok "compose.etcd: $primary started again, the demo passes again" ||
+      bad "compose.etcd: the demo after the failover" "$(tail -10 "$TMP/compose-etcd.log")"
+    podman logs "$(c "$primary")" 2>&1 | grep -q "following $other:7070" &&
+      ok "compose.etcd: $primary rejoined as a follower of $other" ||
+      bad "compose.etcd: $primary rejoined as a follower" "$(podman logs "$(c "$primary")" 2>&1 | tail -5)"
+  else
+    bad "compose.etcd: a primary elected for member 0" "$(podman logs "$(c embps-0-0)" 2>&1 | tail -5)"
+  fi
+  pe down -v && COMPOSE_ETCD_UP=0
+  cd - >/dev/null
+  unset EMBPS_TOKEN_FILE EMBPS_IMAGE EMBPS_ETCD_IMAGE
 fi
 finish
