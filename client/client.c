@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "abi.h"
@@ -74,6 +75,32 @@ static int load_token(embps_client_t *c, const char *token, char *err,
   c->token_len = len;
   free(data);
   return 0;
+}
+
+/* Connects connection ki at creation. A member whose servers answer but
+ * none is primary yet (an election is on: EMBPS_ENOTPRIMARY) is asked
+ * again after the member backoff within the client's retry window, as a
+ * request to it would be; any other failure is returned at once. */
+static int connect_first(embps_client_t *c, uint32_t ki) {
+  const uint64_t until =
+      embps_now_ns() +
+      (c->retry_ms > 0 ? (uint64_t)c->retry_ms * 1000000ULL : 0);
+  int rc;
+  while ((rc = embps_client_connect_(c, ki)) == EMBPS_ENOTPRIMARY) {
+    const uint64_t now = embps_now_ns();
+    if (now >= until)
+      break;
+    uint64_t at = c->conns[ki].retry_at_ns;
+    if (at > until)
+      at = until;
+    if (at > now) {
+      const uint64_t ns = at - now;
+      nanosleep(&(struct timespec){.tv_sec = (time_t)(ns / 1000000000ULL),
+                                   .tv_nsec = (long)(ns % 1000000000ULL)},
+                NULL);
+    }
+  }
+  return rc;
 }
 
 int embps_client_create(const embps_client_options_t *opts,
@@ -149,7 +176,7 @@ int embps_client_create_member(const embps_client_options_t *opts,
   for (uint32_t i = 0; !rc && i < c->n; i++) {
     rc = member < c->n && i != member
              ? 0
-             : embps_client_connect_(c, embps_client_conn_for_(c, i, &reads));
+             : connect_first(c, embps_client_conn_for_(c, i, &reads));
     if (rc)
       snprintf(errbuf, errbuf_len, "%s", c->last_error);
   }

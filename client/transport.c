@@ -1047,9 +1047,12 @@ static int conn_attempt(embps_client_t *c, conn_t *k, uint32_t ki,
  * connection attempt tries the member's servers in turn from the one it
  * is at, at most once each (and once more for a primary a follower names:
  * it is tried next, listed or not, as hello still checks its place in the
- * cluster); when none will do, the attempt fails like a connection that
- * cannot be made, with every server's reason, and is made again after
- * the backoff while the requests waiting on it may retry. A write a
+ * cluster; if it cannot be reached, by a name only the servers resolve,
+ * the attempt goes on with the server listed after the one that named
+ * it); when none will do, the attempt fails like a connection that
+ * cannot be made, with every server's reason (EMBPS_ENOTPRIMARY when any
+ * server answered: the member is between primaries), and is made again
+ * after the backoff while the requests waiting on it may retry. A write a
  * server refuses with EMBPS_ENOTPRIMARY (it became a follower after the
  * hello) drops the connection the same way, keeping the write for the
  * member's primary: a follower refuses a write before doing anything. */
@@ -1124,6 +1127,7 @@ static int member_connect(embps_client_t *c, conn_t *k, uint32_t ki) {
   char reasons[sizeof k->down_why] = "";
   int rc = EMBPS_ECONN, last = EMBPS_ECONN;
   uint32_t fallback = UINT32_MAX; /* a primary, for reads */
+  uint32_t resume = UINT32_MAX; /* where to go on if a named primary fails */
   for (uint32_t i = 0; i <= m->n_alt; i++) {
     char named[EMBPS_ADDR_MAX] = "";
     rc = conn_attempt(c, k, ki, named);
@@ -1133,7 +1137,12 @@ static int member_connect(embps_client_t *c, conn_t *k, uint32_t ki) {
     char what[EMBPS_ADDR_MAX + 400];
     if (rc) {
       snprintf(what, sizeof what, "%.600s", k->down_why);
-      last = rc;
+      if (last != EMBPS_ENOTPRIMARY) /* a server answered: an election */
+        last = rc;
+      if (resume != UINT32_MAX) { /* a primary named by an address this */
+        next = resume;            /* client cannot reach: the next listed */
+        resume = UINT32_MAX;
+      }
     } else if (want_follower) {
       conn_close_quiet(k);
       fallback = k->alt;
@@ -1143,8 +1152,11 @@ static int member_connect(embps_client_t *c, conn_t *k, uint32_t ki) {
       snprintf(what, sizeof what, "%s follows %s", k->addr,
                named[0] ? named : "(no primary named)");
       uint32_t a = named[0] ? member_learn(m, named) : UINT32_MAX;
-      if (a != UINT32_MAX && a != k->alt)
+      if (a != UINT32_MAX && a != k->alt) {
+        if (resume == UINT32_MAX)
+          resume = next;
         next = a;
+      }
       last = EMBPS_ENOTPRIMARY;
     }
     reason_add(reasons, sizeof reasons, what);

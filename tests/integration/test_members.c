@@ -14,7 +14,11 @@
  *  - reads from the follower (read_from follower) say the LSN they read
  *    at, and every row read is the primary's at that LSN: a single writer
  *    adds 1 to every row per push, so the rows at LSN L are L - L0;
- *  - the CLI's --read-from and pull --json's LSNs, and its refusals. */
+ *  - the CLI's --read-from and pull --json's LSNs, and its refusals;
+ *  - a follower naming its primary by an address the client cannot reach
+ *    does not hide the primary listed after it;
+ *  - a client created while its member has no primary waits for one
+ *    within its retry window. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,9 +31,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dur_util.h"
+#include "proxy.h"
 #include "repl_util.h"
 
 #define START_MS 30000
@@ -387,11 +393,114 @@ static void test_follower_reads(void **state) {
   cleanup(&f);
 }
 
+/* A follower names its primary by an address this client cannot reach
+ * (here: the proxy it followed through, stopped; in compose, a name only
+ * the servers resolve): the client goes on with the server listed after
+ * the follower and finds the primary there, at once (no retry window). */
+static void test_unreachable_named(void **state) {
+  (void)state;
+  dur_server_t p = {0}, f = {0};
+  start(&p, (const char *const[]){"--shards", "2", NULL});
+  it_proxy_t *x = NULL;
+  assert_int_equal(it_proxy_start(&x, p.addr), 0);
+  start(&f, (const char *const[]){"--follow", it_proxy_addr(x), "--shards",
+                                  "2", NULL});
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, 60000), 0);
+  it_proxy_stop(x); /* f now names an address where nothing listens */
+  char list[80];
+  snprintf(list, sizeof list, "%s|%s", f.addr, p.addr);
+  embps_client_t *c = client_on(list, EMBPS_READ_PRIMARY, -1);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "u", 4, EMBPS_OPT_SGD);
+  spec.rows = 8;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  int64_t ids[8];
+  float rows[8 * 4];
+  for (int i = 0; i < 8; i++)
+    ids[i] = i;
+  assert_int_equal(embps_pull(c, "u", ids, 8, rows, 4), 0);
+  assert_string_equal(embps_client_read_address(c, 0), p.addr);
+  embps_client_destroy(c);
+  cleanup(&f);
+  cleanup(&p);
+}
+
+/* Promotes f once the client has reached it twice through proxy x (it is
+ * waiting for a primary), or gives up after 30 s. */
+typedef struct {
+  it_proxy_t *x;
+  const char *f;
+  atomic_int stop;
+  int rc;
+} promoter_t;
+
+static void *promoter(void *arg) {
+  promoter_t *pr = arg;
+  pr->rc = -1;
+  it_proxy_counts_t n;
+  int polls = 0;
+  do {
+    if (atomic_load(&pr->stop) || ++polls > 6000) /* 30 s */
+      return NULL;
+    nanosleep(&(struct timespec){.tv_nsec = 5000000}, NULL); /* a poll */
+    it_proxy_counts(pr->x, &n);
+  } while (n.connections < 2);
+  char *out = NULL, *err = NULL;
+  const char *const promote[] = {"promote", NULL};
+  pr->rc = dur_cli(pr->f, promote, &out, &err);
+  free(out);
+  free(err);
+  return NULL;
+}
+
+/* A client created while its member has no primary (the primary killed,
+ * its follower not yet promoted) waits within its retry window, then
+ * works once the follower is promoted: creation is no different from a
+ * request. */
+static void test_create_between_primaries(void **state) {
+  (void)state;
+  dur_server_t p = {0}, f = {0};
+  start(&p, (const char *const[]){"--shards", "2", NULL});
+  start(&f, (const char *const[]){"--follow", p.addr, "--shards", "2", NULL});
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, 60000), 0);
+  dur_server_kill(&p);
+  it_proxy_t *x = NULL;
+  assert_int_equal(it_proxy_start(&x, f.addr), 0);
+  promoter_t pr = {.x = x, .f = f.addr};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, promoter, &pr), 0);
+  char list[80];
+  snprintf(list, sizeof list, "%s|%s", it_proxy_addr(x), p.addr);
+  embps_client_options_t o;
+  embps_client_options_init(&o);
+  o.servers = list;
+  o.retry_ms = 30000;
+  embps_client_t *c = NULL;
+  char err[512] = "";
+  int rc = embps_client_create(&o, &c, err, sizeof err);
+  atomic_store(&pr.stop, 1);
+  pthread_join(th, NULL);
+  if (rc)
+    fail_msg("client created between primaries: %s", err);
+  assert_int_equal(pr.rc, 0);
+  embps_table_spec_t spec;
+  embps_table_spec_init(&spec, "b", 4, EMBPS_OPT_SGD);
+  spec.rows = 8;
+  assert_int_equal(embps_create_table(c, &spec), 0);
+  assert_string_equal(embps_client_read_address(c, 0), it_proxy_addr(x));
+  embps_client_destroy(c);
+  it_proxy_stop(x);
+  cleanup(&f);
+  cleanup(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_lists),
       cmocka_unit_test(test_follower_reads),
       cmocka_unit_test(test_promote_storm),
+      cmocka_unit_test(test_unreachable_named),
+      cmocka_unit_test(test_create_between_primaries),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
