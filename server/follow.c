@@ -49,6 +49,12 @@ struct embps_follow {
   uint32_t target_epoch; /* the epoch etcd granted target (0: --follow) */
   uint32_t min_epoch; /* a promotion's epoch is at least this (mu) */
   int need_copy; /* the primary lacks our next record: copy it (thread) */
+  /* (mu) set when a primary answered that it no longer holds our next
+   * record: this server's state is not its primary's until a copy is in
+   * and a reply finds it at the primary's last LSN (or a primary that
+   * still held its records fed it that far); meanwhile it may not be
+   * elected (embps_follow_copying) */
+  int copying;
   embps_copy_t *copy; /* being installed (apply thread, in install_run) */
   /* figures (mu) */
   int connected, halted, confirmed;
@@ -326,12 +332,19 @@ static int check_reply(embps_follow_t *fw, const embps_fetch_reply_t *r,
   return 0;
 }
 
-/* Notes what a reply says of the primary (last LSN, our lag). */
+/* Notes what a reply says of the primary (last LSN, our lag); ours: the
+ * reply's records went to this server's state (not to a copy aside),
+ * which is then the primary's once at its last LSN. */
 static void note_primary(embps_follow_t *fw, const embps_fetch_reply_t *r,
-                         size_t bytes) {
+                         size_t bytes, int ours) {
   uint64_t applied = embps_apply_lsn(fw->srv->apply), now = embps_now_ns();
   pthread_mutex_lock(&fw->mu);
   fw->confirmed = 1;
+  if (ours && applied >= r->last_lsn && fw->copying) {
+    fw->copying = 0;
+    LOG_INFO("follower: caught up with primary at LSN %" PRIu64 " after "
+             "its copy: eligible again", applied);
+  }
   fw->primary_last = r->last_lsn;
   fw->primary_lag_ms = r->lag_ms;
   fw->received += bytes;
@@ -410,6 +423,9 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
     t[1] = NULL;
     if (rc == EMBPS_ESNAPSHOT) {
       set_why(fw, "%s", embps_client_last_error(c));
+      pthread_mutex_lock(&fw->mu);
+      fw->copying = 1;
+      pthread_mutex_unlock(&fw->mu);
       result = cp ? RECONNECT : COPY; /* a copy's records gone: again */
       break;
     }
@@ -449,7 +465,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
         rc = -1;
       } else {
         expect += r->n_records;
-        note_primary(fw, r, len);
+        note_primary(fw, r, len, 0);
         rc = send_fetch(fw, c, id, 0, NULL, MAX_BYTES, &t[1]);
       }
     } else if (adopt_history(fw, r, target)) {
@@ -466,7 +482,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
         char e[512]; /* acknowledged only once durable here */
         (void)embps_durable_wait(srv->dur, expect - 1, e, sizeof e);
       }
-      note_primary(fw, r, len);
+      note_primary(fw, r, len, 1);
       rc = send_fetch(fw, c, id, 0, NULL, MAX_BYTES, &t[1]);
     }
     embps_msg_free(&m);
@@ -948,6 +964,16 @@ size_t embps_follow_followers(embps_server_t *srv, embps_follower_info_t *v,
   return embps_feed_followers(srv->feed, v, cap);
 }
 
+int embps_follow_copying(embps_server_t *srv) {
+  embps_follow_t *fw = srv->follow;
+  if (!fw)
+    return 0;
+  pthread_mutex_lock(&fw->mu);
+  int copying = fw->copying;
+  pthread_mutex_unlock(&fw->mu);
+  return copying;
+}
+
 int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len) {
   embps_follow_t *fw = srv->follow;
   if (!fw || atomic_load(&srv->role) != EMBPS_ROLE_FOLLOWER)
@@ -961,6 +987,9 @@ int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len) {
   else if (!fw->confirmed)
     snprintf(why, why_len, "no answer from primary %s yet: %s",
              fw->target[0] ? fw->target : "(none elected)", fw->why);
+  else if (fw->copying)
+    snprintf(why, why_len, "copying the state of primary %s (it no longer "
+             "holds the records after LSN %" PRIu64 ")", fw->target, applied);
   else if (lag_ms_locked(fw, applied) > srv->cfg.max_lag_ms)
     snprintf(why, why_len, "%" PRIu64 " ms (%" PRIu64 " records) behind "
              "primary %s, more than --max-lag-ms %u",

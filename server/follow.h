@@ -15,7 +15,10 @@
  * missed or applied twice. When the primary no longer holds the record
  * after its last one (EMBPS_ESNAPSHOT: neither its backlog nor its log),
  * the follower copies the primary's state through a snapshot session and
- * installs it (copy.h), then fetches on from there. EMBPS_EDIVERGED stops
+ * installs it (copy.h), then fetches on from there; from that answer
+ * until a reply finds the installed copy at the primary's last LSN, the
+ * server is not ready and may not be elected (embps_follow_copying: its
+ * tables are older than the history it holds). EMBPS_EDIVERGED stops
  * it (logged; the server keeps serving reads): a restart cuts its log.
  *
  * With --data-dir, before the restore, the join hook asks the primary
@@ -73,6 +76,11 @@ void embps_follow_stats(embps_server_t *srv, embps_server_stats_t *s);
 /* A primary's followers, for /metrics (metrics.h). */
 size_t embps_follow_followers(embps_server_t *srv, embps_follower_info_t *v,
                               size_t cap);
+/* Whether this follower's primary no longer held the records after its
+ * last one and its state is not yet a copy of the primary's caught up to
+ * the primary's last LSN (copying, or to copy): its state is older than
+ * its history says, so it may not be elected (failover.h). Any thread. */
+int embps_follow_copying(embps_server_t *srv);
 /* /readyz: 1 when this follower applied its primary's records to within
  * --max-lag-ms (always 1 for a primary); else 0 with the reason in why. */
 int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len);
