@@ -291,20 +291,14 @@ static int adopt_history(embps_follow_t *fw, const embps_fetch_reply_t *r,
 
 /* Checks a reply against what was asked: its records start at `expect`
  * and fill its bulk exactly; the primary's layout is ours. 0, or -1 with
- * why (halt: the follower cannot follow this primary at all). */
+ * why (halt: another layout, this server cannot follow it at all). */
 static int check_reply(embps_follow_t *fw, const embps_fetch_reply_t *r,
                        const uint8_t *bulk, size_t len, uint64_t expect,
                        int *halt, char *why, size_t why_len) {
-  const embps_server_config_t *cfg = &fw->srv->cfg;
   *halt = 0;
-  if (r->shards != cfg->shards || r->cluster_size != cfg->cluster_size ||
-      r->cluster_index != cfg->cluster_index) {
+  if (embps_copy_check_layout(&fw->srv->cfg, r->shards, r->cluster_size,
+                              r->cluster_index, why, why_len)) {
     *halt = 1;
-    snprintf(why, why_len, "the primary is server %u of %u with --shards "
-             "%u; this one is %u of %u with --shards %u: a follower needs "
-             "the same to hold the same rows", r->cluster_index,
-             r->cluster_size, r->shards, cfg->cluster_index,
-             cfg->cluster_size, cfg->shards);
     return -1;
   }
   if (r->first_lsn != expect) {
@@ -355,8 +349,9 @@ static void note_primary(embps_follow_t *fw, const embps_fetch_reply_t *r,
   pthread_mutex_unlock(&fw->mu);
 }
 
-/* What a connection's stream ends with. */
-enum { RECONNECT = 0, HALT = -1, COPY = 1 };
+/* What a connection's stream ends with (MISFIT: the primary's layout is
+ * not this server's, a configuration error). */
+enum { RECONNECT = 0, HALT = -1, COPY = 1, MISFIT = -2 };
 
 /* Installs the copy once it may go in: written (--data-dir), then
  * swapped in on the apply thread. 0 (done or not yet), or -1 with
@@ -446,7 +441,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
     int halt;
     if (check_reply(fw, r, bulk, len, expect, &halt, why, sizeof why)) {
       set_why(fw, "primary %s: %s", target, why);
-      result = halt ? HALT : RECONNECT;
+      result = halt ? MISFIT : RECONNECT;
       rc = -1;
     } else if (r->epoch < min_epoch) {
       /* a deposed primary (frozen, cut off) still answering: none of its
@@ -532,7 +527,7 @@ static int copy_and_stream(embps_follow_t *fw, embps_client_t *c,
   embps_msg_free(&m);
   if (rc) {
     set_why(fw, "primary %s: %s", target, err);
-    return halt ? HALT : RECONNECT;
+    return halt ? MISFIT : RECONNECT;
   }
   int result = stream(fw, c, target, cp);
   embps_copy_free(cp);
@@ -559,7 +554,7 @@ static void *follow_main(void *arg) {
     embps_client_t *c = NULL;
     int rc = embps_copy_connect(srv, target, call_timeout_ms(srv), &c, err,
                                 sizeof err);
-    int halt = 0;
+    int halt = 0, misfit = 0;
     if (rc) {
       set_why(fw, "cannot reach primary %s: %s", target, err);
     } else {
@@ -571,6 +566,14 @@ static void *follow_main(void *arg) {
       uint64_t before = embps_apply_lsn(srv->apply);
       int r = fw->need_copy ? copy_and_stream(fw, c, target)
                             : stream(fw, c, target, NULL);
+      if (r == MISFIT) { /* no restart can mend it: the server stops */
+        LOG_ERROR("follower: cannot follow %s: %s; stopping (exit status "
+                  "%d)", target, fw->why, EMBPS_SERVER_EXIT_CONFIG);
+        atomic_store(&srv->exit_status, EMBPS_SERVER_EXIT_CONFIG);
+        embps_server_stop(srv);
+        r = HALT;
+        misfit = 1;
+      }
       halt = r == HALT;
       fw->need_copy = r == COPY;
       if (embps_apply_lsn(srv->apply) > before || r == COPY)
@@ -581,10 +584,11 @@ static void *follow_main(void *arg) {
     fw->connected = 0;
     if (halt) {
       fw->halted = 1;
-      LOG_ERROR("follower: stopped following %s: %s (reads go on from "
-                "LSN %" PRIu64 ")", target, fw->why,
-                embps_apply_lsn(srv->apply));
-      if (srv->rejoin && !fw->stop) { /* coordinated: start over */
+      if (!misfit)
+        LOG_ERROR("follower: stopped following %s: %s (reads go on from "
+                  "LSN %" PRIu64 ")", target, fw->why,
+                  embps_apply_lsn(srv->apply));
+      if (srv->rejoin && !fw->stop && !misfit) { /* coordinated: again */
         char why[sizeof fw->why];
         snprintf(why, sizeof why, "%s", fw->why);
         pthread_mutex_unlock(&fw->mu);
@@ -792,6 +796,45 @@ void embps_follow_primary(embps_server_t *srv, char *out, size_t cap) {
     target_copy(srv->follow, out, cap);
   else
     snprintf(out, cap, "%s", srv->cfg.follow);
+}
+
+/* ------------------------------------------------------------ probe */
+
+int embps_follow_probe(embps_server_t *srv) {
+  embps_follow_t *fw = srv->follow;
+  if (!fw || !srv->cfg.follow[0])
+    return 0;
+  char why[EMBPS_MESSAGE_MAX + 64] = "";
+  embps_client_t *c = NULL;
+  int rc = embps_copy_connect(srv, srv->cfg.follow, call_timeout_ms(srv), &c,
+                              why, sizeof why);
+  embps_msg_t m;
+  if (!rc) {
+    embps_ticket_t *t;
+    uint8_t *bulk = NULL;
+    size_t len;
+    rc = send_fetch(fw, c, 0, 0, NULL, 0, &t);
+    if (!rc)
+      rc = embps_client_wait_(c, t, &m, &bulk, &len, NULL);
+    free(bulk);
+    if (rc)
+      snprintf(why, sizeof why, "%s", embps_client_last_error(c));
+    embps_client_destroy(c);
+  }
+  if (rc) {
+    LOG_WARN("follower: primary %s did not answer (%s): its --shards and "
+             "cluster slot are checked when it does", srv->cfg.follow, why);
+    return 0;
+  }
+  const embps_fetch_reply_t *r = &m.u.fetch_reply;
+  rc = embps_copy_check_layout(&srv->cfg, r->shards, r->cluster_size,
+                               r->cluster_index, why, sizeof why);
+  embps_msg_free(&m);
+  if (rc) {
+    LOG_ERROR("cannot follow %s: %s", srv->cfg.follow, why);
+    return EMBPS_SERVER_EMISFIT;
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------ join */

@@ -490,6 +490,9 @@ static int net_start(net_t *net) {
                                     : EMBPS_ROLE_PRIMARY);
   if (follower && embps_follow_create(srv))
     return EMBPS_EINVAL;
+  /* a primary of another layout: refused before anything is served */
+  if ((rc = embps_follow_probe(srv)))
+    return rc;
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
   const embps_snapshot_feed_t snap_feed = {
@@ -656,7 +659,8 @@ int embps_server_run(embps_server_t *srv) {
   }
   int status = net_stop_threads(net);
   LOG_INFO("stopped");
-  return status;
+  return atomic_load(&srv->exit_status) ? atomic_load(&srv->exit_status)
+                                        : status;
 }
 
 void embps_server_stop(embps_server_t *srv) {

@@ -31,7 +31,10 @@
  *  - rejoin_copy: an old primary whose checkpoint holds records the new
  *    primary never had sets its state aside and copies the new one's;
  *  - pin_bound: a snapshot session keeps a memory-only primary's backlog
- *    only up to twice its bound. */
+ *    only up to twice its bound;
+ *  - layout: a follower with another --shards than its primary's exits 2
+ *    naming both, before it serves (or, its primary silent at its start,
+ *    at its first contact). */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -1063,6 +1066,43 @@ static void test_pin_bound(void **state) {
   cleanup(&f);
 }
 
+/* ------------------------------------------------------------ layout */
+
+/* A follower started with another --shards than its primary's is refused
+ * before it serves anything: exit status 2, naming both. One whose primary
+ * does not answer at its start comes up, and stops with status 2 at its
+ * first contact with a primary of another layout. */
+static void test_layout(void **state) {
+  dur_server_t p = {0}, f = {0}, g = {0};
+  start(&p, NULL, (const char *const[]){"--shards", "8", NULL});
+  char follow[64];
+  snprintf(follow, sizeof follow, "%s", p.addr);
+  assert_int_equal(dur_server_init(&f, NULL), 0);
+  f.args[0] = "--shards";
+  f.args[1] = "4";
+  f.args[2] = "--follow";
+  f.args[3] = follow;
+  f.args[4] = NULL;
+  assert_int_equal(dur_server_start(&f, START_MS), 2);
+  assert_true(log_has(&f, "with --shards 8; this one is 0 of 1 with "
+                          "--shards 4"));
+  assert_false(log_has(&f, "ready on"));
+
+  /* the primary down at the follower's start: found out at first contact */
+  stop_server(&p); /* its port is kept for its next start */
+  start(&g, NULL, (const char *const[]){"--shards", "4", "--follow", follow,
+                                        NULL});
+  assert_true(log_has(&g, "did not answer"));
+  start(&p, NULL, (const char *const[]){"--shards", "8", NULL});
+  assert_int_equal(dur_server_wait(&g, 30000), 2);
+  assert_true(log_has(&g, "with --shards 8; this one is 0 of 1 with "
+                          "--shards 4"));
+  stop_server(&p);
+  cleanup(&p);
+  cleanup(&f);
+  cleanup(&g);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -1070,7 +1110,7 @@ int main(void) {
       cmocka_unit_test(test_proxy),   cmocka_unit_test(test_restart),
       cmocka_unit_test(test_copy),    cmocka_unit_test(test_sync),
       cmocka_unit_test(test_promote), cmocka_unit_test(test_rejoin_copy),
-      cmocka_unit_test(test_pin_bound),
+      cmocka_unit_test(test_pin_bound), cmocka_unit_test(test_layout),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
