@@ -928,14 +928,16 @@ static void *feed_main(void *arg) {
                            PRIu64 " but the server is stopping before %u "
                            "follower(s) acknowledged it", r->ack_lsn, need);
       else
-        embps_request_fail(f->srv, r, EMBPS_ENOREPLICAS, "applied here at "
-                           "LSN %" PRIu64 " but not acknowledged by %u "
-                           "follower(s) within --sync-timeout-ms %" PRIu64
-                           " (%u in sync): it is lost if this server is; "
-                           "retry it (the same client id and seq are "
-                           "acknowledged as a duplicate once followers have "
-                           "it)", r->ack_lsn, need,
-                           f->sync_timeout_ns / 1000000, in_sync);
+        /* the error's LSN says it was applied (the gate's refusal: 0) */
+        embps_request_fail_at(f->srv, r, EMBPS_ENOREPLICAS, r->ack_lsn,
+                              "applied here at LSN %" PRIu64 " but not "
+                              "acknowledged by %u follower(s) within "
+                              "--sync-timeout-ms %" PRIu64 " (%u in sync): "
+                              "it is lost if this server is; retry it (the "
+                              "same client id and seq are acknowledged as a "
+                              "duplicate once followers have it)",
+                              r->ack_lsn, need, f->sync_timeout_ns / 1000000,
+                              in_sync);
       r->complete(r);
     }
     pthread_mutex_lock(&f->mu);

@@ -39,8 +39,11 @@
  * EMBPS_ENOREPLICAS, nothing changed, once --sync-timeout-ms passed. A
  * follower lost after the record was applied leaves the mutation applied
  * here but unacknowledged: its reply is EMBPS_ENOREPLICAS saying so,
+ * with the record's LSN in the error (the gate's refusal carries 0: the
+ * client tells the two apart by it and keeps the first as an owed push),
  * exactly the state of a primary that crashed before its ack, and the
- * client's retry (same client id and seq) is acknowledged as a duplicate
+ * client's retry (same client id and seq: a push's duplicate is answered
+ * before the gate, it changes nothing) is acknowledged as a duplicate
  * once N followers have the record (DURABILITY in README.md).
  *
  * Threads: the apply thread appends and gates; I/O threads fetch; the

@@ -22,8 +22,10 @@
  *    still holds it (past the backlog, after the primary's restart);
  *  - sync: --sync-followers 1 with the follower stopped: a push is
  *    refused after --sync-timeout-ms with nothing changed on either
- *    server; with the follower frozen just after the gate, the push is
- *    applied but not acknowledged, and the follower gets it when back;
+ *    server (not owed); with the follower frozen just after the gate, the
+ *    push is applied but not acknowledged: the client keeps it owed (with
+ *    and without retries), sends it again once, and it is applied once
+ *    on both servers;
  *  - promote: a follower killed, its primary acknowledging 7 more pushes
  *    and killed; the follower restarted (its primary silent: it starts
  *    from its own log) and promoted; the old primary restarted as its
@@ -872,6 +874,7 @@ static void test_sync(void **state) {
          embps_client_last_error(c));
   assert_true(waited >= 600);
   assert_non_null(strstr(embps_client_last_error(c), "nothing changed"));
+  assert_int_equal(embps_push_owed(c), 0); /* refused: not owed */
   assert_true(witness(p.addr) == 1);
   assert_int_equal(repl_stats(p.addr, &st), 0);
   assert_int_equal(st.applied_lsn, lsn);
@@ -892,10 +895,39 @@ static void test_sync(void **state) {
   assert_int_equal(embps_push(c, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
   printf("[repl] sync: %s\n", embps_client_last_error(c));
   assert_non_null(strstr(embps_client_last_error(c), "applied here"));
+  assert_non_null(strstr(embps_client_last_error(c), "do not push it again"));
+  assert_int_equal(embps_push_owed(c), 1); /* kept: sent again, once */
   assert_true(witness(p.addr) == 3);
   kill(f.pid, SIGCONT);
+  assert_int_equal(embps_push_resume(c), 0); /* a duplicate: acknowledged */
+  assert_int_equal(embps_push_owed(c), 0);
   assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
   assert_true(witness(f.addr) == 3);
+  assert_true(witness(p.addr) == 3);
+
+  /* the same with retries for longer than the timeout: each retry is a
+     duplicate (answered before the gate, which would say "nothing
+     changed"), refused again with the record's LSN; once the retry time
+     is over the push is owed, applied once */
+  embps_client_t *r = connect_to(p.addr, 2000);
+  kill(f.pid, SIGSTOP);
+  t0 = dur_now_ms();
+  assert_int_equal(embps_push(r, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
+  printf("[repl] sync: retried for %.0f ms: %s\n", dur_now_ms() - t0,
+         embps_client_last_error(r));
+  assert_non_null(strstr(embps_client_last_error(r), "was applied but not "
+                         "acknowledged"));
+  assert_int_equal(embps_push_owed(r), 1);
+  assert_true(witness(p.addr) == 4);
+  kill(f.pid, SIGCONT);
+  /* the next push sends the owed one first: both acknowledged, once */
+  assert_int_equal(embps_push(r, "w", &id, 1, g, 4, 0), 0);
+  assert_int_equal(embps_push_owed(r), 0);
+  assert_int_equal(embps_push_resume(r), 0);
+  assert_true(witness(p.addr) == 5);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(witness(f.addr) == 5);
+  embps_client_destroy(r);
   embps_client_destroy(c);
   stop_server(&f);
   stop_server(&p);
