@@ -65,6 +65,7 @@ struct embps_feed {
   uint64_t acked; /* the LSN sync_n followers hold durable */
   uint32_t sync_n, in_sync;
   uint64_t sync_timeout_ns;
+  uint64_t retain_ns; /* --repl-retain-ms */
   atomic_uint_fast64_t shipped;
 };
 
@@ -964,6 +965,7 @@ int embps_feed_create(embps_server_t *srv, embps_feed_t **out) {
   f->max_bytes = srv->cfg.repl_backlog_bytes;
   f->sync_n = srv->cfg.sync_followers;
   f->sync_timeout_ns = (uint64_t)srv->cfg.sync_timeout_ms * 1000000ull;
+  f->retain_ns = (uint64_t)srv->cfg.repl_retain_ms * 1000000ull;
   embps_history_init(&f->hist);
   pthread_mutex_init(&f->mu, NULL);
   pthread_condattr_t attr;
@@ -1021,7 +1023,7 @@ uint64_t embps_feed_retain(embps_feed_t *f) {
   pthread_mutex_lock(&f->mu);
   for (int k = 0; k < EMBPS_FEED_FOLLOWERS_MAX; k++) {
     const sess_t *s = &f->sess[k];
-    if (s->used && now - s->seen_ns < EMBPS_FEED_RETAIN_S * 1000000000ull &&
+    if (s->used && now - s->seen_ns < f->retain_ns &&
         s->applied < keep)
       keep = s->applied;
   }

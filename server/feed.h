@@ -20,7 +20,7 @@
  * a follower whose log is not a prefix of ours gets EMBPS_EDIVERGED with
  * the last LSN the two share. Records older than the backlog are read
  * from the log (--data-dir: embps_wal_read), whose checkpoints keep the
- * records a follower fetching in the last EMBPS_FEED_RETAIN_S lacks
+ * records a follower fetching in the last --repl-retain-ms lacks
  * (embps_feed_retain); one asking for records held in neither gets
  * EMBPS_ESNAPSHOT (it then copies a snapshot: copy.h). With records to
  * send, the reply (whole records, up to
@@ -136,10 +136,9 @@ size_t embps_feed_followers(embps_feed_t *f, embps_follower_info_t *v,
 
 /* The log records a checkpoint keeps for the followers (--data-dir): the
  * lowest LSN applied by a follower that fetched in the last
- * EMBPS_FEED_RETAIN_S (the records after it stay in the log, which serves
+ * --repl-retain-ms (the records after it stay in the log, which serves
  * a follower the backlog no longer does: a restarted primary's is empty);
  * UINT64_MAX when none. f may be NULL. Any thread. */
-#define EMBPS_FEED_RETAIN_S 300
 uint64_t embps_feed_retain(embps_feed_t *f);
 
 /* ---- snapshots (issue 21's snapshot sessions) ---- */

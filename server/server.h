@@ -107,6 +107,7 @@ typedef struct {
   uint32_t sync_followers;      /* --sync-followers */
   uint32_t sync_timeout_ms;     /* --sync-timeout-ms */
   uint64_t repl_backlog_bytes;  /* --repl-backlog-bytes */
+  uint32_t repl_retain_ms;      /* --repl-retain-ms: log kept for followers */
   uint32_t max_lag_ms;          /* --max-lag-ms: a follower's readiness */
   /* automatic failover (issue 22, failover.h) */
   char coordinator[1024];       /* --coordinator etcd://...; empty: none */

@@ -34,6 +34,8 @@
  *    primary never had sets its state aside and copies the new one's;
  *  - pin_bound: a snapshot session keeps a memory-only primary's backlog
  *    only up to twice its bound;
+ *  - retain: a follower away longer than --repl-retain-ms is not kept for
+ *    by its primary's checkpoints: back, it copies a snapshot;
  *  - layout: a follower with another --shards than its primary's exits 2
  *    naming both, before it serves (or, its primary silent at its start,
  *    at its first contact). */
@@ -727,7 +729,7 @@ static int wait_log(const dur_server_t *s, const char *text, int timeout_ms) {
 /* Pushes n whole-table records through *c (past the primary's backlog of
  * 1 MiB); with forget, the primary p then restarts (it forgets its
  * followers, whose records its checkpoints keep in its log for
- * EMBPS_FEED_RETAIN_S) and checkpoints: its log's segments before that
+ * --repl-retain-ms) and checkpoints: its log's segments before that
  * are deleted. */
 static void move_on(dur_server_t *p, embps_client_t **c, int n, int forget) {
   push_whole(*c, "adam_f32_dense", n);
@@ -1098,6 +1100,48 @@ static void test_pin_bound(void **state) {
   cleanup(&f);
 }
 
+/* ------------------------------------------------------------ retain */
+
+/* --repl-retain-ms 1000: a follower away for longer is not kept for by
+ * its primary's checkpoints (its log's segments go): back, it copies a
+ * snapshot (with the default 5 minutes it would catch up from the log:
+ * test_copy) and ends equal. */
+static void test_retain(void **state) {
+  dur_server_t p = {0}, f = {0};
+  char dp[512], df[512];
+  new_dir(dp, sizeof dp, "rp");
+  new_dir(df, sizeof df, "rf");
+  start(&p, dp, (const char *const[]){"--repl-backlog-bytes", "1048576",
+                                      "--repl-retain-ms", "1000", NULL});
+  char follow[64];
+  snprintf(follow, sizeof follow, "%s", p.addr);
+  const char *const fargs[] = {"--follow", follow, NULL};
+  start(&f, df, fargs);
+  embps_client_t *c = connect_to(p.addr, 30000);
+  embps_table_spec_t s;
+  embps_table_spec_init(&s, "adam_f32_dense", DIM, EMBPS_OPT_ADAM);
+  s.rows = DENSE_ROWS;
+  create(c, &s);
+  push_whole(c, "adam_f32_dense", 4);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  dur_server_kill(&f);
+  const double gone = dur_now_ms();
+  push_whole(c, "adam_f32_dense", 64); /* past the backlog */
+  while (dur_now_ms() < gone + 1000) /* its last fetch was before that */
+    dur_sleep_ms(20);
+  assert_int_equal(embps_checkpoint(c, NULL), 0);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&f, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "away past the retention",
+                                0), 0);
+  embps_client_destroy(c);
+  stop_server(&f);
+  stop_server(&p);
+  cleanup(&p);
+  cleanup(&f);
+}
+
 /* ------------------------------------------------------------ layout */
 
 /* A follower started with another --shards than its primary's is refused
@@ -1143,6 +1187,7 @@ int main(void) {
       cmocka_unit_test(test_copy),    cmocka_unit_test(test_sync),
       cmocka_unit_test(test_promote), cmocka_unit_test(test_rejoin_copy),
       cmocka_unit_test(test_pin_bound), cmocka_unit_test(test_layout),
+      cmocka_unit_test(test_retain),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
