@@ -893,6 +893,7 @@ static void test_sync(void **state) {
   assert_true(witness(f.addr) == 2);
 
   /* frozen after the gate let the push in: applied, not acknowledged */
+  assert_int_equal(repl_wait_in_sync(p.addr, 1, 30000), 0);
   kill(f.pid, SIGSTOP);
   assert_int_equal(embps_push(c, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
   printf("[repl] sync: %s\n", embps_client_last_error(c));
@@ -901,6 +902,7 @@ static void test_sync(void **state) {
   assert_int_equal(embps_push_owed(c), 1); /* kept: sent again, once */
   assert_true(witness(p.addr) == 3);
   kill(f.pid, SIGCONT);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
   assert_int_equal(embps_push_resume(c), 0); /* a duplicate: acknowledged */
   assert_int_equal(embps_push_owed(c), 0);
   assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
@@ -912,6 +914,7 @@ static void test_sync(void **state) {
      changed"), refused again with the record's LSN; once the retry time
      is over the push is owed, applied once */
   embps_client_t *r = connect_to(p.addr, 2000);
+  assert_int_equal(repl_wait_in_sync(p.addr, 1, 30000), 0);
   kill(f.pid, SIGSTOP);
   t0 = dur_now_ms();
   assert_int_equal(embps_push(r, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
@@ -922,6 +925,7 @@ static void test_sync(void **state) {
   assert_int_equal(embps_push_owed(r), 1);
   assert_true(witness(p.addr) == 4);
   kill(f.pid, SIGCONT);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
   /* the next push sends the owed one first: both acknowledged, once */
   assert_int_equal(embps_push(r, "w", &id, 1, g, 4, 0), 0);
   assert_int_equal(embps_push_owed(r), 0);
