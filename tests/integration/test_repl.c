@@ -665,6 +665,15 @@ static void restart_follower(void *arg) {
   restarts_t *r = arg;
   if (r->round++ % 4 != 1)
     return;
+  /* it has a record to resume after (a loaded machine may not have let
+     it fetch any yet, the first time: it would start from LSN 1) */
+  embps_server_stats_t st;
+  for (double until = dur_now_ms() + 30000;
+       (repl_stats(r->f->addr, &st) || !st.applied_lsn) &&
+       dur_now_ms() < until;
+       dur_sleep_ms(20)) {
+  }
+  assert_true(st.applied_lsn > 0);
   if (r->round % 8 < 4)
     dur_server_kill(r->f);
   else
@@ -682,8 +691,13 @@ static void restart_follower(void *arg) {
     if (found)
       break;
   }
-  if (from > 1)
+  if (from > 1) {
     r->resumed++;
+  } else { /* kept for whoever reads a failure */
+    fprintf(stderr, "restart %d: the follower did not say it resumed from "
+            "its log (from LSN %llu); its log:\n", r->restarts, from);
+    dur_server_dump_log(r->f);
+  }
 }
 
 static void test_restart(void **state) {
