@@ -46,6 +46,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -850,6 +851,16 @@ static float witness(const char *addr) {
   return v[0];
 }
 
+/* SIGSTOPs server s and waits until it is stopped (kill returns before
+ * every thread of it is). */
+static void freeze(dur_server_t *s) {
+  int st;
+  assert_int_equal(kill(s->pid, SIGSTOP), 0);
+  while (waitpid(s->pid, &st, WUNTRACED) < 0)
+    assert_int_equal(errno, EINTR);
+  assert_true(WIFSTOPPED(st));
+}
+
 static void test_sync(void **state) {
   dur_server_t p = {0}, f = {0};
   char d[512];
@@ -908,7 +919,7 @@ static void test_sync(void **state) {
 
   /* frozen after the gate let the push in: applied, not acknowledged */
   assert_int_equal(repl_wait_in_sync(p.addr, 1, 30000), 0);
-  kill(f.pid, SIGSTOP);
+  freeze(&f);
   assert_int_equal(embps_push(c, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
   printf("[repl] sync: %s\n", embps_client_last_error(c));
   assert_non_null(strstr(embps_client_last_error(c), "applied here"));
@@ -929,7 +940,7 @@ static void test_sync(void **state) {
      is over the push is owed, applied once */
   embps_client_t *r = connect_to(p.addr, 2000);
   assert_int_equal(repl_wait_in_sync(p.addr, 1, 30000), 0);
-  kill(f.pid, SIGSTOP);
+  freeze(&f);
   t0 = dur_now_ms();
   assert_int_equal(embps_push(r, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
   printf("[repl] sync: retried for %.0f ms: %s\n", dur_now_ms() - t0,
