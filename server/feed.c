@@ -257,6 +257,46 @@ void embps_feed_unpin(embps_feed_t *f, uint32_t pin) {
   pthread_mutex_unlock(&f->mu);
 }
 
+int embps_feed_pinned_records(embps_feed_t *f, uint32_t pin, uint64_t after,
+                              uint64_t upto,
+                              int (*put)(void *ctx, const void *p, size_t n,
+                                         char *err, size_t err_len),
+                              void *ctx, char *err, size_t err_len) {
+  if (upto <= after)
+    return 0;
+  const size_t n = (size_t)(upto - after);
+  rec_t **v = malloc(n * sizeof *v);
+  if (!v) {
+    snprintf(err, err_len, "out of memory for %zu records", n);
+    return -1;
+  }
+  pthread_mutex_lock(&f->mu);
+  const int kept = pin < EMBPS_FEED_PINS_MAX && f->pins[pin] &&
+                   f->pins[pin] != UINT64_MAX && f->n &&
+                   after + 1 >= f->first && upto < f->first + f->n;
+  for (size_t i = 0; kept && i < n; i++) {
+    v[i] = ring_at(f, (size_t)(after + 1 + i - f->first));
+    atomic_fetch_add(&v[i]->refs, 1);
+  }
+  pthread_mutex_unlock(&f->mu);
+  if (!kept) {
+    free(v);
+    snprintf(err, err_len, "the replication backlog no longer holds the "
+             "records after LSN %" PRIu64 " (past twice --repl-backlog-bytes "
+             "while they were copied): take the snapshot again, or give "
+             "the server a --data-dir", after);
+    return -1;
+  }
+  int rc = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!rc)
+      rc = put(ctx, v[i]->bytes, v[i]->len, err, err_len);
+    rec_put(v[i]);
+  }
+  free(v);
+  return rc;
+}
+
 /* ------------------------------------------------------------ history */
 
 int embps_feed_set_history(embps_feed_t *f, const embps_history_t *h) {

@@ -150,4 +150,13 @@ uint64_t embps_feed_retain(embps_feed_t *f);
 #define EMBPS_FEED_PINS_MAX 16
 int embps_feed_pin(embps_feed_t *f, uint64_t from, uint32_t *pin);
 void embps_feed_unpin(embps_feed_t *f, uint32_t pin);
+/* The records after..upto that pin kept, each handed to put (its log
+ * bytes: header and payload), in LSN order, outside the feed's lock. 0;
+ * -1 with err when the backlog no longer holds them all (the pin was let
+ * go past twice --repl-backlog-bytes); or put's -1. Any thread. */
+int embps_feed_pinned_records(embps_feed_t *f, uint32_t pin, uint64_t after,
+                              uint64_t upto,
+                              int (*put)(void *ctx, const void *p, size_t n,
+                                         char *err, size_t err_len),
+                              void *ctx, char *err, size_t err_len);
 #endif

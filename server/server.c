@@ -445,6 +445,32 @@ static void *snapshot_pin(void *ctx, uint64_t lsn) {
   return (void *)(uintptr_t)(pin + 1);
 }
 
+static int sink_put(void *ctx, const void *p, size_t n, char *err,
+                    size_t err_len) {
+  embps_ckpt_sink_t *b = ctx;
+  return b->write(b, p, n, err, err_len);
+}
+
+/* The records after..upto a pin kept, as one log segment of the stream
+ * (as a data dir's segments are copied). */
+static int snapshot_records(void *ctx, void *pin, uint64_t after,
+                            uint64_t upto, embps_ckpt_stream_t *out,
+                            char *err, size_t err_len) {
+  embps_server_t *srv = ctx;
+  if (upto <= after)
+    return 0;
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  embps_wal_segment_header(h, after + 1);
+  if (embps_ckpt_stream_log(out, after + 1, err, err_len))
+    return -1;
+  int rc = out->base.write(&out->base, h, sizeof h, err, err_len);
+  if (!rc)
+    rc = embps_feed_pinned_records(srv->feed, (uint32_t)((uintptr_t)pin - 1),
+                                   after, upto, sink_put, &out->base, err,
+                                   err_len);
+  return out->base.end(&out->base, rc, err, err_len);
+}
+
 static void snapshot_unpin(void *ctx, void *pin) {
   embps_server_t *srv = ctx;
   embps_feed_unpin(srv->feed, (uint32_t)((uintptr_t)pin - 1));
@@ -496,7 +522,8 @@ static int net_start(net_t *net) {
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
   const embps_snapshot_feed_t snap_feed = {
-      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv};
+      .pin = snapshot_pin, .unpin = snapshot_unpin,
+      .records = snapshot_records, .ctx = srv};
   embps_snapshot_set_feed(srv->snap, &snap_feed);
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
