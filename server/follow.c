@@ -570,7 +570,7 @@ static void *follow_main(void *arg) {
         LOG_ERROR("follower: cannot follow %s: %s; stopping (exit status "
                   "%d)", target, fw->why, EMBPS_SERVER_EXIT_CONFIG);
         atomic_store(&srv->exit_status, EMBPS_SERVER_EXIT_CONFIG);
-        embps_server_stop(srv);
+        srv->stop(srv);
         r = HALT;
         misfit = 1;
       }

@@ -649,6 +649,7 @@ int embps_server_create(const embps_server_config_t *cfg,
   embps_server_t *srv = &net->srv;
   srv->cfg = *cfg;
   srv->start_ns = embps_now_ns();
+  srv->stop = embps_server_stop;
   embps_registry_init(&srv->registry);
   embps_bufpool_init(&srv->bodies, EMBPS_MMAP_THRESHOLD, EMBPS_BODY_POOL_BYTES);
   embps_tokens_t tokens;

@@ -171,8 +171,10 @@ struct embps_server {
   void (*rejoin)(struct embps_server *srv, const char *why);
   struct embps_snapshots *snap; /* snapshot sessions (snapshot.h) */
   /* what run returns when set (a follower that finds its primary's
-   * layout is not its own stops with EMBPS_SERVER_EXIT_CONFIG) */
+   * layout is not its own stops with EMBPS_SERVER_EXIT_CONFIG), and how
+   * a module below server.c stops the server (embps_server_stop) */
   atomic_int exit_status;
+  void (*stop)(struct embps_server *srv);
 
 };
 
