@@ -122,6 +122,10 @@ struct part {
   size_t rdst_cap;
   uint8_t acked;   /* a reply that is not an error came */
   uint8_t written; /* its whole frame went out: the server may act on it */
+  /* push: a server answered EMBPS_ENOREPLICAS with the record's LSN (it
+   * applied the push but could not acknowledge it: too few followers in
+   * time); from then on the push is owed, never refused */
+  uint8_t applied;
   /* A push part given up: orphan is its owed copy, until that completes
    * (owed_done then says how: 1 applied or acknowledged, -1 refused). An
    * owed copy's origin is the part it stands for, while that lives. */

@@ -705,16 +705,24 @@ static int on_reply(void *owner, const embps_frame_header_t *h) {
       return EMBPS_FRAMER_STOP;
     }
     const char *bad = reply_mismatch(p, &m, in_place, k->client->peer);
+    if (!bad && m.kind == EMBPS_KIND_ERROR &&
+        m.u.error.code == EMBPS_ENOREPLICAS && m.u.error.lsn &&
+        p->kind == EMBPS_KIND_PUSH)
+      p->applied = 1; /* applied there, at that LSN, not acknowledged */
     if (bad || (m.kind == EMBPS_KIND_ERROR &&
                 (m.u.error.code == EMBPS_ESHUTDOWN ||
                  (m.u.error.code == EMBPS_ENOTPRIMARY &&
                   k->want == CONN_PRIMARY) ||
                  (m.u.error.code == EMBPS_ENOREPLICAS &&
-                  p->t->retry_until_ns > embps_now_ns())))) {
+                  (p->t->retry_until_ns > embps_now_ns() || p->applied))))) {
       /* a lying server is dropped; one going away is retried elsewhere,
        * as is a write it could not get enough followers for (the same
        * bytes: exactly once, whether it was applied or not), and one a
-       * follower refused, at the member's primary ("Members") */
+       * follower refused, at the member's primary ("Members"). A push
+       * a server applied without enough followers, once its retry time is
+       * over, is given up as on a connection failure: it stays owed there
+       * (sent again first, the same bytes), never refused, so it is
+       * neither lost from the caller's view nor pushed twice */
       char why[EMBPS_MESSAGE_MAX + 64];
       if (!bad)
         escape_server_text(m.u.error.message, sizeof m.u.error.message);
@@ -1292,10 +1300,18 @@ int embps_push_outcome_(embps_client_t *c, embps_ticket_t *t, int rc) {
              "again under the same sequence, exactly once, before anything "
              "else it sends there (or at embps_push_resume()): do not push "
              "it again", owed);
+  int unreplicated = 0; /* a server applied it, too few followers had it */
+  for (uint32_t i = 0; i < t->n_parts; i++)
+    unreplicated |= t->parts[i].applied && part_state(&t->parts[i]) == OWED;
   if (!n[APPLIED])
-    return embps_client_error_(c, rc, "push seq %llu may have been applied "
-                               "(sent whole, not acknowledged): %.200s%s",
-                               (unsigned long long)t->seq, t->error, tail);
+    return embps_client_error_(c, rc, "push seq %llu %s: %.200s%s",
+                               (unsigned long long)t->seq,
+                               unreplicated
+                                   ? "was applied but not acknowledged by "
+                                     "enough followers in time"
+                                   : "may have been applied (sent whole, "
+                                     "not acknowledged)",
+                               t->error, tail);
   return embps_client_error_(c, EMBPS_EPARTIAL, "push seq %llu applied on "
                              "%s%s%s only: %.200s%s",
                              (unsigned long long)t->seq, applied,

@@ -303,6 +303,9 @@ static const embps_flag_t server_flags[] = {
           "how long a write waits for them, then is refused (default 5000)"),
     SIZE_("repl-backlog-bytes", "N", repl_backlog_bytes, 1ULL << 20,
           1ULL << 40, "log records kept for followers (default 256M)"),
+    SIZE_("repl-retain-ms", "MS", repl_retain_ms, 1000, 7 * 86400 * 1000,
+          "with --data-dir: checkpoints keep the log records a follower "
+          "that fetched in the last MS lacks (default 300000)"),
     SIZE_("max-lag-ms", "MS", max_lag_ms, 1, 86400 * 1000,
           "a follower is ready within MS of its primary (default 5000)"),
     SET_("coordinator", "etcd://HOST:PORT[,HOST:PORT...]", set_coordinator,
@@ -407,6 +410,7 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
   d->hello_timeout_s = 5;
   d->sync_timeout_ms = 5000;
   d->repl_backlog_bytes = 256ULL << 20;
+  d->repl_retain_ms = 300 * 1000;
   d->max_lag_ms = 5000;
   d->lease_ms = 3000;
   d->stall_timeout_s = 60;

@@ -102,6 +102,19 @@ static int stage(embps_copy_t *cp, char *err, size_t err_len) {
   return 0;
 }
 
+int embps_copy_check_layout(const embps_server_config_t *cfg, uint32_t shards,
+                            uint32_t size, uint32_t index, char *err,
+                            size_t err_len) {
+  if (shards == cfg->shards && size == cfg->cluster_size &&
+      index == cfg->cluster_index)
+    return 0;
+  snprintf(err, err_len, "the primary is server %u of %u with --shards %u; "
+           "this one is %u of %u with --shards %u: a follower needs the "
+           "same to hold the same rows", index, size, shards,
+           cfg->cluster_index, cfg->cluster_size, cfg->shards);
+  return -1;
+}
+
 int embps_copy_load(embps_server_t *srv, const char *primary,
                     const embps_history_t *h, int (*stopping)(void *ctx),
                     void *stop_ctx, embps_copy_t **out, int *halt, char *err,
@@ -141,14 +154,9 @@ int embps_copy_load(embps_server_t *srv, const char *primary,
   }
   const embps_snapshot_info_t *in = embps_snapshot_info(cp->snap);
   const embps_server_config_t *cfg = &srv->cfg;
-  if (in->shards != cfg->shards || in->cluster_size != cfg->cluster_size ||
-      in->cluster_index != cfg->cluster_index) {
+  if (embps_copy_check_layout(cfg, in->shards, in->cluster_size,
+                              in->cluster_index, err, err_len)) {
     *halt = 1;
-    snprintf(err, err_len, "the primary is server %u of %u with --shards "
-             "%u; this one is %u of %u with --shards %u: a follower needs "
-             "the same to hold the same rows", in->cluster_index,
-             in->cluster_size, in->shards, cfg->cluster_index,
-             cfg->cluster_size, cfg->shards);
     embps_copy_free(cp);
     return EMBPS_EINVAL;
   }

@@ -45,6 +45,12 @@ int embps_copy_connect(embps_server_t *srv, const char *primary,
                        int timeout_ms, embps_client_t **out, char *err,
                        size_t err_len);
 
+/* Whether a primary serving shards, as server index of size, holds the
+ * rows this server would (cfg): 0, or -1 with err naming both. */
+int embps_copy_check_layout(const embps_server_config_t *cfg, uint32_t shards,
+                            uint32_t size, uint32_t index, char *err,
+                            size_t err_len);
+
 /* Step 1, over a connection of its own to primary (as above), whose
  * history is h (copied): 0 with *out, or an error code with err (*halt
  * when this server cannot follow that primary at all: another cluster

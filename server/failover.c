@@ -103,8 +103,12 @@ static void on_self(void *ctx, uint32_t last_epoch, embps_coord_self_t *out) {
   embps_server_t *srv = f->srv;
   out->lsn = embps_apply_lsn(srv->apply);
   out->epoch = embps_feed_epoch(srv->feed);
-  /* no epoch yet, or a history reaching the last one granted */
+  /* no epoch yet, or a history reaching the last one granted; and not
+     a follower whose primary had to send it a copy of its state, until
+     that copy is in and caught up (its history is its primary's, its
+     tables are not yet) */
   out->eligible = !atomic_load(&f->rejoining) &&
+                  !embps_follow_copying(srv) &&
                   (last_epoch == 0 || out->epoch >= last_epoch);
 }
 

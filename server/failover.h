@@ -31,7 +31,10 @@
  * or when its history reaches the last epoch granted (it followed that
  * primary, or was it). A server whose history is older (it never caught
  * up with the last primary, or lost its data) never campaigns: electing
- * it would silently lose the member's rows. */
+ * it would silently lose the member's rows. Nor does a follower whose
+ * primary no longer held its next record, from that answer until the
+ * copy of the primary's state it then takes is installed and caught up
+ * (follow.h): its history reaches the last epoch, its tables do not. */
 #ifndef EMBPS_FAILOVER_H
 #define EMBPS_FAILOVER_H
 #include <stddef.h>

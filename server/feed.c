@@ -65,6 +65,7 @@ struct embps_feed {
   uint64_t acked; /* the LSN sync_n followers hold durable */
   uint32_t sync_n, in_sync;
   uint64_t sync_timeout_ns;
+  uint64_t retain_ns; /* --repl-retain-ms */
   atomic_uint_fast64_t shipped;
 };
 
@@ -254,6 +255,46 @@ void embps_feed_unpin(embps_feed_t *f, uint32_t pin) {
     f->pins[pin] = 0;
   trim_locked(f);
   pthread_mutex_unlock(&f->mu);
+}
+
+int embps_feed_pinned_records(embps_feed_t *f, uint32_t pin, uint64_t after,
+                              uint64_t upto,
+                              int (*put)(void *ctx, const void *p, size_t n,
+                                         char *err, size_t err_len),
+                              void *ctx, char *err, size_t err_len) {
+  if (upto <= after)
+    return 0;
+  const size_t n = (size_t)(upto - after);
+  rec_t **v = malloc(n * sizeof *v);
+  if (!v) {
+    snprintf(err, err_len, "out of memory for %zu records", n);
+    return -1;
+  }
+  pthread_mutex_lock(&f->mu);
+  const int kept = pin < EMBPS_FEED_PINS_MAX && f->pins[pin] &&
+                   f->pins[pin] != UINT64_MAX && f->n &&
+                   after + 1 >= f->first && upto < f->first + f->n;
+  for (size_t i = 0; kept && i < n; i++) {
+    v[i] = ring_at(f, (size_t)(after + 1 + i - f->first));
+    atomic_fetch_add(&v[i]->refs, 1);
+  }
+  pthread_mutex_unlock(&f->mu);
+  if (!kept) {
+    free(v);
+    snprintf(err, err_len, "the replication backlog no longer holds the "
+             "records after LSN %" PRIu64 " (past twice --repl-backlog-bytes "
+             "while they were copied): take the snapshot again, or give "
+             "the server a --data-dir", after);
+    return -1;
+  }
+  int rc = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!rc)
+      rc = put(ctx, v[i]->bytes, v[i]->len, err, err_len);
+    rec_put(v[i]);
+  }
+  free(v);
+  return rc;
 }
 
 /* ------------------------------------------------------------ history */
@@ -928,14 +969,16 @@ static void *feed_main(void *arg) {
                            PRIu64 " but the server is stopping before %u "
                            "follower(s) acknowledged it", r->ack_lsn, need);
       else
-        embps_request_fail(f->srv, r, EMBPS_ENOREPLICAS, "applied here at "
-                           "LSN %" PRIu64 " but not acknowledged by %u "
-                           "follower(s) within --sync-timeout-ms %" PRIu64
-                           " (%u in sync): it is lost if this server is; "
-                           "retry it (the same client id and seq are "
-                           "acknowledged as a duplicate once followers have "
-                           "it)", r->ack_lsn, need,
-                           f->sync_timeout_ns / 1000000, in_sync);
+        /* the error's LSN says it was applied (the gate's refusal: 0) */
+        embps_request_fail_at(f->srv, r, EMBPS_ENOREPLICAS, r->ack_lsn,
+                              "applied here at LSN %" PRIu64 " but not "
+                              "acknowledged by %u follower(s) within "
+                              "--sync-timeout-ms %" PRIu64 " (%u in sync): "
+                              "it is lost if this server is; retry it (the "
+                              "same client id and seq are acknowledged as a "
+                              "duplicate once followers have it)",
+                              r->ack_lsn, need, f->sync_timeout_ns / 1000000,
+                              in_sync);
       r->complete(r);
     }
     pthread_mutex_lock(&f->mu);
@@ -962,6 +1005,7 @@ int embps_feed_create(embps_server_t *srv, embps_feed_t **out) {
   f->max_bytes = srv->cfg.repl_backlog_bytes;
   f->sync_n = srv->cfg.sync_followers;
   f->sync_timeout_ns = (uint64_t)srv->cfg.sync_timeout_ms * 1000000ull;
+  f->retain_ns = (uint64_t)srv->cfg.repl_retain_ms * 1000000ull;
   embps_history_init(&f->hist);
   pthread_mutex_init(&f->mu, NULL);
   pthread_condattr_t attr;
@@ -1019,7 +1063,7 @@ uint64_t embps_feed_retain(embps_feed_t *f) {
   pthread_mutex_lock(&f->mu);
   for (int k = 0; k < EMBPS_FEED_FOLLOWERS_MAX; k++) {
     const sess_t *s = &f->sess[k];
-    if (s->used && now - s->seen_ns < EMBPS_FEED_RETAIN_S * 1000000000ull &&
+    if (s->used && now - s->seen_ns < f->retain_ns &&
         s->applied < keep)
       keep = s->applied;
   }

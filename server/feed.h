@@ -20,7 +20,7 @@
  * a follower whose log is not a prefix of ours gets EMBPS_EDIVERGED with
  * the last LSN the two share. Records older than the backlog are read
  * from the log (--data-dir: embps_wal_read), whose checkpoints keep the
- * records a follower fetching in the last EMBPS_FEED_RETAIN_S lacks
+ * records a follower fetching in the last --repl-retain-ms lacks
  * (embps_feed_retain); one asking for records held in neither gets
  * EMBPS_ESNAPSHOT (it then copies a snapshot: copy.h). With records to
  * send, the reply (whole records, up to
@@ -39,8 +39,11 @@
  * EMBPS_ENOREPLICAS, nothing changed, once --sync-timeout-ms passed. A
  * follower lost after the record was applied leaves the mutation applied
  * here but unacknowledged: its reply is EMBPS_ENOREPLICAS saying so,
+ * with the record's LSN in the error (the gate's refusal carries 0: the
+ * client tells the two apart by it and keeps the first as an owed push),
  * exactly the state of a primary that crashed before its ack, and the
- * client's retry (same client id and seq) is acknowledged as a duplicate
+ * client's retry (same client id and seq: a push's duplicate is answered
+ * before the gate, it changes nothing) is acknowledged as a duplicate
  * once N followers have the record (DURABILITY in README.md).
  *
  * Threads: the apply thread appends and gates; I/O threads fetch; the
@@ -133,10 +136,9 @@ size_t embps_feed_followers(embps_feed_t *f, embps_follower_info_t *v,
 
 /* The log records a checkpoint keeps for the followers (--data-dir): the
  * lowest LSN applied by a follower that fetched in the last
- * EMBPS_FEED_RETAIN_S (the records after it stay in the log, which serves
+ * --repl-retain-ms (the records after it stay in the log, which serves
  * a follower the backlog no longer does: a restarted primary's is empty);
  * UINT64_MAX when none. f may be NULL. Any thread. */
-#define EMBPS_FEED_RETAIN_S 300
 uint64_t embps_feed_retain(embps_feed_t *f);
 
 /* ---- snapshots (issue 21's snapshot sessions) ---- */
@@ -148,4 +150,13 @@ uint64_t embps_feed_retain(embps_feed_t *f);
 #define EMBPS_FEED_PINS_MAX 16
 int embps_feed_pin(embps_feed_t *f, uint64_t from, uint32_t *pin);
 void embps_feed_unpin(embps_feed_t *f, uint32_t pin);
+/* The records after..upto that pin kept, each handed to put (its log
+ * bytes: header and payload), in LSN order, outside the feed's lock. 0;
+ * -1 with err when the backlog no longer holds them all (the pin was let
+ * go past twice --repl-backlog-bytes); or put's -1. Any thread. */
+int embps_feed_pinned_records(embps_feed_t *f, uint32_t pin, uint64_t after,
+                              uint64_t upto,
+                              int (*put)(void *ctx, const void *p, size_t n,
+                                         char *err, size_t err_len),
+                              void *ctx, char *err, size_t err_len);
 #endif

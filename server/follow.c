@@ -49,6 +49,12 @@ struct embps_follow {
   uint32_t target_epoch; /* the epoch etcd granted target (0: --follow) */
   uint32_t min_epoch; /* a promotion's epoch is at least this (mu) */
   int need_copy; /* the primary lacks our next record: copy it (thread) */
+  /* (mu) set when a primary answered that it no longer holds our next
+   * record: this server's state is not its primary's until a copy is in
+   * and a reply finds it at the primary's last LSN (or a primary that
+   * still held its records fed it that far); meanwhile it may not be
+   * elected (embps_follow_copying) */
+  int copying;
   embps_copy_t *copy; /* being installed (apply thread, in install_run) */
   /* figures (mu) */
   int connected, halted, confirmed;
@@ -285,20 +291,14 @@ static int adopt_history(embps_follow_t *fw, const embps_fetch_reply_t *r,
 
 /* Checks a reply against what was asked: its records start at `expect`
  * and fill its bulk exactly; the primary's layout is ours. 0, or -1 with
- * why (halt: the follower cannot follow this primary at all). */
+ * why (halt: another layout, this server cannot follow it at all). */
 static int check_reply(embps_follow_t *fw, const embps_fetch_reply_t *r,
                        const uint8_t *bulk, size_t len, uint64_t expect,
                        int *halt, char *why, size_t why_len) {
-  const embps_server_config_t *cfg = &fw->srv->cfg;
   *halt = 0;
-  if (r->shards != cfg->shards || r->cluster_size != cfg->cluster_size ||
-      r->cluster_index != cfg->cluster_index) {
+  if (embps_copy_check_layout(&fw->srv->cfg, r->shards, r->cluster_size,
+                              r->cluster_index, why, why_len)) {
     *halt = 1;
-    snprintf(why, why_len, "the primary is server %u of %u with --shards "
-             "%u; this one is %u of %u with --shards %u: a follower needs "
-             "the same to hold the same rows", r->cluster_index,
-             r->cluster_size, r->shards, cfg->cluster_index,
-             cfg->cluster_size, cfg->shards);
     return -1;
   }
   if (r->first_lsn != expect) {
@@ -326,12 +326,19 @@ static int check_reply(embps_follow_t *fw, const embps_fetch_reply_t *r,
   return 0;
 }
 
-/* Notes what a reply says of the primary (last LSN, our lag). */
+/* Notes what a reply says of the primary (last LSN, our lag); ours: the
+ * reply's records went to this server's state (not to a copy aside),
+ * which is then the primary's once at its last LSN. */
 static void note_primary(embps_follow_t *fw, const embps_fetch_reply_t *r,
-                         size_t bytes) {
+                         size_t bytes, int ours) {
   uint64_t applied = embps_apply_lsn(fw->srv->apply), now = embps_now_ns();
   pthread_mutex_lock(&fw->mu);
   fw->confirmed = 1;
+  if (ours && applied >= r->last_lsn && fw->copying) {
+    fw->copying = 0;
+    LOG_INFO("follower: caught up with primary at LSN %" PRIu64 " after "
+             "its copy: eligible again", applied);
+  }
   fw->primary_last = r->last_lsn;
   fw->primary_lag_ms = r->lag_ms;
   fw->received += bytes;
@@ -342,8 +349,9 @@ static void note_primary(embps_follow_t *fw, const embps_fetch_reply_t *r,
   pthread_mutex_unlock(&fw->mu);
 }
 
-/* What a connection's stream ends with. */
-enum { RECONNECT = 0, HALT = -1, COPY = 1 };
+/* What a connection's stream ends with (MISFIT: the primary's layout is
+ * not this server's, a configuration error). */
+enum { RECONNECT = 0, HALT = -1, COPY = 1, MISFIT = -2 };
 
 /* Installs the copy once it may go in: written (--data-dir), then
  * swapped in on the apply thread. 0 (done or not yet), or -1 with
@@ -410,6 +418,9 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
     t[1] = NULL;
     if (rc == EMBPS_ESNAPSHOT) {
       set_why(fw, "%s", embps_client_last_error(c));
+      pthread_mutex_lock(&fw->mu);
+      fw->copying = 1;
+      pthread_mutex_unlock(&fw->mu);
       result = cp ? RECONNECT : COPY; /* a copy's records gone: again */
       break;
     }
@@ -430,7 +441,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
     int halt;
     if (check_reply(fw, r, bulk, len, expect, &halt, why, sizeof why)) {
       set_why(fw, "primary %s: %s", target, why);
-      result = halt ? HALT : RECONNECT;
+      result = halt ? MISFIT : RECONNECT;
       rc = -1;
     } else if (r->epoch < min_epoch) {
       /* a deposed primary (frozen, cut off) still answering: none of its
@@ -449,7 +460,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
         rc = -1;
       } else {
         expect += r->n_records;
-        note_primary(fw, r, len);
+        note_primary(fw, r, len, 0);
         rc = send_fetch(fw, c, id, 0, NULL, MAX_BYTES, &t[1]);
       }
     } else if (adopt_history(fw, r, target)) {
@@ -466,7 +477,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
         char e[512]; /* acknowledged only once durable here */
         (void)embps_durable_wait(srv->dur, expect - 1, e, sizeof e);
       }
-      note_primary(fw, r, len);
+      note_primary(fw, r, len, 1);
       rc = send_fetch(fw, c, id, 0, NULL, MAX_BYTES, &t[1]);
     }
     embps_msg_free(&m);
@@ -516,7 +527,7 @@ static int copy_and_stream(embps_follow_t *fw, embps_client_t *c,
   embps_msg_free(&m);
   if (rc) {
     set_why(fw, "primary %s: %s", target, err);
-    return halt ? HALT : RECONNECT;
+    return halt ? MISFIT : RECONNECT;
   }
   int result = stream(fw, c, target, cp);
   embps_copy_free(cp);
@@ -543,7 +554,7 @@ static void *follow_main(void *arg) {
     embps_client_t *c = NULL;
     int rc = embps_copy_connect(srv, target, call_timeout_ms(srv), &c, err,
                                 sizeof err);
-    int halt = 0;
+    int halt = 0, misfit = 0;
     if (rc) {
       set_why(fw, "cannot reach primary %s: %s", target, err);
     } else {
@@ -555,6 +566,14 @@ static void *follow_main(void *arg) {
       uint64_t before = embps_apply_lsn(srv->apply);
       int r = fw->need_copy ? copy_and_stream(fw, c, target)
                             : stream(fw, c, target, NULL);
+      if (r == MISFIT) { /* no restart can mend it: the server stops */
+        LOG_ERROR("follower: cannot follow %s: %s; stopping (exit status "
+                  "%d)", target, fw->why, EMBPS_SERVER_EXIT_CONFIG);
+        atomic_store(&srv->exit_status, EMBPS_SERVER_EXIT_CONFIG);
+        srv->stop(srv);
+        r = HALT;
+        misfit = 1;
+      }
       halt = r == HALT;
       fw->need_copy = r == COPY;
       if (embps_apply_lsn(srv->apply) > before || r == COPY)
@@ -565,10 +584,11 @@ static void *follow_main(void *arg) {
     fw->connected = 0;
     if (halt) {
       fw->halted = 1;
-      LOG_ERROR("follower: stopped following %s: %s (reads go on from "
-                "LSN %" PRIu64 ")", target, fw->why,
-                embps_apply_lsn(srv->apply));
-      if (srv->rejoin && !fw->stop) { /* coordinated: start over */
+      if (!misfit)
+        LOG_ERROR("follower: stopped following %s: %s (reads go on from "
+                  "LSN %" PRIu64 ")", target, fw->why,
+                  embps_apply_lsn(srv->apply));
+      if (srv->rejoin && !fw->stop && !misfit) { /* coordinated: again */
         char why[sizeof fw->why];
         snprintf(why, sizeof why, "%s", fw->why);
         pthread_mutex_unlock(&fw->mu);
@@ -778,6 +798,45 @@ void embps_follow_primary(embps_server_t *srv, char *out, size_t cap) {
     snprintf(out, cap, "%s", srv->cfg.follow);
 }
 
+/* ------------------------------------------------------------ probe */
+
+int embps_follow_probe(embps_server_t *srv) {
+  embps_follow_t *fw = srv->follow;
+  if (!fw || !srv->cfg.follow[0])
+    return 0;
+  char why[EMBPS_MESSAGE_MAX + 64] = "";
+  embps_client_t *c = NULL;
+  int rc = embps_copy_connect(srv, srv->cfg.follow, call_timeout_ms(srv), &c,
+                              why, sizeof why);
+  embps_msg_t m;
+  if (!rc) {
+    embps_ticket_t *t;
+    uint8_t *bulk = NULL;
+    size_t len;
+    rc = send_fetch(fw, c, 0, 0, NULL, 0, &t);
+    if (!rc)
+      rc = embps_client_wait_(c, t, &m, &bulk, &len, NULL);
+    free(bulk);
+    if (rc)
+      snprintf(why, sizeof why, "%s", embps_client_last_error(c));
+    embps_client_destroy(c);
+  }
+  if (rc) {
+    LOG_WARN("follower: primary %s did not answer (%s): its --shards and "
+             "cluster slot are checked when it does", srv->cfg.follow, why);
+    return 0;
+  }
+  const embps_fetch_reply_t *r = &m.u.fetch_reply;
+  rc = embps_copy_check_layout(&srv->cfg, r->shards, r->cluster_size,
+                               r->cluster_index, why, sizeof why);
+  embps_msg_free(&m);
+  if (rc) {
+    LOG_ERROR("cannot follow %s: %s", srv->cfg.follow, why);
+    return EMBPS_SERVER_EMISFIT;
+  }
+  return 0;
+}
+
 /* ------------------------------------------------------------ join */
 
 int embps_follow_join(void *ctx, const embps_history_t *h, uint64_t last,
@@ -948,6 +1007,16 @@ size_t embps_follow_followers(embps_server_t *srv, embps_follower_info_t *v,
   return embps_feed_followers(srv->feed, v, cap);
 }
 
+int embps_follow_copying(embps_server_t *srv) {
+  embps_follow_t *fw = srv->follow;
+  if (!fw)
+    return 0;
+  pthread_mutex_lock(&fw->mu);
+  int copying = fw->copying;
+  pthread_mutex_unlock(&fw->mu);
+  return copying;
+}
+
 int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len) {
   embps_follow_t *fw = srv->follow;
   if (!fw || atomic_load(&srv->role) != EMBPS_ROLE_FOLLOWER)
@@ -961,6 +1030,9 @@ int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len) {
   else if (!fw->confirmed)
     snprintf(why, why_len, "no answer from primary %s yet: %s",
              fw->target[0] ? fw->target : "(none elected)", fw->why);
+  else if (fw->copying)
+    snprintf(why, why_len, "copying the state of primary %s (it no longer "
+             "holds the records after LSN %" PRIu64 ")", fw->target, applied);
   else if (lag_ms_locked(fw, applied) > srv->cfg.max_lag_ms)
     snprintf(why, why_len, "%" PRIu64 " ms (%" PRIu64 " records) behind "
              "primary %s, more than --max-lag-ms %u",

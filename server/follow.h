@@ -15,8 +15,24 @@
  * missed or applied twice. When the primary no longer holds the record
  * after its last one (EMBPS_ESNAPSHOT: neither its backlog nor its log),
  * the follower copies the primary's state through a snapshot session and
- * installs it (copy.h), then fetches on from there. EMBPS_EDIVERGED stops
+ * installs it (copy.h), then fetches on from there; from that answer
+ * until a reply finds the installed copy at the primary's last LSN, the
+ * server is not ready and may not be elected (embps_follow_copying: its
+ * tables are older than the history it holds). EMBPS_EDIVERGED stops
  * it (logged; the server keeps serving reads): a restart cuts its log.
+ *
+ * Layout: a follower holds its primary's rows only with the same
+ * --shards and cluster slot. Before the restore, the metrics listener and
+ * the listener, the server asks its primary once (embps_follow_probe, a
+ * call's timeout) and exits with status 2 naming both layouts when they
+ * differ: it has served nothing. A primary that does not answer then is
+ * not waited for (a coordinated member's primary may be dead, and this
+ * server must come up to be elected; a restart must not hang on it): the
+ * server starts from its own state, and the thread checks every reply's
+ * layout; the first of another layout stops the server (exit status 2)
+ * rather than leave it serving a state it can never bring up to date.
+ * Refusing every read until a first contact was the other way, but it
+ * would leave a coordinated follower of a dead primary unreadable.
  *
  * With --data-dir, before the restore, the join hook asks the primary
  * where the local log leaves its history (a rejoining old primary holds
@@ -42,6 +58,13 @@ typedef struct embps_follow embps_follow_t;
 /* Sets up srv->follow for --follow (before the restore: the join hook
  * uses it); the thread is started by embps_follow_run. 0 or -1 (logged). */
 int embps_follow_create(embps_server_t *srv);
+/* Before the restore and the listener: asks the primary (cfg.follow, if
+ * any) its --shards and cluster slot, once, within a call's timeout. 0
+ * (the same, or no answer: the follower thread checks at its first
+ * contact and then stops the server, exit status
+ * EMBPS_SERVER_EXIT_CONFIG), or EMBPS_SERVER_EMISFIT (logged, naming
+ * both). */
+int embps_follow_probe(embps_server_t *srv);
 /* Starts fetching (the server serves on port: its name to the primary).
  * 0 or -1 (logged). */
 int embps_follow_run(embps_server_t *srv, int port);
@@ -73,6 +96,11 @@ void embps_follow_stats(embps_server_t *srv, embps_server_stats_t *s);
 /* A primary's followers, for /metrics (metrics.h). */
 size_t embps_follow_followers(embps_server_t *srv, embps_follower_info_t *v,
                               size_t cap);
+/* Whether this follower's primary no longer held the records after its
+ * last one and its state is not yet a copy of the primary's caught up to
+ * the primary's last LSN (copying, or to copy): its state is older than
+ * its history says, so it may not be elected (failover.h). Any thread. */
+int embps_follow_copying(embps_server_t *srv);
 /* /readyz: 1 when this follower applied its primary's records to within
  * --max-lag-ms (always 1 for a primary); else 0 with the reason in why. */
 int embps_follow_ready(embps_server_t *srv, char *why, size_t why_len);

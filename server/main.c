@@ -118,8 +118,9 @@ int main(int argc, char **argv) {
     LOG_WARN("cannot guard signals while starting (%s): SIGTERM before "
              "the server serves is not handled", strerror(-rc_guard));
   embps_server_t *srv;
-  if (embps_server_create(&cfg, &srv))
-    return 1;
+  rc = embps_server_create(&cfg, &srv);
+  if (rc)
+    return rc == EMBPS_SERVER_EMISFIT ? EMBPS_SERVER_EXIT_CONFIG : 1;
   if (embps_signals_serving())
     embps_server_reload(srv, "SIGHUP (while starting)");
   int status = embps_server_run(srv);

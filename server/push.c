@@ -104,13 +104,17 @@ static uint64_t step(embps_apply_ctx_t *ctx, embps_request_t *reqs,
 void embps_push_run(embps_apply_ctx_t *ctx, embps_request_t *req) {
   embps_server_t *srv = ctx->srv;
   const embps_push_t *p = &req->msg.u.push;
-  if (!embps_feed_gate(srv->feed, ctx, req))
-    return; /* parked, or refused: too few followers in sync */
+  /* a duplicate first: it changes nothing, so the gate's "refused,
+     nothing changed" would hide that it was applied; it is acknowledged
+     once what it saw is durable (and on --sync-followers followers, or
+     EMBPS_ENOREPLICAS with that LSN: applied, not acknowledged) */
   if (embps_seen_applied(&ctx->seen, p->client_id, p->seq)) {
-    push_reply(srv, req, 1); /* acknowledged once what it saw is durable */
+    push_reply(srv, req, 1);
     embps_durable_ack(ctx, req, ctx->lsn);
     return;
   }
+  if (!embps_feed_gate(srv->feed, ctx, req))
+    return; /* parked, or refused: too few followers in sync */
   { /* dropped since dispatch: its pushes are not recorded */
     embps_table_t *now = embps_registry_get(&srv->registry, p->table);
     embps_table_unref(now);

@@ -445,6 +445,32 @@ static void *snapshot_pin(void *ctx, uint64_t lsn) {
   return (void *)(uintptr_t)(pin + 1);
 }
 
+static int sink_put(void *ctx, const void *p, size_t n, char *err,
+                    size_t err_len) {
+  embps_ckpt_sink_t *b = ctx;
+  return b->write(b, p, n, err, err_len);
+}
+
+/* The records after..upto a pin kept, as one log segment of the stream
+ * (as a data dir's segments are copied). */
+static int snapshot_records(void *ctx, void *pin, uint64_t after,
+                            uint64_t upto, embps_ckpt_stream_t *out,
+                            char *err, size_t err_len) {
+  embps_server_t *srv = ctx;
+  if (upto <= after)
+    return 0;
+  uint8_t h[EMBPS_WAL_HEADER_BYTES];
+  embps_wal_segment_header(h, after + 1);
+  if (embps_ckpt_stream_log(out, after + 1, err, err_len))
+    return -1;
+  int rc = out->base.write(&out->base, h, sizeof h, err, err_len);
+  if (!rc)
+    rc = embps_feed_pinned_records(srv->feed, (uint32_t)((uintptr_t)pin - 1),
+                                   after, upto, sink_put, &out->base, err,
+                                   err_len);
+  return out->base.end(&out->base, rc, err, err_len);
+}
+
 static void snapshot_unpin(void *ctx, void *pin) {
   embps_server_t *srv = ctx;
   embps_feed_unpin(srv->feed, (uint32_t)((uintptr_t)pin - 1));
@@ -490,10 +516,14 @@ static int net_start(net_t *net) {
                                     : EMBPS_ROLE_PRIMARY);
   if (follower && embps_follow_create(srv))
     return EMBPS_EINVAL;
+  /* a primary of another layout: refused before anything is served */
+  if ((rc = embps_follow_probe(srv)))
+    return rc;
   if ((rc = embps_snapshots_create(srv, &srv->snap)))
     return rc;
   const embps_snapshot_feed_t snap_feed = {
-      .pin = snapshot_pin, .unpin = snapshot_unpin, .ctx = srv};
+      .pin = snapshot_pin, .unpin = snapshot_unpin,
+      .records = snapshot_records, .ctx = srv};
   embps_snapshot_set_feed(srv->snap, &snap_feed);
   /* before the restore: /healthz answers during it */
   if (embps_metrics_start(srv, &metrics_hooks))
@@ -619,6 +649,7 @@ int embps_server_create(const embps_server_config_t *cfg,
   embps_server_t *srv = &net->srv;
   srv->cfg = *cfg;
   srv->start_ns = embps_now_ns();
+  srv->stop = embps_server_stop;
   embps_registry_init(&srv->registry);
   embps_bufpool_init(&srv->bodies, EMBPS_MMAP_THRESHOLD, EMBPS_BODY_POOL_BYTES);
   embps_tokens_t tokens;
@@ -656,7 +687,8 @@ int embps_server_run(embps_server_t *srv) {
   }
   int status = net_stop_threads(net);
   LOG_INFO("stopped");
-  return status;
+  return atomic_load(&srv->exit_status) ? atomic_load(&srv->exit_status)
+                                        : status;
 }
 
 void embps_server_stop(embps_server_t *srv) {

@@ -107,6 +107,7 @@ typedef struct {
   uint32_t sync_followers;      /* --sync-followers */
   uint32_t sync_timeout_ms;     /* --sync-timeout-ms */
   uint64_t repl_backlog_bytes;  /* --repl-backlog-bytes */
+  uint32_t repl_retain_ms;      /* --repl-retain-ms: log kept for followers */
   uint32_t max_lag_ms;          /* --max-lag-ms: a follower's readiness */
   /* automatic failover (issue 22, failover.h) */
   char coordinator[1024];       /* --coordinator etcd://...; empty: none */
@@ -169,6 +170,11 @@ struct embps_server {
   struct embps_failover *failover;
   void (*rejoin)(struct embps_server *srv, const char *why);
   struct embps_snapshots *snap; /* snapshot sessions (snapshot.h) */
+  /* what run returns when set (a follower that finds its primary's
+   * layout is not its own stops with EMBPS_SERVER_EXIT_CONFIG), and how
+   * a module below server.c stops the server (embps_server_stop) */
+  atomic_int exit_status;
+  void (*stop)(struct embps_server *srv);
 
 };
 
@@ -195,13 +201,17 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
  *          checkpoint and I/O threads, listens, writes --port-file and
  *          prints the ready line. 0 with *out set, or a negative code
  *          (-errno, EMBPS_EIO for the data dir, EMBPS_EINVAL when
- *          --metrics-listen or --cluster-servers cannot be served; the
- *          reason is logged) with everything it did undone and *out NULL.
+ *          --metrics-listen or --cluster-servers cannot be served,
+ *          EMBPS_SERVER_EMISFIT when the primary it would follow has
+ *          another --shards or cluster slot; the reason is logged) with
+ *          everything it did undone and *out NULL.
  * port     the port it listens on (the one bound for --listen port 0).
  * run      serves, on the calling thread, until stopped; then finishes
  *          every request already read, takes the final checkpoint (with
  *          --data-dir) and stops the threads. Called at most once. Returns
- *          the exit status: 0, or 1 when the final checkpoint failed.
+ *          the exit status: 0, 1 when the final checkpoint failed, or
+ *          EMBPS_SERVER_EXIT_CONFIG when a follower stopped the server
+ *          because its primary's layout is not its own.
  * stop     from any thread or a signal handler, any number of times
  *          before destroy (before run too): run drains and returns, as on
  *          SIGTERM.
@@ -222,6 +232,8 @@ embps_dispatch_t embps_dispatch(embps_server_t *srv, embps_request_t *req,
  *   without it the apply's team threads spin after every push, taking
  *   cores from the I/O threads. The daemon re-executes itself to set it
  *   (main.c); an embedder sets it before its process starts. */
+#define EMBPS_SERVER_EMISFIT (-29000) /* create: a configuration error */
+#define EMBPS_SERVER_EXIT_CONFIG 2    /* as a command line refused */
 int embps_server_create(const embps_server_config_t *cfg,
                         embps_server_t **out);
 int embps_server_port(const embps_server_t *srv);

@@ -113,6 +113,11 @@ static void seg_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint64_t first) {
   embps_put32(h + 28, embps_crc32c(0, h, 28));
 }
 
+void embps_wal_segment_header(uint8_t h[EMBPS_WAL_HEADER_BYTES],
+                              uint64_t first) {
+  seg_header(h, first);
+}
+
 static void rec_header(uint8_t h[EMBPS_WAL_HEADER_BYTES], uint32_t type,
                        uint64_t lsn, uint32_t epoch, uint32_t len,
                        uint32_t crc) {

@@ -197,6 +197,11 @@ typedef int (*embps_wal_segment_fn)(void *ctx, uint64_t first,
 int embps_wal_segments(const char *log_dir, uint64_t after, uint64_t upto,
                        embps_wal_segment_fn visit, void *ctx, char *err,
                        size_t err_len);
+/* The header of a segment whose first record is LSN first: what begins
+ * a segment made of records kept elsewhere (a memory-only server's
+ * snapshot, from its replication backlog). */
+void embps_wal_segment_header(uint8_t h[EMBPS_WAL_HEADER_BYTES],
+                              uint64_t first);
 /* Bytes of all segments in log_dir. */
 uint64_t embps_wal_bytes(const char *log_dir);
 

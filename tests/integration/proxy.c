@@ -40,6 +40,8 @@ struct it_proxy {
   char upstream[64];
   pthread_t acceptor;
   pthread_mutex_t mu;
+  pthread_cond_t released; /* hold_kind changed, or a pair ended */
+  uint16_t hold_kind;      /* 0: none */
   int stopping;
   it_proxy_fault_t fault;
   uint16_t fault_kind;
@@ -84,6 +86,7 @@ static void pair_end(pair_t *pr) {
     shutdown(pr->cfd, SHUT_RDWR);
     shutdown(pr->sfd, SHUT_RDWR);
   }
+  pthread_cond_broadcast(&p->released);
   if (++pr->ended == 2) {
     close(pr->cfd);
     close(pr->sfd);
@@ -117,6 +120,11 @@ static void *up_main(void *arg) {
         snprintf(p->upstream, sizeof p->upstream, "127.0.0.1:1");
         fault = IT_PROXY_DROP_REQUEST;
       }
+    }
+    if (p->hold_kind && h.kind == p->hold_kind) {
+      p->counts.held++;
+      while (p->hold_kind == h.kind && !pr->ended)
+        pthread_cond_wait(&p->released, &p->mu);
     }
     pthread_mutex_unlock(&p->mu);
     size_t first = fault == IT_PROXY_DROP_REQUEST ? h.body_len / 2
@@ -254,6 +262,7 @@ int it_proxy_start(it_proxy_t **out, const char *upstream) {
   if (!p)
     return -1;
   pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->released, NULL);
   snprintf(p->upstream, sizeof p->upstream, "%s", upstream);
   p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in a;
@@ -300,6 +309,13 @@ void it_proxy_arm(it_proxy_t *p, it_proxy_fault_t fault, uint16_t kind,
   pthread_mutex_unlock(&p->mu);
 }
 
+void it_proxy_hold(it_proxy_t *p, uint16_t kind) {
+  pthread_mutex_lock(&p->mu);
+  p->hold_kind = kind;
+  pthread_cond_broadcast(&p->released);
+  pthread_mutex_unlock(&p->mu);
+}
+
 void it_proxy_cut(it_proxy_t *p) {
   pthread_mutex_lock(&p->mu);
   for (pair_t *pr = p->pairs; pr; pr = pr->next) {
@@ -336,5 +352,6 @@ void it_proxy_stop(it_proxy_t *p) {
   close(p->wake[0]);
   close(p->wake[1]);
   pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->released);
   free(p);
 }

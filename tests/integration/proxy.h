@@ -37,6 +37,7 @@ typedef struct {
   unsigned push_replies;   /* PUSH replies forwarded to a client */
   unsigned push_duplicates; /* of which PushReply.duplicate was set */
   unsigned faults_fired;
+  unsigned held;           /* requests held by it_proxy_hold */
 } it_proxy_counts_t;
 
 /* Starts a proxy to `upstream` ("127.0.0.1:PORT"). Returns 0 or -1. */
@@ -49,6 +50,12 @@ void it_proxy_set_upstream(it_proxy_t *p, const char *upstream);
  * over every connection, from this call). Replaces an armed fault. */
 void it_proxy_arm(it_proxy_t *p, it_proxy_fault_t fault, uint16_t kind,
                   unsigned nth);
+/* From now on, every client request of `kind` is held before it reaches
+ * the server (its client waits for a reply that does not come), until
+ * it_proxy_hold(p, 0) lets them go on, or its connection ends (the server
+ * closed it, it_proxy_cut, it_proxy_stop). A held request also holds the
+ * requests after it on its connection. counts.held counts them. */
+void it_proxy_hold(it_proxy_t *p, uint16_t kind);
 /* Closes every open proxied connection now (both sides). */
 void it_proxy_cut(it_proxy_t *p);
 void it_proxy_counts(it_proxy_t *p, it_proxy_counts_t *out);

@@ -22,8 +22,10 @@
  *    still holds it (past the backlog, after the primary's restart);
  *  - sync: --sync-followers 1 with the follower stopped: a push is
  *    refused after --sync-timeout-ms with nothing changed on either
- *    server; with the follower frozen just after the gate, the push is
- *    applied but not acknowledged, and the follower gets it when back;
+ *    server (not owed); with the follower frozen just after the gate, the
+ *    push is applied but not acknowledged: the client keeps it owed (with
+ *    and without retries), sends it again once, and it is applied once
+ *    on both servers;
  *  - promote: a follower killed, its primary acknowledging 7 more pushes
  *    and killed; the follower restarted (its primary silent: it starts
  *    from its own log) and promoted; the old primary restarted as its
@@ -31,7 +33,12 @@
  *  - rejoin_copy: an old primary whose checkpoint holds records the new
  *    primary never had sets its state aside and copies the new one's;
  *  - pin_bound: a snapshot session keeps a memory-only primary's backlog
- *    only up to twice its bound. */
+ *    only up to twice its bound;
+ *  - retain: a follower away longer than --repl-retain-ms is not kept for
+ *    by its primary's checkpoints: back, it copies a snapshot;
+ *  - layout: a follower with another --shards than its primary's exits 2
+ *    naming both, before it serves (or, its primary silent at its start,
+ *    at its first contact). */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stddef.h>
@@ -39,6 +46,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -658,6 +666,15 @@ static void restart_follower(void *arg) {
   restarts_t *r = arg;
   if (r->round++ % 4 != 1)
     return;
+  /* it has a record to resume after (a loaded machine may not have let
+     it fetch any yet, the first time: it would start from LSN 1) */
+  embps_server_stats_t st;
+  for (double until = dur_now_ms() + 30000;
+       (repl_stats(r->f->addr, &st) || !st.applied_lsn) &&
+       dur_now_ms() < until;
+       dur_sleep_ms(20)) {
+  }
+  assert_true(st.applied_lsn > 0);
   if (r->round % 8 < 4)
     dur_server_kill(r->f);
   else
@@ -675,8 +692,13 @@ static void restart_follower(void *arg) {
     if (found)
       break;
   }
-  if (from > 1)
+  if (from > 1) {
     r->resumed++;
+  } else { /* kept for whoever reads a failure */
+    fprintf(stderr, "restart %d: the follower did not say it resumed from "
+            "its log (from LSN %llu); its log:\n", r->restarts, from);
+    dur_server_dump_log(r->f);
+  }
 }
 
 static void test_restart(void **state) {
@@ -722,7 +744,7 @@ static int wait_log(const dur_server_t *s, const char *text, int timeout_ms) {
 /* Pushes n whole-table records through *c (past the primary's backlog of
  * 1 MiB); with forget, the primary p then restarts (it forgets its
  * followers, whose records its checkpoints keep in its log for
- * EMBPS_FEED_RETAIN_S) and checkpoints: its log's segments before that
+ * --repl-retain-ms) and checkpoints: its log's segments before that
  * are deleted. */
 static void move_on(dur_server_t *p, embps_client_t **c, int n, int forget) {
   push_whole(*c, "adam_f32_dense", n);
@@ -829,6 +851,16 @@ static float witness(const char *addr) {
   return v[0];
 }
 
+/* SIGSTOPs server s and waits until it is stopped (kill returns before
+ * every thread of it is). */
+static void freeze(dur_server_t *s) {
+  int st;
+  assert_int_equal(kill(s->pid, SIGSTOP), 0);
+  while (waitpid(s->pid, &st, WUNTRACED) < 0)
+    assert_int_equal(errno, EINTR);
+  assert_true(WIFSTOPPED(st));
+}
+
 static void test_sync(void **state) {
   dur_server_t p = {0}, f = {0};
   char d[512];
@@ -869,6 +901,7 @@ static void test_sync(void **state) {
          embps_client_last_error(c));
   assert_true(waited >= 600);
   assert_non_null(strstr(embps_client_last_error(c), "nothing changed"));
+  assert_int_equal(embps_push_owed(c), 0); /* refused: not owed */
   assert_true(witness(p.addr) == 1);
   assert_int_equal(repl_stats(p.addr, &st), 0);
   assert_int_equal(st.applied_lsn, lsn);
@@ -885,14 +918,47 @@ static void test_sync(void **state) {
   assert_true(witness(f.addr) == 2);
 
   /* frozen after the gate let the push in: applied, not acknowledged */
-  kill(f.pid, SIGSTOP);
+  assert_int_equal(repl_wait_in_sync(p.addr, 1, 30000), 0);
+  freeze(&f);
   assert_int_equal(embps_push(c, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
   printf("[repl] sync: %s\n", embps_client_last_error(c));
   assert_non_null(strstr(embps_client_last_error(c), "applied here"));
+  assert_non_null(strstr(embps_client_last_error(c), "do not push it again"));
+  assert_int_equal(embps_push_owed(c), 1); /* kept: sent again, once */
   assert_true(witness(p.addr) == 3);
   kill(f.pid, SIGCONT);
   assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_int_equal(embps_push_resume(c), 0); /* a duplicate: acknowledged */
+  assert_int_equal(embps_push_owed(c), 0);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
   assert_true(witness(f.addr) == 3);
+  assert_true(witness(p.addr) == 3);
+
+  /* the same with retries for longer than the timeout: each retry is a
+     duplicate (answered before the gate, which would say "nothing
+     changed"), refused again with the record's LSN; once the retry time
+     is over the push is owed, applied once */
+  embps_client_t *r = connect_to(p.addr, 2000);
+  assert_int_equal(repl_wait_in_sync(p.addr, 1, 30000), 0);
+  freeze(&f);
+  t0 = dur_now_ms();
+  assert_int_equal(embps_push(r, "w", &id, 1, g, 4, 0), EMBPS_ENOREPLICAS);
+  printf("[repl] sync: retried for %.0f ms: %s\n", dur_now_ms() - t0,
+         embps_client_last_error(r));
+  assert_non_null(strstr(embps_client_last_error(r), "was applied but not "
+                         "acknowledged"));
+  assert_int_equal(embps_push_owed(r), 1);
+  assert_true(witness(p.addr) == 4);
+  kill(f.pid, SIGCONT);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  /* the next push sends the owed one first: both acknowledged, once */
+  assert_int_equal(embps_push(r, "w", &id, 1, g, 4, 0), 0);
+  assert_int_equal(embps_push_owed(r), 0);
+  assert_int_equal(embps_push_resume(r), 0);
+  assert_true(witness(p.addr) == 5);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(witness(f.addr) == 5);
+  embps_client_destroy(r);
   embps_client_destroy(c);
   stop_server(&f);
   stop_server(&p);
@@ -1063,6 +1129,85 @@ static void test_pin_bound(void **state) {
   cleanup(&f);
 }
 
+/* ------------------------------------------------------------ retain */
+
+/* --repl-retain-ms 1000: a follower away for longer is not kept for by
+ * its primary's checkpoints (its log's segments go): back, it copies a
+ * snapshot (with the default 5 minutes it would catch up from the log:
+ * test_copy) and ends equal. */
+static void test_retain(void **state) {
+  dur_server_t p = {0}, f = {0};
+  char dp[512], df[512];
+  new_dir(dp, sizeof dp, "rp");
+  new_dir(df, sizeof df, "rf");
+  start(&p, dp, (const char *const[]){"--repl-backlog-bytes", "1048576",
+                                      "--repl-retain-ms", "1000", NULL});
+  char follow[64];
+  snprintf(follow, sizeof follow, "%s", p.addr);
+  const char *const fargs[] = {"--follow", follow, NULL};
+  start(&f, df, fargs);
+  embps_client_t *c = connect_to(p.addr, 30000);
+  embps_table_spec_t s;
+  embps_table_spec_init(&s, "adam_f32_dense", DIM, EMBPS_OPT_ADAM);
+  s.rows = DENSE_ROWS;
+  create(c, &s);
+  push_whole(c, "adam_f32_dense", 4);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  dur_server_kill(&f);
+  const double gone = dur_now_ms();
+  push_whole(c, "adam_f32_dense", 64); /* past the backlog */
+  while (dur_now_ms() < gone + 1000) /* its last fetch was before that */
+    dur_sleep_ms(20);
+  assert_int_equal(embps_checkpoint(c, NULL), 0);
+  start(&f, df, fargs);
+  assert_int_equal(repl_wait_caught_up(p.addr, f.addr, CATCH_UP_MS), 0);
+  assert_true(log_has(&f, "copying a snapshot"));
+  assert_int_equal(repl_compare(p.addr, f.addr, "away past the retention",
+                                0), 0);
+  embps_client_destroy(c);
+  stop_server(&f);
+  stop_server(&p);
+  cleanup(&p);
+  cleanup(&f);
+}
+
+/* ------------------------------------------------------------ layout */
+
+/* A follower started with another --shards than its primary's is refused
+ * before it serves anything: exit status 2, naming both. One whose primary
+ * does not answer at its start comes up, and stops with status 2 at its
+ * first contact with a primary of another layout. */
+static void test_layout(void **state) {
+  dur_server_t p = {0}, f = {0}, g = {0};
+  start(&p, NULL, (const char *const[]){"--shards", "8", NULL});
+  char follow[64];
+  snprintf(follow, sizeof follow, "%s", p.addr);
+  assert_int_equal(dur_server_init(&f, NULL), 0);
+  f.args[0] = "--shards";
+  f.args[1] = "4";
+  f.args[2] = "--follow";
+  f.args[3] = follow;
+  f.args[4] = NULL;
+  assert_int_equal(dur_server_start(&f, START_MS), 2);
+  assert_true(log_has(&f, "with --shards 8; this one is 0 of 1 with "
+                          "--shards 4"));
+  assert_false(log_has(&f, "ready on"));
+
+  /* the primary down at the follower's start: found out at first contact */
+  stop_server(&p); /* its port is kept for its next start */
+  start(&g, NULL, (const char *const[]){"--shards", "4", "--follow", follow,
+                                        NULL});
+  assert_true(log_has(&g, "did not answer"));
+  start(&p, NULL, (const char *const[]){"--shards", "8", NULL});
+  assert_int_equal(dur_server_wait(&g, 30000), 2);
+  assert_true(log_has(&g, "with --shards 8; this one is 0 of 1 with "
+                          "--shards 4"));
+  stop_server(&p);
+  cleanup(&p);
+  cleanup(&f);
+  cleanup(&g);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -1070,7 +1215,8 @@ int main(void) {
       cmocka_unit_test(test_proxy),   cmocka_unit_test(test_restart),
       cmocka_unit_test(test_copy),    cmocka_unit_test(test_sync),
       cmocka_unit_test(test_promote), cmocka_unit_test(test_rejoin_copy),
-      cmocka_unit_test(test_pin_bound),
+      cmocka_unit_test(test_pin_bound), cmocka_unit_test(test_layout),
+      cmocka_unit_test(test_retain),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,6 +62,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.has_token + c.insecure + c.complete_tables, 0);
   assert_true(c.max_conn_buffer_bytes == 2 * c.max_frame_bytes);
   assert_true(c.max_buffer_bytes >= 1ULL << 30);
+  assert_int_equal(c.repl_retain_ms, 300000);
 }
 
 /* Every flag in both forms: "--flag value" and "--flag=value" must give
@@ -96,6 +97,7 @@ static void test_every_flag_both_forms(void **state) {
       {"--metrics-listen", "127.0.0.1:0"},
       {"--metrics-port-file", "/tmp/m"},
       {"--auth-token-file", token},
+      {"--repl-retain-ms", "60000"},
       {"--cluster-size", "2"},
       {"--cluster-index", "1"},
   };
@@ -185,6 +187,9 @@ static void test_refusals_name_the_flag(void **state) {
       {"--cluster-name", "x",
        "--cluster-name is a setting of --coordinator"},
       {"--lease-ms", "999", "--lease-ms \"999\" is not a number in [1000"},
+      {"--repl-retain-ms", "999",
+       "--repl-retain-ms \"999\" is not a number in [1000, 604800000]"},
+      {"--repl-retain-ms", "8d", "--repl-retain-ms \"8d\" is not a number"},
       {"--member", "4096", "--member \"4096\" is not a member slot"},
       {"--advertise", "nohost", "--advertise \"nohost\" is not HOST:PORT"},
   };

@@ -611,7 +611,15 @@ EMBPS_EXTERN int embps_pull(embps_client_t *c, const char *table,
  * embps_push_resume(); each applies it exactly once (one that had applied
  * it acknowledges a duplicate). A push no server can have applied (none
  * acknowledged it, none was sent it whole) fails with the connection's
- * error, owes nothing, and may be pushed again. */
+ * error, owes nothing, and may be pushed again.
+ *
+ * EMBPS_ENOREPLICAS (a primary with --sync-followers): refused before it
+ * was applied ("nothing changed"), the push owes nothing and may be
+ * pushed again; applied but not on enough followers within the server's
+ * --sync-timeout-ms ("was applied but not acknowledged"), it is retried
+ * within retry_ms, then kept as an owed push on that server exactly as
+ * above (embps_push_owed() counts it; do not push it again): sent again,
+ * the server acknowledges it as a duplicate once its followers have it. */
 EMBPS_EXTERN int embps_push(embps_client_t *c, const char *table,
                             const int64_t *indices, size_t n,
                             const float *values, uint32_t dim, unsigned flags);

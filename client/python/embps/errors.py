@@ -161,9 +161,11 @@ class NotPrimary(EmbpsError):
 
 
 class NotEnoughReplicas(EmbpsError):
-    """Too few followers in sync for --sync-followers: refused, or applied
-    but not acknowledged, as the message says; a retry with the same push
-    is safe (EMBPS_ENOREPLICAS)."""
+    """Too few followers in sync for --sync-followers (EMBPS_ENOREPLICAS):
+    refused, nothing changed (push it again), or applied but not
+    acknowledged in time, as the message says: the library then keeps it
+    owed and sends it again itself, before anything else to that server or
+    at resume_pushes() (do not push it again)."""
 
 
 class ReplicationError(EmbpsError):
