@@ -21,7 +21,8 @@
  * the primary table for table. The library's exactly-once retries (same
  * client id and seq) carry each push across the promotion.
  *
- *   test_failover [cycles]   (default 20; EMBPS_LONG=1: 100) */
+ *   test_failover [cycles]   (default 20, 8 under sanitizers; EMBPS_LONG=1:
+ *                            100) */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdatomic.h>
@@ -113,7 +114,11 @@ static void make_tail(const dur_server_t *p, const dur_server_t *f,
 
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
+#ifdef EMBPS_TEST_SANITIZED /* memory errors and races: 8 cycles do */
+  int cycles = argc > 1 ? atoi(argv[1]) : dur_long() ? 100 : 8;
+#else
   int cycles = argc > 1 ? atoi(argv[1]) : dur_long() ? 100 : 20;
+#endif
   uint64_t seed = dur_seed(), rng = seed;
   dur_workload_t wl = {.n_workers = 4, .rows_per_worker = 16, .seed = seed};
   char da[256], db[256];
