@@ -490,17 +490,29 @@ int dur_probe_accumulators(const dur_workload_t *wl, embps_client_t *a,
 /* ------------------------------------------------------------ workers */
 
 dur_shared_t *dur_shared_new(void) {
-  dur_shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
-                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED)
+  int fd = memfd_create("embps-dur-workers", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, sizeof(dur_shared_t))) {
+    if (fd >= 0)
+      close(fd);
     return NULL;
+  }
+  dur_shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                          MAP_SHARED, fd, 0);
+  if (sh == MAP_FAILED) {
+    close(fd);
+    return NULL;
+  }
   memset(sh, 0, sizeof *sh);
+  sh->fd = fd;
   return sh;
 }
 
 void dur_shared_free(dur_shared_t *sh) {
-  if (sh)
-    munmap(sh, sizeof *sh);
+  if (!sh)
+    return;
+  int fd = sh->fd;
+  munmap(sh, sizeof *sh);
+  close(fd);
 }
 
 static void worker_failed(dur_worker_state_t *ws, embps_client_t *c, int w,
@@ -513,9 +525,9 @@ static void worker_failed(dur_worker_state_t *ws, embps_client_t *c, int w,
   _exit(1);
 }
 
-static void worker_main(dur_shared_t *sh, const dur_workload_t *wl, int w,
-                        const char *addr, const char *ack_dir,
-                        int retry_ms) {
+static _Noreturn void worker_main(dur_shared_t *sh, const dur_workload_t *wl,
+                                  int w, const char *addr,
+                                  const char *ack_dir, int retry_ms) {
   dur_worker_state_t *ws = &sh->w[w];
   FILE *acks = NULL;
   if (ack_dir) {
@@ -561,14 +573,64 @@ static void worker_main(dur_shared_t *sh, const dur_workload_t *wl, int w,
 
 pid_t dur_worker_spawn(dur_shared_t *sh, const dur_workload_t *wl, int w,
                        const char *addr, const char *ack_dir, int retry_ms) {
+  /* everything the child needs is made here: between fork and exec it
+   * calls nothing that could take a lock */
+  char bin[4096];
+  ssize_t n = readlink("/proc/self/exe", bin, sizeof bin - 32);
+  char *slash = n > 0 ? memrchr(bin, '/', (size_t)n) : NULL;
+  if (!slash) {
+    fprintf(stderr, "dur_worker_spawn: cannot read /proc/self/exe\n");
+    return -1;
+  }
+  strcpy(slash + 1, "dur_worker");
+  char a_fd[16], a_n[16], a_rows[16], a_seed[24], a_w[16], a_retry[16];
+  snprintf(a_fd, sizeof a_fd, "%d", sh->fd);
+  snprintf(a_n, sizeof a_n, "%d", wl->n_workers);
+  snprintf(a_rows, sizeof a_rows, "%d", wl->rows_per_worker);
+  snprintf(a_seed, sizeof a_seed, "%llu", (unsigned long long)wl->seed);
+  snprintf(a_w, sizeof a_w, "%d", w);
+  snprintf(a_retry, sizeof a_retry, "%d", retry_ms);
+  char *const argv[] = {bin,  a_fd, a_n,   a_rows, a_seed,
+                        a_w,  (char *)addr, (char *)(ack_dir ? ack_dir : "-"),
+                        a_retry, NULL};
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    worker_main(sh, wl, w, addr, ack_dir, retry_ms);
+    fcntl(sh->fd, F_SETFD, 0);
+    execv(bin, argv);
+    _exit(127);
   }
+  if (pid < 0)
+    fprintf(stderr, "dur_worker_spawn: fork: %s\n", strerror(errno));
   return pid;
+}
+
+int dur_worker_main(int argc, char **argv) {
+  if (argc != 9) {
+    fprintf(stderr, "usage: dur_worker SHARED_FD N_WORKERS ROWS_PER_WORKER "
+            "SEED W ADDR ACK_DIR|- RETRY_MS (started by the durability "
+            "tests)\n");
+    return 2;
+  }
+  dur_workload_t wl = {.n_workers = atoi(argv[2]),
+                       .rows_per_worker = atoi(argv[3]),
+                       .seed = strtoull(argv[4], NULL, 10)};
+  const int w = atoi(argv[5]);
+  if (w < 0 || w >= DUR_MAX_WORKERS) {
+    fprintf(stderr, "dur_worker: worker %s out of range\n", argv[5]);
+    return 2;
+  }
+  dur_shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
+                          MAP_SHARED, atoi(argv[1]), 0);
+  if (sh == MAP_FAILED) {
+    fprintf(stderr, "dur_worker: shared memory (fd %s): %s\n", argv[1],
+            strerror(errno));
+    return 2;
+  }
+  worker_main(sh, &wl, w, argv[6], strcmp(argv[7], "-") ? argv[7] : NULL,
+              atoi(argv[8]));
 }
 
 int dur_worker_wait_acked(dur_shared_t *sh, int w, uint64_t want,
@@ -595,6 +657,9 @@ void dur_workers_finish(dur_shared_t *sh, pid_t *pids, int n, int timeout_ms,
     int code = -1;
     int left = (int)(deadline - dur_now_ms());
     if (it_wait_exit(pids[w], left > 0 ? left : 0, &code) == 0) {
+      char who[32];
+      snprintf(who, sizeof who, "worker %d", w);
+      it_dump_stacks(pids[w], who);
       kill(pids[w], SIGKILL);
       it_wait_exit(pids[w], 10000, &code);
       dur_fail("worker %d did not finish within %d ms", w, timeout_ms);

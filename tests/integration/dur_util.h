@@ -149,18 +149,29 @@ typedef struct {
 
 typedef struct {
   _Atomic int stop;
+  int fd; /* the memory's file (close-on-exec but in a worker's exec) */
   dur_worker_state_t w[DUR_MAX_WORKERS];
 } dur_shared_t;
 
+/* Shared memory for the workers: a memfd mapped by the parent and each
+ * worker. NULL when it cannot be made. */
 dur_shared_t *dur_shared_new(void);
 void dur_shared_free(dur_shared_t *sh);
-/* Forks worker w: it pushes (witness, then Adagrad push j, for j = 0, 1, ...)
- * to addr until sh->stop, counting acknowledged pushes; on the first push
- * that fails (after the library's retries, retry_ms) it records the error
- * and exits 1, leaving that push marked in flight. Each acknowledged j is
- * appended to ack_dir/worker-W.acks when ack_dir is not NULL. */
+/* Starts worker w, a process of its own: the dur_worker program beside
+ * this one, exec'd straight after fork. A forked copy of a test that runs
+ * threads (the proxy's) could inherit a lock (ASan's allocator's) that
+ * one of them held, and hang on its next allocation. It pushes (witness,
+ * then Adagrad push j, for j = 0, 1, ...) to addr until sh->stop,
+ * counting acknowledged pushes; on the first push that fails (after the
+ * library's retries, retry_ms) it records the error and exits 1, leaving
+ * that push marked in flight. Each acknowledged j is appended to
+ * ack_dir/worker-W.acks when ack_dir is not NULL. -1 when it could not be
+ * started (said on stderr). */
 pid_t dur_worker_spawn(dur_shared_t *sh, const dur_workload_t *wl, int w,
                        const char *addr, const char *ack_dir, int retry_ms);
+/* The dur_worker program's main: its arguments as dur_worker_spawn
+ * passes them (usage on stderr and 2 when they are not). */
+int dur_worker_main(int argc, char **argv);
 /* Waits up to timeout_ms until worker w has at least `want` Adagrad pushes
  * acknowledged: 1, or 0 once it has failed, or -1 on the timeout. */
 int dur_worker_wait_acked(dur_shared_t *sh, int w, uint64_t want,

@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+extern char **environ; /* it_spawn builds a child's from it */
+
 #define MAX_ARGS 64
 
 double it_now_ms(void) {
@@ -186,15 +188,40 @@ int it_read_port(const char *path) {
   return port > 0 && port < 65536 ? port : -1;
 }
 
-/* In the child of it_spawn: stdio and the environment, then the exec. */
-static void exec_logged(const char *const *argv, const char *log_file,
-                        const char *const *env) {
-  for (size_t i = 0; env && env[i]; i++) {
-    if (strchr(env[i], '='))
-      putenv((char *)env[i]);
-    else
-      unsetenv(env[i]);
+/* The environment with env's changes applied (it_spawn's contract), in
+ * one allocation; NULL when out of memory. Made in the parent: a child of
+ * a process running threads calls nothing that may take a lock (an
+ * allocator's) before its exec. */
+static char **env_build(const char *const *env) {
+  size_t n = 0, m = 0;
+  while (environ[n])
+    n++;
+  while (env[m])
+    m++;
+  char **out = calloc(n + m + 1, sizeof *out);
+  if (!out)
+    return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    int changed = 0;
+    for (size_t j = 0; j < m && !changed; j++) {
+      size_t len = strcspn(env[j], "=");
+      changed = strncmp(environ[i], env[j], len) == 0 &&
+                environ[i][len] == '=';
+    }
+    if (!changed)
+      out[k++] = environ[i];
   }
+  for (size_t j = 0; j < m; j++)
+    if (strchr(env[j], '='))
+      out[k++] = (char *)env[j];
+  out[k] = NULL;
+  return out;
+}
+
+/* In the child of it_spawn: stdio, then the exec with envp. */
+static void exec_logged(const char *const *argv, const char *log_file,
+                        char **envp) {
   int log = open(log_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   int null = open("/dev/null", O_RDONLY);
   if (log < 0 || null < 0)
@@ -202,13 +229,18 @@ static void exec_logged(const char *const *argv, const char *log_file,
   dup2(null, 0);
   dup2(log, 1);
   dup2(log, 2);
-  execv(argv[0], (char *const *)argv);
-  fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+  execve(argv[0], (char *const *)argv, envp);
+  dprintf(2, "exec %s: %s\n", argv[0], strerror(errno));
   _exit(127);
 }
 
 pid_t it_spawn(const char *const *argv, const char *log_file,
                const char *const *env) {
+  char **envp = env ? env_build(env) : environ;
+  if (!envp) {
+    fprintf(stderr, "[harness] spawn of %s: out of memory\n", argv[0]);
+    return -1;
+  }
   fflush(stdout);
   fflush(stderr);
   pid_t parent = getpid();
@@ -218,10 +250,12 @@ pid_t it_spawn(const char *const *argv, const char *log_file,
     if (getppid() != parent)
       _exit(127);
     it_child_reset_signals();
-    exec_logged(argv, log_file, env);
+    exec_logged(argv, log_file, envp);
   }
   if (pid < 0)
     fprintf(stderr, "[harness] fork: %s\n", strerror(errno));
+  if (envp != environ)
+    free(envp);
   return pid;
 }
 
@@ -315,6 +349,20 @@ int it_wait_exit(pid_t pid, int timeout_ms, int *code) {
       return 0;
     it_sleep_ms(1);
   }
+}
+
+void it_dump_stacks(pid_t pid, const char *who) {
+  if (access("/usr/bin/gdb", X_OK))
+    return;
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "/usr/bin/gdb -p %d -batch -nx -q -ex "
+           "'thread apply all bt full' </dev/null 1>&2 2>/dev/null",
+           (int)pid);
+  fprintf(stderr, "---- stacks of %s (pid %d) ----\n", who, (int)pid);
+  fflush(stderr);
+  if (system(cmd))
+    fprintf(stderr, "(gdb could not attach)\n");
+  fprintf(stderr, "---- end of stacks ----\n");
 }
 
 int it_server_wait(it_server_t *s, int timeout_ms) {

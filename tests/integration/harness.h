@@ -76,6 +76,9 @@ int it_wait_port(pid_t pid, const char *port_file, int timeout_ms,
 /* Waits up to timeout_ms for child pid to exit: 1 (its status in *code, as
  * it_status_code), 0 (still running) or -1 (no such child). */
 int it_wait_exit(pid_t pid, int timeout_ms, int *code);
+/* Prints to stderr the stacks of every thread of pid, with their locals
+ * (gdb, when installed), as `who`: what a hung child was waiting for. */
+void it_dump_stacks(pid_t pid, const char *who);
 /* Forks and execs argv (argv[0] the program's path): stdin from
  * /dev/null, stdout and stderr to log_file (truncated), default signal
  * handling, and death with this process (PR_SET_PDEATHSIG). env, when not
