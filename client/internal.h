@@ -72,6 +72,9 @@ typedef struct {
   uint32_t alt;
   int want;      /* CONN_* */
   int role;      /* EMBPS_ROLE_* of the server it reached (its hello) */
+  uint32_t epoch; /* and its epoch then */
+  uint64_t probe_at_ns; /* a member's primary: when to next ask the others
+                         * whether one was elected meanwhile */
   int fd;
   uint64_t max_frame; /* the server's --max-frame-bytes, from its hello */
   out_buf_t *out_head, *out_tail;
@@ -275,6 +278,18 @@ int embps_client_connect_(embps_client_t *c, uint32_t ki);
  * keeping those that may retry when may_retry: then a push given up
  * leaves its owed copy in its place); frees its buffers. */
 void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry);
+
+/* ---- reaching a server (dial.c) ---- */
+
+/* A TCP connection to host:port (non-blocking, TCP_NODELAY) made within
+ * timeout_ms: its descriptor, or -1 with why. */
+int embps_dial_(const char *host, int port, int timeout_ms, char *why,
+                size_t why_len);
+/* A HELLO with c's token to host:port on a connection of its own, the
+ * whole exchange within timeout_ms, closed after: 0 with *out (the
+ * server's role and epoch now), or an error. Uses c's request ids only. */
+int embps_dial_hello_(embps_client_t *c, const char *host, int port,
+                      int timeout_ms, embps_hello_reply_t *out);
 
 /* ---- a server talking to another (peer.c; issue 21: a follower and its
  * primary) ---- */

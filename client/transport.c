@@ -79,6 +79,14 @@
  * (automatic failover: a lease's time after the primary died) to be found
  * within this of its promotion. */
 #define BACKOFF_MEMBER_MAX_MS 250
+/* A request waiting on a member's primary this long, all of it sent, has
+ * the member's other servers asked whether one was elected meanwhile
+ * ("Members"), at most once per PROBE_EVERY_MS, each within
+ * PROBE_TIMEOUT_MS (a hello is answered in a millisecond by a server that
+ * runs). */
+#define PROBE_AFTER_MS 1000
+#define PROBE_EVERY_MS 1000
+#define PROBE_TIMEOUT_MS 200
 
 /* ------------------------------------------------------------ errors */
 
@@ -370,47 +378,11 @@ static void conn_fail(conn_t *k, int code, const char *why) {
 }
 
 static int connect_fd(conn_t *k, int timeout_ms, char *why, size_t why_len) {
-  char port[16];
-  snprintf(port, sizeof port, "%d", k->port);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                           .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_NUMERICSERV};
-  struct addrinfo *res;
-  int rc = getaddrinfo(k->host, port, &hints, &res);
-  if (rc) {
-    snprintf(why, why_len, "cannot resolve %s: %s", k->host, gai_strerror(rc));
+  int fd = embps_dial_(k->host, k->port, timeout_ms, why, why_len);
+  if (fd < 0)
     return EMBPS_ECONN;
-  }
-  int err = ECONNREFUSED;
-  for (struct addrinfo *a = res; a; a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    a->ai_protocol);
-    if (fd < 0) {
-      err = errno;
-      continue;
-    }
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 || errno == EINPROGRESS) {
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      int n = poll(&pfd, 1, timeout_ms);
-      socklen_t sl = sizeof err;
-      if (n == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) == 0 &&
-          err == 0) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        freeaddrinfo(res);
-        k->fd = fd;
-        return 0;
-      }
-      if (n == 0)
-        err = ETIMEDOUT;
-    } else {
-      err = errno;
-    }
-    close(fd);
-  }
-  freeaddrinfo(res);
-  snprintf(why, why_len, "cannot connect: %s", strerror(err));
-  return EMBPS_ECONN;
+  k->fd = fd;
+  return 0;
 }
 
 /* Queues part p's frame (p->frame, then its borrowed bulk segments, which
@@ -920,6 +892,9 @@ static uint64_t reconnect_due(embps_client_t *c, embps_ticket_t *t) {
   return next;
 }
 
+static uint64_t member_probe(embps_client_t *c, const embps_ticket_t *t,
+                             uint64_t now);
+
 /* Runs I/O until t completes. Each attempt (from t's last send) may take
  * the client's timeout; while t may retry, a timed-out attempt or a broken
  * connection leads to another. After the retry time a broken connection
@@ -950,8 +925,11 @@ int embps_ticket_run_(embps_client_t *c, embps_ticket_t *t) {
       continue;
     }
     if (retrying) {
+      uint64_t probe = member_probe(c, t, now);
       uint64_t due = reconnect_due(c, t);
       now = embps_now_ns();
+      if (probe < due)
+        due = probe;
       if (due < until)
         until = due > now ? due : now;
       if (t->retry_until_ns < until)
@@ -1004,6 +982,7 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t ki, char *primary) {
     k->max_frame = r->max_frame_bytes;
     k->role = r->role == EMBPS_ROLE_FOLLOWER ? EMBPS_ROLE_FOLLOWER
                                              : EMBPS_ROLE_PRIMARY;
+    k->epoch = r->epoch;
     if (primary) {
       snprintf(primary, EMBPS_ADDR_MAX, "%s", r->primary);
       escape_server_text(primary, EMBPS_ADDR_MAX);
@@ -1063,7 +1042,20 @@ static int conn_attempt(embps_client_t *c, conn_t *k, uint32_t ki,
  * after the backoff while the requests waiting on it may retry. A write a
  * server refuses with EMBPS_ENOTPRIMARY (it became a follower after the
  * hello) drops the connection the same way, keeping the write for the
- * member's primary: a follower refuses a write before doing anything. */
+ * member's primary: a follower refuses a write before doing anything.
+ *
+ * A primary that stops answering without closing its connections (frozen
+ * by SIGSTOP or a stalled VM, cut off) is replaced by an election after
+ * its lease, but a request already sent to it would wait for it to wake
+ * (and refuse: it is fenced) or for the client's timeout. So while a
+ * request that may retry has waited PROBE_AFTER_MS on a member's primary
+ * connection, whole, the member's other servers are asked (a one-off
+ * hello, dial.c); one that is primary of a later epoch than the server
+ * the connection reached means that server was replaced: the connection
+ * is dropped, moved to the new primary, and its requests are sent there
+ * again (the same bytes: a push the old primary applied either reached
+ * the new one, which answers it as a duplicate, or is cut from the old
+ * one when it rejoins). */
 
 /* Points k at server a of its member. */
 static void conn_move(conn_t *k, uint32_t a) {
@@ -1183,6 +1175,63 @@ static int member_connect(embps_client_t *c, conn_t *k, uint32_t ki) {
            "servers: %s", k->index, want_follower ? "server" : "primary",
            reasons);
   return last;
+}
+
+/* Whether parts of t wait on k: 0 none, 1 some still being sent, 2 all
+ * sent, waiting for their replies. */
+static int conn_awaits(const conn_t *k, const embps_ticket_t *t) {
+  int state = 0;
+  for (const part_t *p = k->pending_head; p; p = p->next)
+    if (p->t == t) {
+      if (!p->written)
+        return 1;
+      state = 2;
+    }
+  return state;
+}
+
+/* The replaced-primary check above, for every member's primary connection
+ * t has waited on for PROBE_AFTER_MS; returns when it is next due
+ * (UINT64_MAX: not while t waits as it does now). */
+static uint64_t member_probe(embps_client_t *c, const embps_ticket_t *t,
+                             uint64_t now) {
+  uint64_t next = UINT64_MAX;
+  for (uint32_t i = 0; i < c->n_conns; i++) {
+    conn_t *k = &c->conns[i];
+    const int awaits = k->want == CONN_PRIMARY && k->fd >= 0 &&
+                               k->m->n_alt > 1
+                           ? conn_awaits(k, t)
+                           : 0;
+    if (!awaits)
+      continue;
+    uint64_t due = t->sent_ns + PROBE_AFTER_MS * 1000000ULL;
+    if (k->probe_at_ns > due)
+      due = k->probe_at_ns;
+    if (now < due || awaits == 1) { /* a frame still going out: later */
+      due = now < due ? due : now + PROBE_EVERY_MS * 1000000ULL;
+      next = due < next ? due : next;
+      continue;
+    }
+    k->probe_at_ns = now + PROBE_EVERY_MS * 1000000ULL;
+    next = k->probe_at_ns < next ? k->probe_at_ns : next;
+    for (uint32_t a = 0; a < k->m->n_alt; a++) {
+      const embps_server_addr_t *x = &k->m->alt[a];
+      embps_hello_reply_t r;
+      if (a == k->alt ||
+          embps_dial_hello_(c, x->host, x->port, PROBE_TIMEOUT_MS, &r) ||
+          r.role == EMBPS_ROLE_FOLLOWER || r.epoch <= k->epoch)
+        continue;
+      char why[sizeof x->addr + 160];
+      snprintf(why, sizeof why, "replaced: %s is primary of epoch %u (this "
+               "server's was %u); requests sent there again", x->addr,
+               r.epoch, k->epoch);
+      conn_fail(k, EMBPS_ENOTPRIMARY, why);
+      conn_move(k, a);
+      next = k->retry_at_ns < next ? k->retry_at_ns : next;
+      break;
+    }
+  }
+  return next;
 }
 
 /* Makes sure connection ki is connected (reconnecting after a failure);

@@ -26,6 +26,14 @@
  *       leases: the follower takes over; resumed, the old primary
  *       acknowledges nothing (pushes sent straight to it are refused),
  *       rejoins as a follower, and every row equals the new primary's.
+ *   test_autofailover frozen       a member of three servers, the
+ *       primary frozen for four leases (eight under sanitizers) while the
+ *       workers list all three ("c|b|a"): the pushes they had already
+ *       sent to it do not wait for it to wake; every worker's pushes are
+ *       acknowledged by the elected follower (the third server its
+ *       synchronous follower) before the freeze ends, within two leases
+ *       + 2 s, and nothing is lost or doubled once the old primary has
+ *       rejoined.
  *   test_autofailover etcd         etcd killed for three leases: pushes
  *       go on while the lease can be valid, are refused after (nothing
  *       refused is lost: a refused push left applied is counted as in
@@ -112,19 +120,25 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Both servers up, s[0] elected, s[1] its follower in sync; the proxy in
- * front of s[0]; the tables created. */
-static int setup_pair(dur_server_t s[2], char dirs[2][256], const char *name,
-                      it_proxy_t **x, const dur_workload_t *wl) {
-  for (int i = 0; i < 2; i++) {
-    dur_mkdtemp(dirs[i], sizeof dirs[i], i ? "afo-b" : "afo-a");
+/* Servers s[0..n-1] of one member up, s[0] elected, the others its
+ * followers in sync; the proxy in front of s[0]; the tables created. */
+static int setup_member(dur_server_t *s, int n, char dirs[][256],
+                        const char *name, it_proxy_t **x,
+                        const dur_workload_t *wl) {
+  for (int i = 0; i < n; i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "afo-%c", 'a' + i);
+    dur_mkdtemp(dirs[i], sizeof dirs[i], tag);
     dur_server_init(&s[i], dirs[i]);
   }
   if (start(&s[0], name) || wait_primary(s[0].addr, 20000)) {
     dur_fail("%s was not elected", s[0].addr);
     return -1;
   }
-  if (start(&s[1], name) || repl_wait_in_sync(s[0].addr, 1, 20000))
+  for (int i = 1; i < n; i++)
+    if (start(&s[i], name))
+      return -1;
+  if (repl_wait_in_sync(s[0].addr, (uint32_t)(n - 1), 20000))
     return -1;
   if (it_proxy_start(x, s[0].addr))
     return -1;
@@ -135,9 +149,9 @@ static int setup_pair(dur_server_t s[2], char dirs[2][256], const char *name,
 }
 
 /* The end: exact on the primary p, bit for bit with a replay, and the
- * other equal to it. */
-static void final_checks(dur_server_t s[2], int p, const dur_workload_t *wl,
-                         dur_shared_t *sh) {
+ * others equal to it. */
+static void final_checks(dur_server_t *s, int n, int p,
+                         const dur_workload_t *wl, dur_shared_t *sh) {
   embps_client_t *chk = dur_connect(s[p].addr, 10000, -1, "final check");
   uint64_t counts[DUR_MAX_WORKERS];
   for (int w = 0; w < wl->n_workers; w++)
@@ -151,23 +165,26 @@ static void final_checks(dur_server_t s[2], int p, const dur_workload_t *wl,
     free(replay);
     embps_client_destroy(chk);
   }
-  if (repl_wait_caught_up(s[p].addr, s[1 - p].addr, 60000) ||
-      repl_compare(s[p].addr, s[1 - p].addr, "follower at the end", 0))
-    dur_fail("the follower is not the primary's copy at the end");
+  for (int i = 0; i < n; i++)
+    if (i != p && (repl_wait_caught_up(s[p].addr, s[i].addr, 60000) ||
+                   repl_compare(s[p].addr, s[i].addr, "follower at the end",
+                                0)))
+      dur_fail("%s is not the primary's copy at the end", s[i].addr);
 }
 
-static void teardown(dur_server_t s[2], char dirs[2][256], it_proxy_t *x) {
+static void teardown(dur_server_t *s, int n, char dirs[][256],
+                     it_proxy_t *x) {
   int bad = dur_failures();
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < n; i++) {
     if (bad)
       dur_server_dump_log(&s[i]);
     dur_server_term(&s[i], 30000);
     dur_server_cleanup(&s[i]);
     if (!bad)
       dur_rm_rf(dirs[i]);
+    else
+      fprintf(stderr, "data dir kept: %s\n", dirs[i]);
   }
-  if (bad)
-    fprintf(stderr, "data dirs kept: %s %s\n", dirs[0], dirs[1]);
   if (x)
     it_proxy_stop(x);
 }
@@ -181,8 +198,8 @@ static int scenario_cycles(int cycles, int direct) {
   dur_server_t s[2];
   char dirs[2][256];
   it_proxy_t *x = NULL;
-  if (setup_pair(s, dirs, "cycles", &x, &wl)) {
-    teardown(s, dirs, x);
+  if (setup_member(s, 2, dirs, "cycles", &x, &wl)) {
+    teardown(s, 2, dirs, x);
     return 1;
   }
   dur_shared_t *sh = dur_shared_new();
@@ -269,11 +286,11 @@ static int scenario_cycles(int cycles, int direct) {
   free(ert);
   dur_sleep_ms(200);
   dur_workers_finish(sh, pids, wl.n_workers, 120000, 1);
-  final_checks(s, p, &wl, sh);
+  final_checks(s, 2, p, &wl, sh);
   int bad = dur_failures();
   if (!bad)
     printf("[autofailover] 0 acknowledged pushes lost, 0 doubled\n");
-  teardown(s, dirs, x);
+  teardown(s, 2, dirs, x);
   dur_shared_free(sh);
   return bad ? 1 : 0;
 }
@@ -300,8 +317,8 @@ static int scenario_splitbrain(void) {
   dur_server_t s[2];
   char dirs[2][256];
   it_proxy_t *x = NULL;
-  if (setup_pair(s, dirs, "split", &x, &wl)) {
-    teardown(s, dirs, x);
+  if (setup_member(s, 2, dirs, "split", &x, &wl)) {
+    teardown(s, 2, dirs, x);
     return 1;
   }
   dur_shared_t *sh = dur_shared_new();
@@ -349,12 +366,85 @@ static int scenario_splitbrain(void) {
   free(log);
   dur_sleep_ms(500);
   dur_workers_finish(sh, pids, wl.n_workers, 120000, 1);
-  final_checks(s, 1, &wl, sh);
+  final_checks(s, 2, 1, &wl, sh);
   int bad = dur_failures();
   if (!bad)
     printf("[splitbrain] the old primary acknowledged nothing after its "
            "lease; rows equal after its rejoin\n");
-  teardown(s, dirs, x);
+  teardown(s, 2, dirs, x);
+  dur_shared_free(sh);
+  return bad ? 1 : 0;
+}
+
+static uint64_t acked_of(dur_shared_t *sh, int w) {
+  return atomic_load(&sh->w[w].acked_wit) + atomic_load(&sh->w[w].acked_ada);
+}
+
+static int scenario_frozen(void) {
+  const int freeze_ms = (sanitized ? 8 : 4) * LEASE_MS;
+  uint64_t seed = dur_seed();
+  dur_workload_t wl = {.n_workers = 2, .rows_per_worker = 16, .seed = seed};
+  dur_server_t s[3];
+  char dirs[3][256];
+  it_proxy_t *x = NULL;
+  if (setup_member(s, 3, dirs, "frozen", &x, &wl)) {
+    teardown(s, 3, dirs, x);
+    return 1;
+  }
+  dur_shared_t *sh = dur_shared_new();
+  pid_t pids[DUR_MAX_WORKERS] = {0};
+  char all[3 * sizeof s[0].addr + 3];
+  snprintf(all, sizeof all, "%s|%s|%s", s[2].addr, s[1].addr, s[0].addr);
+  for (int w = 0; w < wl.n_workers; w++)
+    pids[w] = dur_worker_spawn(sh, &wl, w, all, NULL, 120000);
+  for (double end = dur_now_ms() + 20000; dur_now_ms() < end;
+       dur_sleep_ms(5))
+    if (acked_of(sh, 0) >= 20 && acked_of(sh, 1) >= 20)
+      break;
+  kill(s[0].pid, SIGSTOP);
+  int st;
+  waitpid(s[0].pid, &st, WUNTRACED);
+  const double stopped = dur_now_ms();
+  /* a reply already on its way when the primary froze may still count:
+     one push per worker at most */
+  uint64_t base[DUR_MAX_WORKERS];
+  double resumed[DUR_MAX_WORKERS] = {0};
+  for (int w = 0; w < wl.n_workers; w++)
+    base[w] = acked_of(sh, w);
+  while (dur_now_ms() - stopped < freeze_ms) {
+    for (int w = 0; w < wl.n_workers; w++)
+      if (!resumed[w] && acked_of(sh, w) >= base[w] + 2)
+        resumed[w] = dur_now_ms() - stopped;
+    dur_sleep_ms(2);
+  }
+  kill(s[0].pid, SIGCONT);
+  for (int w = 0; w < wl.n_workers; w++) {
+    if (!resumed[w])
+      dur_fail("worker %d: no push acknowledged while the primary was "
+               "frozen for %d ms (its requests waited for it)", w,
+               freeze_ms);
+    else if (!sanitized && resumed[w] > 2 * LEASE_MS + 2000)
+      dur_fail("worker %d: pushes acknowledged again %.0f ms after the "
+               "primary froze, more than two leases + 2 s", w, resumed[w]);
+    else
+      dur_note("worker %d: pushes acknowledged again %.0f ms after the "
+               "primary froze (frozen for %d ms)", w, resumed[w], freeze_ms);
+  }
+  int p = 1;
+  if (wait_primary(s[1].addr, 1000) && !wait_primary(s[2].addr, 1000))
+    p = 2;
+  if (repl_wait_in_sync(s[p].addr, 2, 60000)) {
+    dur_fail("%s did not rejoin %s", s[0].addr, s[p].addr);
+    dur_server_dump_log(&s[0]);
+  }
+  dur_sleep_ms(500);
+  dur_workers_finish(sh, pids, wl.n_workers, 120000, 1);
+  final_checks(s, 3, p, &wl, sh);
+  int bad = dur_failures();
+  if (!bad)
+    printf("[frozen] the workers went on with the elected follower while "
+           "the primary was frozen; 0 lost, 0 doubled\n");
+  teardown(s, 3, dirs, x);
   dur_shared_free(sh);
   return bad ? 1 : 0;
 }
@@ -365,8 +455,8 @@ static int scenario_etcd(void) {
   dur_server_t s[2];
   char dirs[2][256];
   it_proxy_t *x = NULL;
-  if (setup_pair(s, dirs, "outage", &x, &wl)) {
-    teardown(s, dirs, x);
+  if (setup_member(s, 2, dirs, "outage", &x, &wl)) {
+    teardown(s, 2, dirs, x);
     return 1;
   }
   /* one client pushing witness increments to the primary, counting */
@@ -449,7 +539,7 @@ static int scenario_etcd(void) {
   if (!bad)
     printf("[etcd-outage] %llu pushes acknowledged, none after the lease "
            "could have ended, none lost\n", (unsigned long long)acked);
-  teardown(s, dirs, x);
+  teardown(s, 2, dirs, x);
   return bad ? 1 : 0;
 }
 
@@ -471,6 +561,8 @@ int main(int argc, char **argv) {
                                       : 6, 1);
   else if (!strcmp(what, "splitbrain"))
     rc = scenario_splitbrain();
+  else if (!strcmp(what, "frozen"))
+    rc = scenario_frozen();
   else if (!strcmp(what, "etcd"))
     rc = scenario_etcd();
   else
