@@ -76,7 +76,6 @@ struct embps_coord {
   uint64_t lease_sent_boot; /* lease_sent_ns on the fence's clock */
   int registered;          /* P/servers/ADDR exists under this lease */
   int promoted;            /* won an epoch and promoted: may hold the fence */
-  int64_t primary_create;  /* P/primary's create revision while we hold it */
   int posted_eligible;     /* what our candidacy says */
   int was_primary;         /* held the key before: a rejoin follows */
   embps_coord_role_t role;
@@ -447,14 +446,13 @@ static int parse_sync(const embps_etcd_kv_t *kv, embps_coord_sync_t *s) {
   if (embps_json_parse(&d, kv->value, kv->value_len, 16, err, sizeof err))
     return -1;
   uint64_t e = 0;
-  int rc = member_u(&d, "epoch", UINT32_MAX, &e) ||
-                   member_u(&d, "lsn", INT64_MAX, &s->lsn) ||
-                   embps_json_bool(&d, embps_json_get(&d, 0, "degraded"),
-                                   &s->degraded) ||
-                   embps_json_string(&d, embps_json_get(&d, 0, "addr"),
-                                     s->addr, sizeof s->addr, NULL)
-               ? -1
-               : 0;
+  int rc = 0;
+  if (member_u(&d, "epoch", UINT32_MAX, &e) ||
+      member_u(&d, "lsn", INT64_MAX, &s->lsn) ||
+      embps_json_bool(&d, embps_json_get(&d, 0, "degraded"), &s->degraded) ||
+      embps_json_string(&d, embps_json_get(&d, 0, "addr"), s->addr,
+                        sizeof s->addr, NULL))
+    rc = -1;
   s->epoch = (uint32_t)e;
   embps_json_free(&d);
   return rc;
@@ -685,7 +683,6 @@ static void become_primary(embps_coord_t *c, uint32_t e) {
   c->in_election = 0;
   pthread_mutex_lock(&c->mu); /* a new epoch starts strict */
   c->sync_asked = 0;
-  c->st.sync_degraded = 0;
   pthread_mutex_unlock(&c->mu);
   c->epoch = e;
   c->promoted = 1;
@@ -844,7 +841,6 @@ static void record_sync(embps_coord_t *c, const view_t *v) {
   pthread_mutex_lock(&c->mu);
   if (c->sync_gen == gen) /* else asked again meanwhile: write that too */
     c->sync_asked = 0;
-  c->st.sync_degraded = degraded;
   pthread_mutex_unlock(&c->mu);
   logf_(c, degraded, "coordinator: %s: epoch %" PRIu32 " %s (LSN %" PRIu64
         ")", c->k_sync, c->epoch,

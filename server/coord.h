@@ -200,7 +200,6 @@ typedef struct {
   uint64_t renewals, renewal_failures; /* lease keepalives */
   uint64_t elections_won, demotions;
   uint64_t fence_ns; /* may write before this (0: not; embps_coord_clock_ns) */
-  int sync_degraded; /* P/sync as this primary last wrote it */
   char error[256];                  /* the last etcd error ("" none) */
 } embps_coord_status_t;
 
