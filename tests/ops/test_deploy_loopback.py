@@ -27,6 +27,8 @@ every address. Then:
   primary;
 - kill -9 of the new primary and an immediate restart (what the kubelet
   does to a crashed container): a push acknowledged within the lease + 2 s;
+- kill -9 of member 1's follower, left down: a push (retried by the
+  library) acknowledged once the primary degraded, after --sync-degrade-ms;
 - after each, every row holds exactly the acknowledged pushes.
 A fresh CLI that finds no primary among a member's servers (an election
 under way) fails before sending anything; the pushes that measure a
@@ -415,5 +417,25 @@ check("kill -9 of %s and its restart: first push acknowledged %.2f s after the "
       "kill (primary now %s)" % (other, t_ack, member_primary()),
       r.returncode == 0 and t_ack <= lease_ms / 1000 + 2, r.stderr)
 ok_, v = rows_are(4)
+check("every row: each acknowledged push applied once", ok_, v)
+
+# ---- the follower of member 1 lost for good (its node): one push, retried
+# by the library, is acknowledged once the primary has found it out of
+# sync (1.5 s) and degraded (--sync-degrade-ms), recorded in etcd
+prim = member_primary()
+fol = next(p for p in embps_pods if p.startswith(old[:-1]) and p != prim)
+PROCS[fol].send_signal(signal.SIGKILL)
+PROCS[fol].wait()
+t0 = time.monotonic()
+r = cli("--retry-ms", "60000", "push", "t", "--indices", ids, "--values",
+        ",".join(["1"] * 60), timeout=90)
+t_ack = time.monotonic() - t0
+check("kill -9 of the follower %s: a push acknowledged %.2f s after, by %s "
+      "degraded (--sync-degrade-ms %d ms, plus 1.5 s to find it out of sync)"
+      % (fol, t_ack, prim, degrade_ms),
+      r.returncode == 0 and metric(prim, "embps_sync_degraded") == 1 and
+      degrade_ms / 1000 <= t_ack <= degrade_ms / 1000 + 1.5 + 3,
+      r.stderr + open(os.path.join(TMP, prim + ".log")).read()[-1500:])
+ok_, v = rows_are(5)
 check("every row: each acknowledged push applied once", ok_, v)
 finish()
