@@ -937,6 +937,7 @@ static void print_replication(const embps_server_stats_t *x, int json) {
 #undef FIGURE_
     printf(", \"primary\": ");
     print_json_string(x->primary);
+    printf(", \"sync_degraded\": %u", x->sync_degraded);
     return;
   }
   if (x->role == 1)
@@ -949,6 +950,9 @@ static void print_replication(const embps_server_stats_t *x, int json) {
            "in sync)  lag up to %" PRIu64 " records, %" PRIu64 " ms  shipped %"
            PRIu64 " bytes\n", x->epoch, x->applied_lsn, x->followers,
            x->followers_in_sync, x->lag_records, x->lag_ms, x->bytes_shipped);
+  if (x->role != 1 && x->sync_degraded)
+    printf("  DEGRADED: acknowledging writes without its synchronous "
+           "followers (--sync-degrade-ms)\n");
 }
 
 /* A coordinated server's word on every member's primary: as JSON

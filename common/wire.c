@@ -381,6 +381,8 @@ static size_t pack_or_size(const embps_msg_t *m, uint8_t *out) {
     EMBPS_SERVER_REPL_FIELDS(REPL_TO_PB_)
 #undef REPL_TO_PB_
     p.primary = (char *)s->primary;
+    p.has_sync_degraded = 1;
+    p.sync_degraded = s->sync_degraded;
     p.version = (char *)s->version;
     p.data_dir = (char *)s->data_dir;
     p.fsync = (char *)s->fsync;
@@ -842,6 +844,9 @@ int embps_msg_unpack_why(uint16_t kind, const uint8_t *meta, size_t len,
     EMBPS_SERVER_REPL_FIELDS(REPL_FROM_PB_)
 #undef REPL_FROM_PB_
     rc = bounded_copy(s->version, sizeof s->version, p->version);
+    s->sync_degraded = p->sync_degraded;
+    if (!rc && p->sync_degraded > 1)
+      rc = EMBPS_EPROTO; /* a flag */
     if (!rc && p->primary)
       rc = bounded_copy(s->primary, sizeof s->primary, p->primary);
     if (!rc && p->data_dir)

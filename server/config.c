@@ -301,6 +301,11 @@ static const embps_flag_t server_flags[] = {
           "asynchronous)"),
     SIZE_("sync-timeout-ms", "MS", sync_timeout_ms, 1, 3600 * 1000,
           "how long a write waits for them, then is refused (default 5000)"),
+    SIZE_("sync-degrade-ms", "MS", sync_degrade_ms, 0, 3600 * 1000,
+          "with --sync-followers: after MS with too few followers in sync, "
+          "acknowledge writes without them until they are back (recorded "
+          "in etcd first with --coordinator: no follower is elected "
+          "meanwhile; 100 to 3600000; default 0: never)"),
     SIZE_("repl-backlog-bytes", "N", repl_backlog_bytes, 1ULL << 20,
           1ULL << 40, "log records kept for followers (default 256M)"),
     SIZE_("repl-retain-ms", "MS", repl_retain_ms, 1000, 7 * 86400 * 1000,
@@ -463,6 +468,13 @@ int embps_server_config_parse(embps_server_config_t *cfg, int argc,
         return embps_refuse(-1, err, err_len, "--%s is a setting of --coordinator, "
                     "which is not given", only[i]);
   }
+  if (cfg->sync_degrade_ms && cfg->sync_degrade_ms < 100)
+    return embps_refuse(-1, err, err_len, "--sync-degrade-ms %u: 0 (never) "
+                        "or 100 to 3600000", cfg->sync_degrade_ms);
+  if (cfg->sync_degrade_ms && !cfg->sync_followers)
+    return embps_refuse(-1, err, err_len, "--sync-degrade-ms needs "
+                        "--sync-followers 1 or more: without them writes "
+                        "never wait for followers");
   if (cfg->coordinator[0] && cfg->follow[0])
     return embps_refuse(-1, err, err_len, "--follow with --coordinator: the coordinator "
                 "says which server to follow");

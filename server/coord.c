@@ -32,13 +32,14 @@
 /* What one read of the slot found. */
 typedef struct {
   int has_primary;
-  int64_t primary_lease;
+  int64_t primary_lease, primary_create;
   char primary_addr[EMBPS_COORD_ADDR_MAX];
   uint32_t primary_epoch;
   int has_epoch;
   uint32_t epoch;      /* P/epoch: the last epoch granted */
   int64_t epoch_mod;   /* its mod revision */
   int64_t revision;    /* of the read */
+  embps_coord_sync_t sync; /* P/sync */
   /* P/servers/ other than this one */
   size_t n_servers;
   struct server {
@@ -54,7 +55,7 @@ struct embps_coord {
   embps_coord_config_t cfg;
   char url[1024], cluster[EMBPS_COORD_NAME_MAX], addr[EMBPS_COORD_ADDR_MAX];
   char prefix[128];  /* P/ (with the slash) */
-  char k_primary[160], k_epoch[160], k_servers[160], k_me[320];
+  char k_primary[160], k_epoch[160], k_servers[160], k_me[320], k_sync[160];
   uint64_t lease_ns, margin_ns, round_ns, renew_ns;
   embps_etcd_t *etcd;
 
@@ -65,6 +66,9 @@ struct embps_coord {
   int stop, kicked;
   embps_etcd_watch_t *watch;
   embps_coord_status_t st;
+  /* P/sync asked by the owner (embps_coord_want_sync): mu */
+  int sync_asked, sync_degraded;
+  uint64_t sync_lsn, sync_gen;
 
   /* the thread's own */
   int64_t lease;
@@ -72,6 +76,7 @@ struct embps_coord {
   uint64_t lease_sent_boot; /* lease_sent_ns on the fence's clock */
   int registered;          /* P/servers/ADDR exists under this lease */
   int promoted;            /* won an epoch and promoted: may hold the fence */
+  int posted_eligible;     /* what our candidacy says */
   int was_primary;         /* held the key before: a rejoin follows */
   embps_coord_role_t role;
   uint32_t epoch;
@@ -177,6 +182,7 @@ int embps_coord_create(const embps_coord_config_t *cfg, embps_coord_t **out,
   snprintf(c->k_primary, sizeof c->k_primary, "%s/primary", p);
   snprintf(c->k_epoch, sizeof c->k_epoch, "%s/epoch", p);
   snprintf(c->k_servers, sizeof c->k_servers, "%s/servers/", p);
+  snprintf(c->k_sync, sizeof c->k_sync, "%s/sync", p);
   snprintf(c->k_me, sizeof c->k_me, "%s%s", c->k_servers, c->addr);
   snprintf(c->map_base, sizeof c->map_base, "/embps/%s/member/", c->cluster);
   c->lease_ns = (uint64_t)cfg->lease_ms * MS;
@@ -238,6 +244,24 @@ int embps_coord_primaries(embps_coord_t *c, embps_coord_primary_t **out,
   }
   pthread_mutex_unlock(&c->mu);
   return rc;
+}
+
+void embps_coord_want_sync(embps_coord_t *c, int degraded, uint64_t lsn,
+                           uint64_t gen) {
+  pthread_mutex_lock(&c->mu);
+  c->sync_asked = 1;
+  c->sync_degraded = degraded;
+  c->sync_lsn = lsn;
+  c->sync_gen = gen;
+  pthread_mutex_unlock(&c->mu);
+  embps_coord_kick(c);
+}
+
+int embps_coord_sync_eligible(const embps_coord_sync_t *s, uint32_t last,
+                              const char *addr) {
+  if (!s->present || !s->degraded || (!s->any_epoch && s->epoch != last))
+    return 1;
+  return s->addr[0] && !strcmp(s->addr, addr);
 }
 
 void embps_coord_kick(embps_coord_t *c) {
@@ -357,6 +381,7 @@ static int post_me(embps_coord_t *c, int candidate, uint32_t vacancy) {
   embps_jw_int64(&w, vacancy);
   embps_jw_key(&w, "eligible");
   embps_jw_bool(&w, candidate && c->self.eligible);
+  c->posted_eligible = candidate && c->self.eligible;
   embps_jw_obj_end(&w);
   char *v;
   size_t len;
@@ -413,6 +438,26 @@ static int parse_value(const embps_etcd_kv_t *kv, char *addr, uint32_t *epoch,
   return rc;
 }
 
+/* P/sync's value: {"epoch","degraded","lsn","addr"}. 0 or -1. */
+static int parse_sync(const embps_etcd_kv_t *kv, embps_coord_sync_t *s) {
+  embps_json_t d;
+  char err[128];
+  memset(s, 0, sizeof *s);
+  if (embps_json_parse(&d, kv->value, kv->value_len, 16, err, sizeof err))
+    return -1;
+  uint64_t e = 0;
+  int rc = 0;
+  if (member_u(&d, "epoch", UINT32_MAX, &e) ||
+      member_u(&d, "lsn", INT64_MAX, &s->lsn) ||
+      embps_json_bool(&d, embps_json_get(&d, 0, "degraded"), &s->degraded) ||
+      embps_json_string(&d, embps_json_get(&d, 0, "addr"), s->addr,
+                        sizeof s->addr, NULL))
+    rc = -1;
+  s->epoch = (uint32_t)e;
+  embps_json_free(&d);
+  return rc;
+}
+
 int embps_coord_read_primary(embps_etcd_t *e, const char *cluster,
                              uint32_t member, char *addr, size_t cap,
                              uint32_t *epoch) {
@@ -458,6 +503,20 @@ static int read_slot(embps_coord_t *c, view_t *v) {
       }
       v->has_primary = 1;
       v->primary_lease = kv->lease;
+      v->primary_create = kv->create_rev;
+    } else if (!strcmp(kv->key, c->k_sync)) {
+      if (parse_sync(kv, &v->sync)) {
+        /* only this code writes it: safe side, no follower runs after
+           any epoch while it says nothing readable */
+        logf_(c, 1, "coordinator: %s is not {\"epoch\",\"degraded\","
+              "\"lsn\",\"addr\"}: taken as degraded (no follower is "
+              "eligible) until it changes", c->k_sync);
+        memset(&v->sync, 0, sizeof v->sync);
+        v->sync.degraded = 1;
+        v->sync.any_epoch = 1;
+      }
+      v->sync.present = 1;
+      v->sync.mod = kv->mod_rev;
     } else if (!strcmp(kv->key, c->k_epoch)) {
       uint64_t e = 0;
       char txt[24];
@@ -622,6 +681,9 @@ static void set_status(embps_coord_t *c) {
  * none before promote returns. */
 static void become_primary(embps_coord_t *c, uint32_t e) {
   c->in_election = 0;
+  pthread_mutex_lock(&c->mu); /* a new epoch starts strict */
+  c->sync_asked = 0;
+  pthread_mutex_unlock(&c->mu);
   c->epoch = e;
   c->promoted = 1;
   renew(c); /* a fresh fence (the last one stands if etcd does not answer) */
@@ -658,8 +720,20 @@ static int better(uint64_t a_lsn, const char *a, uint64_t b_lsn,
 static void election(embps_coord_t *c, const view_t *v) {
   const uint64_t now = embps_now_ns();
   const uint32_t last = v->has_epoch ? v->epoch : 0;
-  if (!c->in_election || c->vacancy != last || now >= c->give_up_ns) {
+  const int reposted = c->in_election && c->vacancy == last &&
+                       c->posted_eligible &&
+                       !embps_coord_sync_eligible(&v->sync, last, c->addr);
+  if (!c->in_election || c->vacancy != last || now >= c->give_up_ns ||
+      reposted) {
     c->cfg.self(c->cfg.ctx, last, &c->self);
+    if (!embps_coord_sync_eligible(&v->sync, last, c->addr)) {
+      if (c->self.eligible)
+        logf_(c, 1, "coordinator: %s says epoch %" PRIu32 " was degraded "
+              "(its primary %s acknowledged writes no follower may hold): "
+              "not eligible; only that server may be elected",
+              c->k_sync, last, v->sync.addr[0] ? v->sync.addr : "?");
+      c->self.eligible = 0;
+    }
     if (post_me(c, 1, last))
       return;
     c->in_election = 1;
@@ -691,6 +765,8 @@ static void election(embps_coord_t *c, const view_t *v) {
     return; /* someone live has not posted yet: wait out the round */
   if (best != c->addr)
     return; /* a better one, or no one eligible: wait for the key */
+  if (!embps_coord_sync_eligible(&v->sync, last, c->addr))
+    return; /* P/sync changed since we posted: re-posted next step */
   if (top_epoch == UINT32_MAX) {
     logf_(c, 1, "coordinator: epochs exhausted");
     return;
@@ -701,13 +777,17 @@ static void election(embps_coord_t *c, const view_t *v) {
                       "{\"addr\":\"%s\",\"epoch\":\"%" PRIu32 "\",\"lsn\":\"%"
                       PRIu64 "\"}", c->addr, e, c->self.lsn);
   int elen = snprintf(ebuf, sizeof ebuf, "%" PRIu32, e);
-  embps_etcd_cmp_t cmp[3] = {
+  embps_etcd_cmp_t cmp[4] = {
       {.key = c->k_primary, .key_len = strlen(c->k_primary),
        .target = EMBPS_ETCD_CREATE, .result = EMBPS_ETCD_EQUAL, .number = 0},
       {.key = c->k_epoch, .key_len = strlen(c->k_epoch),
        .target = v->has_epoch ? EMBPS_ETCD_MOD : EMBPS_ETCD_CREATE,
        .result = EMBPS_ETCD_EQUAL, .number = v->has_epoch ? v->epoch_mod : 0},
       {.key = c->k_servers, .key_len = strlen(c->k_servers), .prefix = 1,
+       .target = EMBPS_ETCD_MOD, .result = EMBPS_ETCD_LESS,
+       .number = v->revision + 1},
+      /* P/sync as read: a degradation recorded since makes this fail */
+      {.key = c->k_sync, .key_len = strlen(c->k_sync),
        .target = EMBPS_ETCD_MOD, .result = EMBPS_ETCD_LESS,
        .number = v->revision + 1}};
   embps_etcd_op_t ops[2] = {
@@ -717,7 +797,7 @@ static void election(embps_coord_t *c, const view_t *v) {
       {.kind = EMBPS_ETCD_OP_PUT, .key = c->k_epoch,
        .key_len = strlen(c->k_epoch), .value = ebuf, .value_len = (size_t)elen}};
   int won = 0;
-  if (embps_etcd_txn(c->etcd, cmp, 3, ops, 2, NULL, 0, &won, NULL)) {
+  if (embps_etcd_txn(c->etcd, cmp, 4, ops, 2, NULL, 0, &won, NULL)) {
     etcd_failed(c, "campaign");
     return; /* applied or not: the next read tells (our lease on the key) */
   }
@@ -725,10 +805,58 @@ static void election(embps_coord_t *c, const view_t *v) {
     become_primary(c, e);
 }
 
+/* Writes P/sync as the owner asked (coord.h "Degraded epochs"), in one
+ * transaction conditioned on P/primary being still the key we created;
+ * a degradation recorded is told to the owner. v: a read showing we hold
+ * the key. */
+static void record_sync(embps_coord_t *c, const view_t *v) {
+  pthread_mutex_lock(&c->mu);
+  const int asked = c->sync_asked, degraded = c->sync_degraded;
+  const uint64_t lsn = c->sync_lsn, gen = c->sync_gen;
+  pthread_mutex_unlock(&c->mu);
+  if (!asked || !c->promoted)
+    return;
+  char val[EMBPS_COORD_ADDR_MAX + 128];
+  int vlen = snprintf(val, sizeof val,
+                      "{\"epoch\":%" PRIu32 ",\"degraded\":%s,\"lsn\":%"
+                      PRIu64 ",\"addr\":\"%s\"}", c->epoch,
+                      degraded ? "true" : "false", lsn, c->addr);
+  embps_etcd_cmp_t cmp[1] = {
+      {.key = c->k_primary, .key_len = strlen(c->k_primary),
+       .target = EMBPS_ETCD_CREATE, .result = EMBPS_ETCD_EQUAL,
+       .number = v->primary_create}};
+  embps_etcd_op_t ops[1] = {
+      {.kind = EMBPS_ETCD_OP_PUT, .key = c->k_sync,
+       .key_len = strlen(c->k_sync), .value = val, .value_len = (size_t)vlen}};
+  int won = 0;
+  if (embps_etcd_txn(c->etcd, cmp, 1, ops, 1, NULL, 0, &won, NULL)) {
+    etcd_failed(c, "recording the synchronous state");
+    return; /* asked again at the next step */
+  }
+  if (!won) {
+    logf_(c, 1, "coordinator: %s is no longer ours: %s not written",
+          c->k_primary, c->k_sync);
+    return; /* the next read shows who holds it */
+  }
+  pthread_mutex_lock(&c->mu);
+  if (c->sync_gen == gen) /* else asked again meanwhile: write that too */
+    c->sync_asked = 0;
+  pthread_mutex_unlock(&c->mu);
+  logf_(c, degraded, "coordinator: %s: epoch %" PRIu32 " %s (LSN %" PRIu64
+        ")", c->k_sync, c->epoch,
+        degraded ? "degraded: no follower is eligible until it is strict "
+                   "again"
+                 : "strict: its followers hold every acknowledged record",
+        lsn);
+  if (degraded && c->cfg.sync_recorded)
+    c->cfg.sync_recorded(c->cfg.ctx, gen);
+}
+
 static void decide(embps_coord_t *c, const view_t *v) {
   if (v->has_primary && v->primary_lease == c->lease) {
     if (!c->promoted) /* won, but the answer was lost, or promotion failed */
       become_primary(c, v->primary_epoch);
+    record_sync(c, v);
     return;
   }
   if (v->has_primary && !strcmp(v->primary_addr, c->addr)) {

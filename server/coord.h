@@ -15,6 +15,12 @@
  *                   lease (present while it lives); candidate says it
  *                   runs in the election after epoch `vacancy` ended (0:
  *                   the first election), with that LSN and epoch.
+ *   P/sync          {"epoch","degraded","lsn","addr"}: whether the primary
+ *                   `addr` of that epoch acknowledges writes without its
+ *                   synchronous followers (--sync-degrade-ms), degraded
+ *                   from after LSN lsn (strict: its followers held every
+ *                   record up to lsn). Not leased: it outlives the primary
+ *                   (see "Degraded epochs").
  *
  * Leases. Every server holds one lease of --lease-ms (etcd counts whole
  * seconds: the TTL asked is the lease rounded up, and etcd may raise it
@@ -73,6 +79,48 @@
  * least N followers; all follow one log, so the one with the highest LSN
  * holds every record any of them holds: choosing it loses nothing
  * acknowledged.
+ *
+ * Degraded epochs (Patroni's non-strict synchronous_mode). A primary
+ * whose followers are out of sync for --sync-degrade-ms may acknowledge
+ * without them (feed.h "Degrading"), but only once it has written P/sync
+ * = {its epoch E, degraded} (embps_coord_want_sync; the coordinator's
+ * thread writes it in one transaction conditioned on P/primary's create
+ * revision being the one of the key it created, i.e. it still holds the
+ * key, and tells the owner through sync_recorded). While P/sync says epoch
+ * E is degraded, the election after E admits no follower: only the server
+ * at P/sync's addr, E's primary itself (embps_coord_sync_eligible), so
+ * when it comes back it is elected and nothing it acknowledged is lost;
+ * until then the member has no primary (a person may still make one by
+ * hand, knowing it may lack acknowledged writes). When its followers are
+ * in sync again the primary first makes acknowledgements wait for them,
+ * then, once they hold every record up to the last one acknowledged
+ * without them, asks for P/sync = {E, strict}: from then on failover is
+ * possible again. A new epoch starts strict (P/sync of an older epoch
+ * binds no election but the one after that epoch). A P/sync that does not
+ * parse is taken as degraded for every epoch (only this code writes it).
+ * Race analysis (why a follower is never elected while a write it lacks
+ * was acknowledged):
+ *   - a write is acknowledged without followers only after the degraded
+ *     transaction succeeded; it succeeded while P/primary was the
+ *     primary's key, so no follower had been elected after E (that needs
+ *     P/primary absent at its campaign, and then ours would be another
+ *     key or none);
+ *   - a follower's campaign compares P/sync's mod revision with its read
+ *     (MOD < read + 1), as it does P/servers: if the degradation was
+ *     written before that read, the follower saw it and did not run; if
+ *     after, the campaign fails; so one of the two transactions sees the
+ *     other, in etcd's one order;
+ *   - strict is asked only after acknowledgements wait again and the
+ *     followers hold every record up to the last one acknowledged
+ *     without them (strict_from), and the owner stops trusting an
+ *     earlier answer (request numbers) before it asks: no write is
+ *     acknowledged without followers once strict may have been written;
+ *   - a primary that loses its key while degraded cannot write strict
+ *     (the condition fails): its epoch stays degraded, and only it may be
+ *     elected after it;
+ *   - a candidate that posted eligible before the degradation was written
+ *     posts again (not eligible) when it reads it, and never campaigns on
+ *     the old read (the compare above).
  *
  * Addresses are unique: a server finding P/primary under its own address
  * but another lease knows it as its own previous run (it serves on that
@@ -136,6 +184,9 @@ typedef struct {
    * never had). */
   void (*follow)(void *ctx, const char *addr, uint32_t epoch,
                  int was_primary);
+  /* The degradation asked with number gen (embps_coord_want_sync) is
+   * written in P/sync. May be NULL. */
+  void (*sync_recorded)(void *ctx, uint64_t gen);
   /* A line for the owner's log (level 0 info, 1 warning). May be NULL. */
   void (*log)(void *ctx, int level, const char *msg);
 } embps_coord_config_t;
@@ -171,6 +222,27 @@ uint64_t embps_coord_fence_ns(const embps_coord_t *c);
 /* The fence's clock: CLOCK_BOOTTIME, in ns. */
 uint64_t embps_coord_clock_ns(void);
 void embps_coord_status(embps_coord_t *c, embps_coord_status_t *s);
+/* Asks the coordinator to write P/sync for this primary's epoch: degraded
+ * (acknowledgements go on without followers after LSN lsn) or strict
+ * (they hold every record up to lsn); the last call wins. A degradation
+ * written is told through sync_recorded(gen). Any thread; never waits. */
+void embps_coord_want_sync(embps_coord_t *c, int degraded, uint64_t lsn,
+                           uint64_t gen);
+
+/* P/sync as read. */
+typedef struct {
+  int present, degraded;
+  int any_epoch; /* it did not parse: taken as degraded for every epoch */
+  uint32_t epoch;
+  uint64_t lsn;
+  int64_t mod;
+  char addr[EMBPS_COORD_ADDR_MAX];
+} embps_coord_sync_t;
+/* Whether P/sync (s) lets the server at addr run in the election after
+ * epoch last: yes unless it says epoch last was degraded, and then only
+ * for that epoch's primary (its addr). */
+int embps_coord_sync_eligible(const embps_coord_sync_t *s, uint32_t last,
+                              const char *addr);
 /* The owner's state changed (e.g. caught up): look again now. */
 void embps_coord_kick(embps_coord_t *c);
 const char *embps_coord_role_name(embps_coord_role_t r);

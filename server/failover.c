@@ -134,6 +134,19 @@ static void on_follow(void *ctx, const char *addr, uint32_t epoch,
   embps_follow_retarget(srv, addr, epoch);
 }
 
+/* The feed's recorder (feed.h "Degrading"): P/sync, written by the
+ * coordinator's thread (coord.h "Degraded epochs"). */
+static void on_record(void *ctx, int degraded, uint64_t lsn, uint64_t gen) {
+  embps_failover_t *f = ctx;
+  if (f->coord)
+    embps_coord_want_sync(f->coord, degraded, lsn, gen);
+}
+
+static void on_sync_recorded(void *ctx, uint64_t gen) {
+  embps_failover_t *f = ctx;
+  embps_feed_recorded(f->srv->feed, gen);
+}
+
 static void on_log(void *ctx, int level, const char *msg) {
   (void)ctx;
   if (level)
@@ -218,12 +231,16 @@ int embps_failover_start(embps_server_t *srv, int port) {
       .url = srv->cfg.coordinator, .cluster = srv->cfg.cluster_name,
       .member = srv->cfg.member, .addr = f->addr,
       .lease_ms = srv->cfg.lease_ms, .ctx = f, .self = on_self,
-      .promote = on_promote, .follow = on_follow, .log = on_log};
+      .promote = on_promote, .follow = on_follow,
+      .sync_recorded = on_sync_recorded, .log = on_log};
   char err[512];
   if (embps_coord_create(&cc, &f->coord, err, sizeof err)) {
     LOG_ERROR("%s", err);
     return -1;
   }
+  /* a degradation is acted on only once etcd records it */
+  if (srv->feed)
+    embps_feed_set_recorder(srv->feed, on_record, f);
   int rc = embps_coord_start(f->coord);
   if (rc) {
     LOG_ERROR("cannot start the coordinator thread: %s", strerror(-rc));
@@ -239,6 +256,8 @@ void embps_failover_stop(embps_server_t *srv) {
   embps_failover_t *f = srv->failover;
   if (!f)
     return;
+  if (srv->feed)
+    embps_feed_set_recorder(srv->feed, NULL, NULL);
   embps_coord_destroy(f->coord, 1);
   f->coord = NULL;
   srv->rejoin = NULL;

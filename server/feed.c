@@ -67,6 +67,18 @@ struct embps_feed {
   uint64_t sync_timeout_ns;
   uint64_t retain_ns; /* --repl-retain-ms */
   atomic_uint_fast64_t shipped;
+  /* --sync-degrade-ms (feed.h "Degrading"); mu */
+  uint64_t degrade_ns;   /* 0: strict */
+  int degraded;          /* acknowledging without followers now */
+  uint64_t short_since;  /* fewer than sync_n in sync since (0: enough) */
+  uint64_t strict_from;  /* acks wait again from the record after this */
+  int want;              /* the state asked of the recorder */
+  uint64_t want_gen;     /* that request's number */
+  int recorded;          /* the recorder said want_gen (degraded) holds */
+  uint64_t degradations;
+  int must_record;        /* --coordinator: degrade only once recorded */
+  embps_feed_record_fn record;
+  void *record_ctx;
 };
 
 static void rec_put(rec_t *r) {
@@ -210,6 +222,10 @@ int embps_feed_active(const embps_feed_t *f) {
 
 void embps_feed_promoted(embps_feed_t *f) {
   pthread_mutex_lock(&f->mu);
+  /* a new epoch starts strict: nothing of the last one's is recorded */
+  f->degraded = f->want = f->recorded = 0;
+  f->want_gen++;
+  f->short_since = f->strict_from = 0;
   clear_locked(f);
   atomic_store(&f->active, 1);
   f->last_fetch_ns = embps_now_ns();
@@ -467,7 +483,7 @@ void embps_feed_wait(embps_feed_t *f, embps_request_t *req, uint64_t lsn) {
   req->ack_lsn = lsn;
   req->next = NULL;
   pthread_mutex_lock(&f->mu);
-  if (lsn <= f->acked) {
+  if (lsn <= f->acked || f->degraded) {
     pthread_mutex_unlock(&f->mu);
     req->complete(req);
     return;
@@ -517,6 +533,122 @@ static embps_request_t *take_expired_locked(embps_feed_t *f, uint64_t now,
   return out;
 }
 
+/* ------------------------------------------------------------ degrading */
+
+/* What one look at --sync-degrade-ms decided, done outside mu. */
+typedef struct {
+  int call;                 /* ask the recorder for `degraded` at lsn, gen */
+  int degraded;
+  uint64_t lsn, gen;
+  embps_request_t *acked;   /* waiters a degradation acknowledges */
+  int kick;                 /* parked writes may go */
+} degrade_t;
+
+/* feed.h "Degrading", one step. mu held. */
+static void degrade_locked(embps_feed_t *f, uint64_t now, degrade_t *d) {
+  memset(d, 0, sizeof *d);
+  if (!f->degrade_ns || !f->sync_n || f->draining || f->stopping ||
+      atomic_load(&f->srv->role) != EMBPS_ROLE_PRIMARY)
+    return;
+  const int enough = f->in_sync >= f->sync_n;
+  const uint64_t last = last_lsn_locked(f);
+  if (f->degraded) {
+    if (!enough)
+      return;
+    /* acknowledgements wait for the followers again, from the next
+       record on; the strict state is recorded once they hold all */
+    f->degraded = 0;
+    f->strict_from = last;
+    f->short_since = 0;
+    LOG_INFO("replication: %u follower(s) in sync again: writes after LSN %"
+             PRIu64 " are acknowledged once they hold them (no longer "
+             "degraded)", f->in_sync, last);
+    return;
+  }
+  if (enough) {
+    f->short_since = 0;
+    if (f->want && f->acked >= f->strict_from) {
+      f->want = f->recorded = 0;
+      f->want_gen++;
+      d->call = f->record != NULL;
+      d->lsn = f->acked;
+      d->gen = f->want_gen;
+    }
+    return;
+  }
+  if (!f->short_since)
+    f->short_since = now;
+  if (now - f->short_since < f->degrade_ns)
+    return;
+  if (!f->want) {
+    f->want = 1;
+    f->want_gen++;
+    f->recorded = !f->must_record; /* without a coordinator: on its own */
+    d->call = f->record != NULL;
+    d->degraded = 1;
+    d->lsn = last;
+    d->gen = f->want_gen;
+    if (f->must_record)
+      LOG_WARN("replication: %u of %u follower(s) in sync for %" PRIu64
+               " ms (--sync-degrade-ms): recording in the coordinator that "
+               "this epoch is degraded before acknowledging without them",
+               f->in_sync, f->sync_n, f->degrade_ns / 1000000);
+  }
+  if (!f->recorded)
+    return;
+  f->degraded = 1;
+  f->degradations++;
+  LOG_WARN("replication: %u of %u follower(s) in sync for %" PRIu64 " ms "
+           "(--sync-degrade-ms): degraded, acknowledging writes without "
+           "them from LSN %" PRIu64 " until they are back in sync%s",
+           f->in_sync, f->sync_n, (now - f->short_since) / 1000000, last,
+           f->must_record ? " (no follower can be elected meanwhile)"
+                     : " (a follower promoted meanwhile may lack them)");
+  d->acked = f->wait_head; /* every waiter is acknowledged now */
+  f->wait_head = f->wait_tail = NULL;
+  d->kick = 1;
+}
+
+/* Does what degrade_locked decided (mu not held; the recorder was asked
+ * under it, so that embps_feed_set_recorder(f, NULL, NULL) returns only
+ * once no call to the old one is under way). */
+static void degrade_act(embps_feed_t *f, degrade_t *d) {
+  if (d->kick)
+    embps_apply_kick(f->srv->apply);
+  complete_list(d->acked);
+}
+
+void embps_feed_set_recorder(embps_feed_t *f, embps_feed_record_fn fn,
+                             void *ctx) {
+  pthread_mutex_lock(&f->mu);
+  f->record = fn;
+  f->record_ctx = ctx;
+  pthread_mutex_unlock(&f->mu);
+}
+
+void embps_feed_recorded(embps_feed_t *f, uint64_t gen) {
+  pthread_mutex_lock(&f->mu);
+  if (gen == f->want_gen && f->want) {
+    f->recorded = 1;
+    pthread_cond_signal(&f->cv); /* degrade at once */
+  }
+  pthread_mutex_unlock(&f->mu);
+}
+
+int embps_feed_degrade_figures(struct embps_server *srv, int *degraded,
+                               uint64_t *degradations) {
+  embps_feed_t *f = srv->feed;
+  *degraded = 0;
+  *degradations = 0;
+  if (!f || !f->degrade_ns)
+    return 0;
+  pthread_mutex_lock(&f->mu);
+  *degraded = f->degraded;
+  *degradations = f->degradations;
+  pthread_mutex_unlock(&f->mu);
+  return 1;
+}
+
 /* ------------------------------------------------------------ gate */
 
 int embps_feed_gate(embps_feed_t *f, embps_apply_ctx_t *ctx,
@@ -527,9 +659,9 @@ int embps_feed_gate(embps_feed_t *f, embps_apply_ctx_t *ctx,
   uint64_t now = embps_now_ns();
   recount_locked(f, now);
   const uint32_t in_sync = f->in_sync;
-  const int draining = f->draining;
+  const int draining = f->draining, degraded = f->degraded;
   pthread_mutex_unlock(&f->mu);
-  const int open = in_sync >= f->sync_n && !draining;
+  const int open = (in_sync >= f->sync_n || degraded) && !draining;
   if (open && !embps_apply_has_parked(ctx)) {
     req->deadline_ns = 0;
     return 1;
@@ -929,6 +1061,10 @@ static void *feed_main(void *arg) {
     while (serve_one_locked(f, now, &wake))
       now = embps_now_ns();
     int opened = recount_locked(f, now);
+    degrade_t dg;
+    degrade_locked(f, now, &dg);
+    if (dg.call)
+      f->record(f->record_ctx, dg.degraded, dg.lsn, dg.gen);
     embps_request_t *acked = take_acked_locked(f);
     embps_request_t *late =
         take_expired_locked(f, now, f->draining || f->stopping);
@@ -953,6 +1089,7 @@ static void *feed_main(void *arg) {
     pthread_mutex_unlock(&f->mu);
     if (opened)
       embps_apply_kick(f->srv->apply);
+    degrade_act(f, &dg);
     complete_list(acked);
     if (late && !draining && !stopping)
       LOG_WARN("replication: a write at LSN %" PRIu64 " waited %" PRIu64
@@ -1006,6 +1143,8 @@ int embps_feed_create(embps_server_t *srv, embps_feed_t **out) {
   f->sync_n = srv->cfg.sync_followers;
   f->sync_timeout_ns = (uint64_t)srv->cfg.sync_timeout_ms * 1000000ull;
   f->retain_ns = (uint64_t)srv->cfg.repl_retain_ms * 1000000ull;
+  f->degrade_ns = (uint64_t)srv->cfg.sync_degrade_ms * 1000000ull;
+  f->must_record = srv->cfg.coordinator[0] != 0;
   embps_history_init(&f->hist);
   pthread_mutex_init(&f->mu, NULL);
   pthread_condattr_t attr;
@@ -1091,6 +1230,7 @@ void embps_feed_stats(embps_feed_t *f, embps_server_stats_t *s) {
     if (ms > s->lag_ms)
       s->lag_ms = ms;
   }
+  s->sync_degraded = (uint32_t)f->degraded;
   pthread_mutex_unlock(&f->mu);
   s->bytes_shipped += atomic_load(&f->shipped);
 }

@@ -46,6 +46,21 @@
  * before the gate, it changes nothing) is acknowledged as a duplicate
  * once N followers have the record (DURABILITY in README.md).
  *
+ * Degrading (--sync-degrade-ms N > 0, with --sync-followers): a primary
+ * that has had fewer than --sync-followers followers in sync for N ms
+ * degrades: its gate opens and its acknowledgements no longer wait (the
+ * waiting ones are acknowledged at once), as Patroni's non-strict
+ * synchronous_mode. With a recorder (embps_feed_set_recorder: the
+ * coordinator, failover.h) it first asks it to record the degradation
+ * and degrades only once embps_feed_recorded says it holds; until then
+ * writes wait or are refused as in strict mode. When enough followers are
+ * in sync again, acknowledgements wait for them again from the next
+ * record on (the last LSN then: strict_from); once they hold every record
+ * up to strict_from the recorder is asked to record the strict state.
+ * Every request has a number (gen): an answer to an older request than
+ * the last is ignored, so a degradation is acted on only while the last
+ * request asked for it. A promotion starts strict.
+ *
  * Threads: the apply thread appends and gates; I/O threads fetch; the
  * feed thread serves held fetches and deadlines; any thread reads stats.
  * One mutex guards everything but the `active` flag. */
@@ -119,6 +134,27 @@ int embps_feed_syncs(const embps_feed_t *f);
  * durable, or fails it (EMBPS_ENOREPLICAS, applied but unacknowledged)
  * after --sync-timeout-ms. Any thread. */
 void embps_feed_wait(embps_feed_t *f, embps_request_t *req, uint64_t lsn);
+
+/* ---- degrading (see "Degrading") ---- */
+/* Asked (on the feed thread, with the feed's lock held: it may not call
+ * the feed) to record that acknowledgements
+ * go on without followers (degraded 1, from after LSN lsn) or wait for
+ * them again (0, every record up to lsn held by them); it answers a
+ * degradation through embps_feed_recorded(f, gen) once recorded. Must not
+ * block. */
+typedef void (*embps_feed_record_fn)(void *ctx, int degraded, uint64_t lsn,
+                                     uint64_t gen);
+/* Sets the recorder (before the server is promoted; NULL: none, and no
+ * call to the old one is under way once this returns). */
+void embps_feed_set_recorder(embps_feed_t *f, embps_feed_record_fn fn,
+                             void *ctx);
+/* The degradation of request gen is recorded: degrade (if still asked).
+ * Any thread. */
+void embps_feed_recorded(embps_feed_t *f, uint64_t gen);
+/* /metrics: 0 without --sync-degrade-ms, else 1 with whether acks go on
+ * without followers now and how many times they began to. Any thread. */
+int embps_feed_degrade_figures(struct embps_server *srv, int *degraded,
+                               uint64_t *degradations);
 
 /* ---- I/O threads ---- */
 /* A FETCH (req->msg.u.fetch): 0 with req->reply set (records, a probe's

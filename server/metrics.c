@@ -578,6 +578,22 @@ static int durable_ready(char *why, size_t len) {
   return 1;
 }
 
+/* --sync-degrade-ms: whether acknowledgements go on without followers
+ * now, and how many times they began to. */
+static void put_sync_degrade(text_t *t, embps_server_t *srv) {
+  int degraded;
+  uint64_t n;
+  if (!m.hooks.sync_degrade || !m.hooks.sync_degrade(srv, &degraded, &n))
+    return;
+  head(t, "embps_sync_degraded", "gauge",
+       "1 while this primary acknowledges writes without its "
+       "--sync-followers followers (--sync-degrade-ms), else 0.");
+  put(t, "embps_sync_degraded %d\n", degraded);
+  head(t, "embps_sync_degradations_total", "counter",
+       "Times this primary began to acknowledge without its followers.");
+  put(t, "embps_sync_degradations_total %llu\n", (unsigned long long)n);
+}
+
 /* Replication figures (issue 21): this server's role and position, and a
  * primary's followers one by one. */
 static void put_replication(text_t *t, embps_server_t *srv) {
@@ -920,6 +936,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
   if (atomic_load(&m.ready)) { /* srv->dur is set up once restored */
     put_durability(&t, m.srv);
     put_replication(&t, m.srv);
+    put_sync_degrade(&t, m.srv);
     put_coordinator(&t, m.srv);
   }
   put_tables(&t, m.srv, names_allowed(conn));

@@ -62,6 +62,10 @@ typedef struct {
   size_t (*repl_followers)(struct embps_server *srv,
                            embps_follower_info_t *v, size_t cap);
   int (*repl_ready)(struct embps_server *srv, char *why, size_t why_len);
+  /* --sync-degrade-ms: 0 without it, else 1 with whether this primary
+   * acknowledges without followers now and how often it began to. */
+  int (*sync_degrade)(struct embps_server *srv, int *degraded,
+                      uint64_t *degradations);
   /* The coordinator (issue 22): 1 with *s filled, 0 when there is none. */
   int (*coord_status)(struct embps_server *srv, embps_coord_status_t *s);
 } embps_metrics_hooks_t;

@@ -414,6 +414,7 @@ static const embps_metrics_hooks_t metrics_hooks = {
     .coord_status = embps_failover_status,
     .repl_followers = embps_follow_followers,
     .repl_ready = embps_follow_ready,
+    .sync_degrade = embps_feed_degrade_figures,
 };
 
 /* The durable layer's way back into the core (embps_durable_hooks_t). */

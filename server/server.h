@@ -106,6 +106,7 @@ typedef struct {
   char follow[EMBPS_ADDR_MAX];  /* --follow HOST:PORT; empty: a primary */
   uint32_t sync_followers;      /* --sync-followers */
   uint32_t sync_timeout_ms;     /* --sync-timeout-ms */
+  uint32_t sync_degrade_ms;     /* --sync-degrade-ms: 0 strict */
   uint64_t repl_backlog_bytes;  /* --repl-backlog-bytes */
   uint32_t repl_retain_ms;      /* --repl-retain-ms: log kept for followers */
   uint32_t max_lag_ms;          /* --max-lag-ms: a follower's readiness */

@@ -198,7 +198,8 @@ static void test_reserved_written_zero(void **state) {
   size_t n = 0;
   ok(c, embps_stats(c, &st, &n));
   assert_int_equal(n, 1);
-  assert_int_equal(st[0].reserved, 0); /* and no members: not coordinated */
+  assert_int_equal(st[0].sync_degraded, 0); /* not degraded */
+  /* and no members: not coordinated */
   assert_null(st[0].members);
   assert_int_equal(st[0].n_members, 0);
   assert_int_equal(st[0].n_tables, 1);

@@ -221,6 +221,8 @@ for i, m in enumerate(members):
     assert int(env["EMBPS_CLUSTER_SIZE"]) == n, (env, n)
     assert env["EMBPS_COORDINATOR"] == "etcd://" + etcd_urls, env["EMBPS_COORDINATOR"]
     assert int(env["EMBPS_LEASE_MS"]) >= 2000, "etcd's minimum TTL is 2 s"
+    # a follower restarting (about a lease) must not degrade the member
+    assert int(env["EMBPS_SYNC_DEGRADE_MS"]) >= 2 * int(env["EMBPS_LEASE_MS"]), env
     for j in range(m["spec"]["replicas"]):
         name = "embps-%d-%d" % (i, j)
         e = dict(env, HOSTNAME=name, PATH=tmp + ":/usr/bin:/bin")
@@ -234,6 +236,7 @@ for i, m in enumerate(members):
         assert v("--advertise") == "%s.%s:7070" % (name, m["spec"]["serviceName"]), args
         assert v("--sync-followers") == "1", args
         assert v("--lease-ms") == env["EMBPS_LEASE_MS"], args
+        assert v("--sync-degrade-ms") == env["EMBPS_SYNC_DEGRADE_MS"], args
         assert v("--cluster-servers") == ",".join("embps-%d-0.embps:7070" % k
                                                   for k in range(n)), args
         assert v("--auth-token-file") == "/etc/embps/auth/token", args
@@ -356,6 +359,8 @@ for n, s in servers.items():
     assert v("--coordinator") == "etcd://etcd:2379", n
     assert v("--cluster-index") == v("--member") == i and v("--cluster-size") == "3", n
     assert v("--advertise") == n + ":7070" and v("--sync-followers") == "1", n
+    # twice the default lease (3 s): a restarting follower does not degrade
+    assert "--lease-ms" not in a and v("--sync-degrade-ms") == "6000", n
     assert v("--cluster-servers") == "embps-0-0:7070,embps-1-0:7070,embps-2-0:7070", n
     assert v("--auth-token-file") == "/etc/embps/auth/token", n
     assert v("--data-dir") == "/var/lib/embps" and "--checkpoint-every" in a, n

@@ -19,12 +19,16 @@ every address. Then:
   the manifests' lease + 2 s, its /healthz 200 all along (liveness would
   never restart it); member 1's part of a push is refused, unapplied,
   while it has no follower (--sync-followers 1), the other members'
-  applied (a push across members is not atomic);
+  applied (a push across members is not atomic); once it has had none for
+  --sync-degrade-ms it is degraded (recorded in etcd) and a push is
+  acknowledged without its follower;
 - the killed server started again with the same flags: a push through the
   workers' list acknowledged, the server ready as a follower of the new
   primary;
 - kill -9 of the new primary and an immediate restart (what the kubelet
   does to a crashed container): a push acknowledged within the lease + 2 s;
+- kill -9 of member 1's follower, left down: a push (retried by the
+  library) acknowledged once the primary degraded, after --sync-degrade-ms;
 - after each, every row holds exactly the acknowledged pushes.
 A fresh CLI that finds no primary among a member's servers (an election
 under way) fails before sending anything; the pushes that measure a
@@ -242,6 +246,7 @@ def start(pod):
 for pod in embps_pods:
     start(pod)
 lease_ms = int(ARGS[embps_pods[0]][ARGS[embps_pods[0]].index("--lease-ms") + 1])
+degrade_ms = int(ARGS[embps_pods[0]][ARGS[embps_pods[0]].index("--sync-degrade-ms") + 1])
 c = members[0]["spec"]["template"]["spec"]["containers"][0]
 rport, rpath = probe_port(c, "readinessProbe")
 lport, lpath = probe_port(c, "livenessProbe")
@@ -356,6 +361,27 @@ check("with its follower down, member 1's part of a push is refused, nothing "
       all(x in ("-1 -1", "-6 -6") for x in v), r.stdout + r.stderr + str(v))
 
 
+def metric(pod, name):
+    st, body = probe(pod, lport, "/metrics")
+    m = re.search(r"^%s (\S+)$" % re.escape(name), body, re.M) if st == 200 else None
+    return float(m.group(1)) if m else None
+
+
+# --sync-degrade-ms: once the new primary has had no follower in sync that
+# long, it records in etcd that its epoch is degraded and acknowledges alone
+deg = wait(lambda: metric(other, "embps_sync_degraded") == 1,
+           degrade_ms / 1000 + lease_ms / 1000 + 10)
+t_deg = time.monotonic() - t0
+r = cli("--retry-ms", "0", "push", "t", "--indices", ids, "--values",
+        ",".join(["1"] * 60))
+check("its follower still down: %s degraded %.2f s after the kill (lease %d "
+      "ms + --sync-degrade-ms %d ms), then a push acknowledged" %
+      (other, t_deg, lease_ms, degrade_ms),
+      deg and r.returncode == 0 and
+      t_deg <= (lease_ms + degrade_ms) / 1000 + 1.5 + 3,
+      r.stderr + open(os.path.join(TMP, other + ".log")).read()[-1500:])
+
+
 def rows_are(n):
     """Member 1's rows -n, the others' -n - 5 (the refused push)."""
     v = values()
@@ -376,7 +402,7 @@ check("%s rejoins as a follower of %s, ready (in sync)" % (old, other),
       back and member_primary() == other,
       "%s\n%s" % (probe(old, rport, rpath),
                   open(os.path.join(TMP, old + ".log")).read()[-1500:]))
-ok_, v = rows_are(2)
+ok_, v = rows_are(3)
 check("every row: each acknowledged push applied once", ok_, v)
 
 # ---- kill -9 of the new primary and an immediate restart (a crashed
@@ -390,6 +416,26 @@ t_ack = time.monotonic() - t0
 check("kill -9 of %s and its restart: first push acknowledged %.2f s after the "
       "kill (primary now %s)" % (other, t_ack, member_primary()),
       r.returncode == 0 and t_ack <= lease_ms / 1000 + 2, r.stderr)
-ok_, v = rows_are(3)
+ok_, v = rows_are(4)
+check("every row: each acknowledged push applied once", ok_, v)
+
+# ---- the follower of member 1 lost for good (its node): one push, retried
+# by the library, is acknowledged once the primary has found it out of
+# sync (1.5 s) and degraded (--sync-degrade-ms), recorded in etcd
+prim = member_primary()
+fol = next(p for p in embps_pods if p.startswith(old[:-1]) and p != prim)
+PROCS[fol].send_signal(signal.SIGKILL)
+PROCS[fol].wait()
+t0 = time.monotonic()
+r = cli("--retry-ms", "60000", "push", "t", "--indices", ids, "--values",
+        ",".join(["1"] * 60), timeout=90)
+t_ack = time.monotonic() - t0
+check("kill -9 of the follower %s: a push acknowledged %.2f s after, by %s "
+      "degraded (--sync-degrade-ms %d ms, plus 1.5 s to find it out of sync)"
+      % (fol, t_ack, prim, degrade_ms),
+      r.returncode == 0 and metric(prim, "embps_sync_degraded") == 1 and
+      degrade_ms / 1000 <= t_ack <= degrade_ms / 1000 + 1.5 + 3,
+      r.stderr + open(os.path.join(TMP, prim + ".log")).read()[-1500:])
+ok_, v = rows_are(5)
 check("every row: each acknowledged push applied once", ok_, v)
 finish()

@@ -192,6 +192,14 @@ static void test_refusals_name_the_flag(void **state) {
       {"--repl-retain-ms", "8d", "--repl-retain-ms \"8d\" is not a number"},
       {"--member", "4096", "--member \"4096\" is not a member slot"},
       {"--advertise", "nohost", "--advertise \"nohost\" is not HOST:PORT"},
+      {"--sync-degrade-ms", "99",
+       "--sync-degrade-ms 99: 0 (never) or 100 to 3600000"},
+      {"--sync-degrade-ms", "3600001",
+       "--sync-degrade-ms \"3600001\" is not a number in [0, 3600000]"},
+      {"--sync-degrade-ms", "soon", "--sync-degrade-ms \"soon\" is not a "
+       "number"},
+      {"--sync-degrade-ms", "1000",
+       "--sync-degrade-ms needs --sync-followers 1 or more"},
   };
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
     if (parse(&c, bad[k].a, bad[k].b, NULL) != -1)
@@ -231,6 +239,18 @@ static void test_coordinator(void **state) {
   assert_int_equal(parse(&c, NULL), 0);
   assert_int_equal(c.coordinator[0], 0);
   assert_int_equal(c.lease_ms, 3000);
+  assert_int_equal(c.sync_degrade_ms, 0); /* strict by default */
+  /* --sync-degrade-ms: with --sync-followers, coordinated or not */
+  assert_int_equal(parse(&c, "--sync-followers", "1", "--sync-degrade-ms",
+                         "10000", NULL), 0);
+  assert_int_equal(c.sync_degrade_ms, 10000);
+  assert_int_equal(parse(&c, "--coordinator", "etcd://h:1", "--cluster-name",
+                         "x", "--sync-followers", "1",
+                         "--sync-degrade-ms=100", NULL), 0);
+  assert_int_equal(c.sync_degrade_ms, 100);
+  assert_int_equal(parse(&c, "--sync-followers", "1", "--sync-degrade-ms",
+                         "0", NULL), 0);
+  assert_int_equal(c.sync_degrade_ms, 0);
 }
 
 static void test_help_and_version(void **state) {

@@ -667,6 +667,42 @@ static void test_stats_members(void **state) {
   free(o);
 }
 
+/* A stats reply's sync_degraded (--sync-degrade-ms) is a flag: 0 and 1
+ * round-trip, anything else is refused (EMBPS_EPROTO). */
+static void test_stats_sync_degraded(void **state) {
+  (void)state;
+  embps_msg_t *o = new_msg(0);
+  for (uint64_t v = 0; v < 3; v++) {
+    pb_t p = {.n = 0};
+    pb_str(&p, 16, "0.1.0");
+    pb_uint(&p, 35, v);
+    memset(o, 0, sizeof *o);
+    int rc = embps_msg_unpack(EMBPS_KIND_STATS | EMBPS_KIND_REPLY, p.b, p.n,
+                              o);
+    if (v < 2) {
+      assert_int_equal(rc, 0);
+      assert_int_equal(o->u.stats.sync_degraded, v);
+      embps_msg_free(o);
+    } else {
+      assert_int_equal(rc, EMBPS_EPROTO);
+    }
+  }
+  embps_msg_t *m = new_msg(EMBPS_KIND_STATS | EMBPS_KIND_REPLY);
+  snprintf(m->u.stats.version, sizeof m->u.stats.version, "0.1.0");
+  m->u.stats.sync_degraded = 1;
+  size_t len = embps_msg_size(m);
+  uint8_t *buf = malloc(len + 1);
+  assert_non_null(buf);
+  embps_msg_pack(m, buf);
+  memset(o, 0, sizeof *o);
+  assert_int_equal(embps_msg_unpack(m->kind, buf, len, o), 0);
+  assert_int_equal(o->u.stats.sync_degraded, 1);
+  embps_msg_free(o);
+  free(buf);
+  free(m);
+  free(o);
+}
+
 /* Requests and replies without a body (LIST, STATS, CREATE and DROP
  * replies) pack as an empty Ack and unpack. */
 static void test_ack_kinds(void **state) {
@@ -1289,6 +1325,7 @@ int main(void) {
       cmocka_unit_test(test_snapshot),
       cmocka_unit_test(test_stats_reply),
       cmocka_unit_test(test_stats_members),
+      cmocka_unit_test(test_stats_sync_degraded),
       cmocka_unit_test(test_ack_kinds),
       cmocka_unit_test(test_frame_build),
       cmocka_unit_test(test_garbage),

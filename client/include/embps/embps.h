@@ -376,7 +376,9 @@ typedef struct {
     uint64_t members_word_; /* keeps the struct's size on 32-bit targets */
   };
   uint32_t n_members;
-  uint32_t reserved;     /* zero */
+  /* a primary with --sync-degrade-ms: 1 while it acknowledges writes
+   * without its --sync-followers followers (degraded), else 0 */
+  uint32_t sync_degraded;
 } embps_server_stats_t;
 
 /* What one server's checkpoint covers (embps_checkpoint), X(name, doc). */
