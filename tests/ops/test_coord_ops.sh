@@ -11,7 +11,8 @@
 # sent with no retries to the follower alone reaching the primary too (an
 # entry of one server is a seed), each applied once, `stats` and `tables`
 # on either server naming the member's primary (the text lines and
-# --json), `embps promote` refused (etcd elects), and a
+# --json; `embps --help`, whence the man page, giving those forms),
+# `embps promote` refused (etcd elects), and a
 # primary stopped with SIGTERM giving its lease
 # back (the follower elected at once, well before the lease would end).
 set -u
@@ -80,15 +81,35 @@ assert s["members"] == [{"member": 0, "primary": sys.argv[2],
     ok "stats --json on $s names the primary, and that of member 0" ||
     bad "stats --json on $s names the primary, and that of member 0" "$(cat "$TMP/s$s")"
   timeout 10 "$CLI" --servers "$(eval echo "\$${s}_ADDR")" stats >"$TMP/t$s" 2>&1
+  cp "$TMP/t$s" "$TMP/tstats"
   grep -qx "  member 0: primary $a_ADDR epoch [1-9][0-9]*" "$TMP/t$s" &&
     ok "stats on $s: the line of the primary of member 0" ||
     bad "stats on $s: the line of the primary of member 0" "$(cat "$TMP/t$s")"
   timeout 10 "$CLI" --servers "$(eval echo "\$${s}_ADDR")" tables >"$TMP/t$s" 2>&1
+  cp "$TMP/t$s" "$TMP/ttables"
   grep -qx "member 0: primary $a_ADDR epoch [1-9][0-9]*" "$TMP/t$s" &&
     ok "tables on $s: the line of the primary of member 0" ||
     bad "tables on $s: the line of the primary of member 0" "$(cat "$TMP/t$s")"
 done
 
+# --help (and so the man page, made from it) says what those lines are:
+# the form each of stats and tables gives matches the lines printed above
+"$CLI" --help >"$TMP/help.raw"
+tr -s ' \n' ' ' <"$TMP/help.raw" >"$TMP/help"
+form="member I: primary H:P epoch E"
+re='^ *member [0-9]+: primary [^ ]+ epoch [0-9]+$'
+for c in stats tables; do
+  awk -v c="$c" '/^  [a-z]/ { on = $1 == c } on' "$TMP/help.raw" |
+    tr -s ' \n' ' ' >"$TMP/help.$c"
+  grep -qF "'$form' (or 'no primary (an election is on)')" "$TMP/help.$c" &&
+    grep -qE "$re" "$TMP/t$c" &&
+    ok "embps --help: $c's '$form' lines, as printed" ||
+    bad "embps --help: $c's '$form' lines, as printed" "$(cat "$TMP/help.$c")"
+done
+grep -qF '"members": [{"member": I, "primary": "H:P" or null, "epoch": E}, ...]' "$TMP/help" &&
+  grep -qF '"primary" and "epoch" in each entry of a table'"'"'s "servers"' "$TMP/help" &&
+  ok "embps --help: the --json forms of the member lines" ||
+  bad "embps --help: the --json forms of the member lines"
 timeout 30 "$CLI" --servers "$b_ADDR" promote >"$TMP/out" 2>&1 &&
   bad "promote by hand refused" ||
   { grep -q "elected in etcd" "$TMP/out" && ok "promote by hand refused" ||

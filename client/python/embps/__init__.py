@@ -891,7 +891,8 @@ class Client:
         each of its tables, and "members": with --coordinator, the primary
         of every member slot of its cluster as that server last read etcd,
         in slot order, each {"member": I, "primary": "HOST:PORT",
-        "epoch": E} ("" and 0 while the slot elects); [] without."""
+        "epoch": E} (None and 0 while the slot elects), as `embps stats
+        --json` prints them; [] without."""
         p = ctypes.POINTER(_Stats)()
         n = ctypes.c_size_t()
         with self._lock:
@@ -909,7 +910,7 @@ class Client:
                 d[f] = getattr(s, f).decode()
             d["tables"] = [_info_dict(s.tables[t]) for t in range(s.n_tables)]
             d["members"] = [{"member": m.member,
-                             "primary": m.primary.decode(),
+                             "primary": m.primary.decode() or None,
                              "epoch": m.epoch}
                             for m in (s.members_.members[k]
                                       for k in range(s.n_members))]
