@@ -1164,7 +1164,11 @@ static const command_t commands[] = {
      alter_groups, check_alter, cmd_alter, 0},
     {"tables", NULL,
      "the tables: spec, rows, bytes, servers that lack them, "
-     "durability",
+     "durability; with --coordinator, then a line per member slot I, "
+     "'member I: primary H:P epoch E' (or 'no primary (an election is "
+     "on)'): the server etcd elected and its epoch, as the servers last "
+     "read them (--json: \"primary\" and \"epoch\" in each entry of a "
+     "table's \"servers\")",
      json_groups, NULL, cmd_tables, 1},
     {"pull", "NAME",
      "print rows (id, tab, values) in request order (--json: and the LSN "
@@ -1172,7 +1176,13 @@ static const command_t commands[] = {
      pull_groups, check_pull, cmd_pull, 0},
     {"push", "NAME", "push a gradient: one optimizer step on its rows",
      push_groups, check_push, cmd_push, 0},
-    {"stats", NULL, "every server's counters, tables and durability",
+    {"stats", NULL,
+     "every server's counters, tables and durability; with --coordinator, "
+     "under each server a line per member slot I of the cluster, "
+     "'member I: primary H:P epoch E' (or 'no primary (an election is "
+     "on)'): that member's primary and its epoch as this server last read "
+     "etcd (--json: \"members\": [{\"member\": I, \"primary\": "
+     "\"H:P\" or null, \"epoch\": E}, ...])",
      json_groups, NULL, cmd_stats, 1},
     {"checkpoint", NULL, "take a checkpoint on every server (--data-dir)",
      no_groups, NULL, cmd_checkpoint, 1},

@@ -21,6 +21,7 @@ const char *embps_version_string(void) { return EMBPS_VERSION_STRING; }
   X(embps_table_alter_t)                                                       \
   X(embps_table_info_t)                                                        \
   X(embps_server_stats_t)                                                      \
+  X(embps_member_primary_t)                                                    \
   X(embps_checkpoint_info_t)                                                   \
   X(embps_scan_chunk_t)                                                        \
   X(embps_slices_t)

@@ -2,15 +2,19 @@
  * of its own, the loaded checkpoint (whose shard LSNs the redo reads) and
  * the redo that applies the primary's records to them; at the install
  * the registries are swapped, so the copy's registry then holds the old
- * tables until it is freed. */
+ * tables until it is freed. The mark (DIR/COPYING) holds one line naming
+ * the primary copied, for whoever looks; only its presence counts. */
 #define _GNU_SOURCE
 #include "copy.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../client/snapshot.h"
 #include "durable.h"
@@ -288,4 +292,69 @@ void embps_copy_free(embps_copy_t *cp) {
   embps_ckpt_free(&cp->ck); /* after the redo: its shard LSNs */
   embps_history_close(&cp->hist);
   free(cp);
+}
+
+/* ---- the mark ---- */
+
+static void mark_path(const embps_server_t *srv, char *out, size_t cap) {
+  snprintf(out, cap, "%s/" EMBPS_COPY_MARK, srv->cfg.data_dir);
+}
+
+int embps_copy_mark(embps_server_t *srv, const char *primary) {
+  if (!srv->cfg.data_dir[0])
+    return 0;
+  char path[1100], line[EMBPS_ADDR_MAX + 96];
+  mark_path(srv, path, sizeof path);
+  const int n = snprintf(line, sizeof line, "copying the state of primary "
+                         "%s\n", primary);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int rc = fd < 0 ? -errno : 0;
+  errno = 0;
+  if (!rc && write(fd, line, (size_t)n) != n)
+    rc = errno ? -errno : -EIO;
+  if (!rc && fsync(fd))
+    rc = -errno;
+  if (fd >= 0 && close(fd) && !rc)
+    rc = -errno;
+  if (!rc)
+    rc = embps_fsync_dir(srv->cfg.data_dir);
+  if (rc) {
+    LOG_ERROR("follower: cannot write %s (%s): a restart before the copy "
+              "is in would make this server eligible again", path,
+              strerror(-rc));
+    return -1;
+  }
+  return 0;
+}
+
+void embps_copy_unmark(embps_server_t *srv) {
+  if (!srv->cfg.data_dir[0])
+    return;
+  char path[1100];
+  mark_path(srv, path, sizeof path);
+  if (unlink(path)) {
+    if (errno != ENOENT)
+      LOG_ERROR("follower: cannot remove %s (%s): this server will not be "
+                "eligible after a restart until it has caught up again",
+                path, strerror(errno));
+    return;
+  }
+  if (embps_fsync_dir(srv->cfg.data_dir))
+    LOG_WARN("follower: cannot sync %s after removing %s", srv->cfg.data_dir,
+             path);
+}
+
+int embps_copy_marked(embps_server_t *srv) {
+  if (!srv->cfg.data_dir[0])
+    return 0;
+  char path[1100];
+  mark_path(srv, path, sizeof path);
+  struct stat st;
+  if (stat(path, &st))
+    return 0;
+  LOG_WARN("follower: %s: this server stopped while copying its primary's "
+           "state (its tables are older than its history says): not "
+           "eligible for election until it has caught up with a primary",
+           path);
+  return 1;
 }

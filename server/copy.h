@@ -24,7 +24,16 @@
  * connection copies again).
  *
  * Memory: the old tables stay until the install, so a re-copy needs room
- * for both states for a moment. */
+ * for both states for a moment.
+ *
+ * The mark. From the primary's answer that it no longer holds the next
+ * record until the copy is in and a reply finds the follower at the
+ * primary's last LSN, its tables are older than its history says, so it
+ * may not be elected (failover.h). With --data-dir that is kept across a
+ * restart in DIR/COPYING (EMBPS_COPY_MARK), written and synced with the
+ * directory before the copy starts and removed once caught up: a
+ * follower killed mid-copy and started again while no primary is alive
+ * stays ineligible until it has caught up with one. */
 #ifndef EMBPS_COPY_H
 #define EMBPS_COPY_H
 #include <stddef.h>
@@ -80,6 +89,17 @@ int embps_copy_prepare(embps_copy_t *cp, char *err, size_t err_len);
  * failed; the tables are the copy's all the same). */
 int embps_copy_install(embps_copy_t *cp, embps_apply_ctx_t *ctx, char *err,
                        size_t err_len);
+/* The mark's file name in the data dir. */
+#define EMBPS_COPY_MARK "COPYING"
+/* Writes DIR/COPYING naming primary, synced with the directory; nothing
+ * without --data-dir. 0, or -1 (logged: the mark then holds in memory
+ * only). */
+int embps_copy_mark(embps_server_t *srv, const char *primary);
+/* Removes DIR/COPYING (synced); nothing when absent. Logged on failure. */
+void embps_copy_unmark(embps_server_t *srv);
+/* At start: whether DIR/COPYING is there (logged when it is: the server
+ * is not eligible until it has caught up with a primary). */
+int embps_copy_marked(embps_server_t *srv);
 /* Ends the session if still open and frees the copy (after an install:
  * the old tables); NULL-safe. Follower thread. */
 void embps_copy_free(embps_copy_t *cp);

@@ -34,7 +34,8 @@
  * it would silently lose the member's rows. Nor does a follower whose
  * primary no longer held its next record, from that answer until the
  * copy of the primary's state it then takes is installed and caught up
- * (follow.h): its history reaches the last epoch, its tables do not. */
+ * (follow.h): its history reaches the last epoch, its tables do not.
+ * With --data-dir that holds across a restart (copy.h, the mark). */
 #ifndef EMBPS_FAILOVER_H
 #define EMBPS_FAILOVER_H
 #include <stddef.h>

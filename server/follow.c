@@ -53,7 +53,8 @@ struct embps_follow {
    * record: this server's state is not its primary's until a copy is in
    * and a reply finds it at the primary's last LSN (or a primary that
    * still held its records fed it that far); meanwhile it may not be
-   * elected (embps_follow_copying) */
+   * elected (embps_follow_copying); set at start too when the data dir
+   * holds the mark of a copy this server was making (copy.h) */
   int copying;
   embps_copy_t *copy; /* being installed (apply thread, in install_run) */
   /* figures (mu) */
@@ -334,7 +335,8 @@ static void note_primary(embps_follow_t *fw, const embps_fetch_reply_t *r,
   uint64_t applied = embps_apply_lsn(fw->srv->apply), now = embps_now_ns();
   pthread_mutex_lock(&fw->mu);
   fw->confirmed = 1;
-  if (ours && applied >= r->last_lsn && fw->copying) {
+  const int caught_up = ours && applied >= r->last_lsn && fw->copying;
+  if (caught_up) {
     fw->copying = 0;
     LOG_INFO("follower: caught up with primary at LSN %" PRIu64 " after "
              "its copy: eligible again", applied);
@@ -347,6 +349,8 @@ static void note_primary(embps_follow_t *fw, const embps_fetch_reply_t *r,
   else if (!fw->behind_ns)
     fw->behind_ns = now;
   pthread_mutex_unlock(&fw->mu);
+  if (caught_up)
+    embps_copy_unmark(fw->srv);
 }
 
 /* What a connection's stream ends with (MISFIT: the primary's layout is
@@ -418,6 +422,7 @@ static int stream(embps_follow_t *fw, embps_client_t *c, const char *target,
     t[1] = NULL;
     if (rc == EMBPS_ESNAPSHOT) {
       set_why(fw, "%s", embps_client_last_error(c));
+      (void)embps_copy_mark(srv, target); /* kept across a restart */
       pthread_mutex_lock(&fw->mu);
       fw->copying = 1;
       pthread_mutex_unlock(&fw->mu);
@@ -931,6 +936,8 @@ int embps_follow_create(embps_server_t *srv) {
   pthread_condattr_destroy(&attr);
   snprintf(fw->why, sizeof fw->why, "not connected yet");
   snprintf(fw->target, sizeof fw->target, "%s", srv->cfg.follow);
+  fw->copying = embps_copy_marked(srv); /* stopped mid-copy: still not
+                                           caught up */
   srv->follow = fw;
   return 0;
 }

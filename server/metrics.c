@@ -696,6 +696,40 @@ static void put_coordinator(text_t *t, embps_server_t *srv) {
       s.fence_ns > now ? (double)(s.fence_ns - now) / 1e9 : 0.0);
 }
 
+/* A label value: \, " and newline escaped (the exposition format). */
+static void put_label(text_t *t, const char *v) {
+  for (; *v; v++)
+    if (*v == '\\' || *v == '"')
+      put(t, "\\%c", *v);
+    else if (*v == '\n')
+      put(t, "\\n");
+    else
+      put(t, "%c", *v);
+}
+
+/* The primary of every member slot the coordinator knows (stats' members:
+ * at most EMBPS_STATS_MEMBERS_MAX), so that any server shows a dashboard
+ * the whole cluster; primary="" and 0 while a slot elects. */
+static void put_members(text_t *t, embps_server_t *srv) {
+  embps_server_stats_t s;
+  memset(&s, 0, sizeof s);
+  if (!m.hooks.coord_members)
+    return;
+  m.hooks.coord_members(srv, &s);
+  if (!s.n_members)
+    return;
+  head(t, "embps_member_primary_epoch", "gauge",
+       "The epoch of each member slot's primary as this server last read "
+       "etcd, labelled with its address (0 and \"\": an election).");
+  for (uint32_t i = 0; i < s.n_members && i < EMBPS_STATS_MEMBERS_MAX; i++) {
+    put(t, "embps_member_primary_epoch{member=\"%u\",primary=\"",
+        s.members[i].member);
+    put_label(t, s.members[i].primary);
+    put(t, "\"} %u\n", s.members[i].epoch);
+  }
+  free(s.members);
+}
+
 /* ------------------------------------------------------------ HTTP */
 
 /* The listener answers probes whatever its peers do. It is
@@ -938,6 +972,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn,
     put_replication(&t, m.srv);
     put_sync_degrade(&t, m.srv);
     put_coordinator(&t, m.srv);
+    put_members(&t, m.srv);
   }
   put_tables(&t, m.srv, names_allowed(conn));
   if (t.failed) {

@@ -68,6 +68,9 @@ typedef struct {
                       uint64_t *degradations);
   /* The coordinator (issue 22): 1 with *s filled, 0 when there is none. */
   int (*coord_status)(struct embps_server *srv, embps_coord_status_t *s);
+  /* s->members (malloc'd, at most EMBPS_STATS_MEMBERS_MAX): the primary of
+   * every member slot the coordinator knows; none without one. */
+  void (*coord_members)(struct embps_server *srv, embps_server_stats_t *s);
 } embps_metrics_hooks_t;
 
 /* Starts the HTTP server on cfg->metrics_host:metrics_port (when set) and

@@ -412,6 +412,7 @@ static const embps_metrics_hooks_t metrics_hooks = {
     .cluster_ready = embps_cluster_ready,
     .repl_stats = embps_failover_stats,
     .coord_status = embps_failover_status,
+    .coord_members = embps_failover_members,
     .repl_followers = embps_follow_followers,
     .repl_ready = embps_follow_ready,
     .sync_degrade = embps_feed_degrade_figures,

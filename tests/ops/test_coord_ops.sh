@@ -3,13 +3,16 @@
 # failover (--coordinator) on two real servers of one member and a real
 # etcd on loopback: the /metrics coordinator series (promtool-valid, the
 # role of each server, a failover counted on the one elected, every
-# series a row of README.md's metrics table), stats
+# server's embps_member_primary_epoch naming the member's primary and its
+# epoch before and after the failover, every series a row of README.md's
+# metrics table), stats
 # naming the primary on both servers, the CLI given the member's servers
 # follower first reaching the primary for a push (its hello names it), a push
 # sent with no retries to the follower alone reaching the primary too (an
 # entry of one server is a seed), each applied once, `stats` and `tables`
 # on either server naming the member's primary (the text lines and
-# --json), `embps promote` refused (etcd elects), and a
+# --json; `embps --help`, whence the man page, giving those forms),
+# `embps promote` refused (etcd elects), and a
 # primary stopped with SIGTERM giving its lease
 # back (the follower elected at once, well before the lease would end).
 set -u
@@ -78,15 +81,35 @@ assert s["members"] == [{"member": 0, "primary": sys.argv[2],
     ok "stats --json on $s names the primary, and that of member 0" ||
     bad "stats --json on $s names the primary, and that of member 0" "$(cat "$TMP/s$s")"
   timeout 10 "$CLI" --servers "$(eval echo "\$${s}_ADDR")" stats >"$TMP/t$s" 2>&1
+  cp "$TMP/t$s" "$TMP/tstats"
   grep -qx "  member 0: primary $a_ADDR epoch [1-9][0-9]*" "$TMP/t$s" &&
     ok "stats on $s: the line of the primary of member 0" ||
     bad "stats on $s: the line of the primary of member 0" "$(cat "$TMP/t$s")"
   timeout 10 "$CLI" --servers "$(eval echo "\$${s}_ADDR")" tables >"$TMP/t$s" 2>&1
+  cp "$TMP/t$s" "$TMP/ttables"
   grep -qx "member 0: primary $a_ADDR epoch [1-9][0-9]*" "$TMP/t$s" &&
     ok "tables on $s: the line of the primary of member 0" ||
     bad "tables on $s: the line of the primary of member 0" "$(cat "$TMP/t$s")"
 done
 
+# --help (and so the man page, made from it) says what those lines are:
+# the form each of stats and tables gives matches the lines printed above
+"$CLI" --help >"$TMP/help.raw"
+tr -s ' \n' ' ' <"$TMP/help.raw" >"$TMP/help"
+form="member I: primary H:P epoch E"
+re='^ *member [0-9]+: primary [^ ]+ epoch [0-9]+$'
+for c in stats tables; do
+  awk -v c="$c" '/^  [a-z]/ { on = $1 == c } on' "$TMP/help.raw" |
+    tr -s ' \n' ' ' >"$TMP/help.$c"
+  grep -qF "'$form' (or 'no primary (an election is on)')" "$TMP/help.$c" &&
+    grep -qE "$re" "$TMP/t$c" &&
+    ok "embps --help: $c's '$form' lines, as printed" ||
+    bad "embps --help: $c's '$form' lines, as printed" "$(cat "$TMP/help.$c")"
+done
+grep -qF '"members": [{"member": I, "primary": "H:P" or null, "epoch": E}, ...]' "$TMP/help" &&
+  grep -qF '"primary" and "epoch" in each entry of a table'"'"'s "servers"' "$TMP/help" &&
+  ok "embps --help: the --json forms of the member lines" ||
+  bad "embps --help: the --json forms of the member lines"
 timeout 30 "$CLI" --servers "$b_ADDR" promote >"$TMP/out" 2>&1 &&
   bad "promote by hand refused" ||
   { grep -q "elected in etcd" "$TMP/out" && ok "promote by hand refused" ||
@@ -111,6 +134,24 @@ python3 -c "import sys; f = float(sys.argv[1]); assert 0 < f <= $LEASE / 1000" \
   bad "a: write fence within the lease" "got '$fence'"
 [ "$(m "$TMP/mb" embps_coord_write_fence_seconds)" = 0.000 ] &&
   ok "b: no write fence" || bad "b: no write fence"
+# every server shows the primary of every member it knows (one member
+# here); the coordinator reads the slot's key again within a renewal period
+# of a change, so each scrape is polled for up to a lease
+member_series() { # URL WANT: 0 once /metrics' series is WANT, else 1 (got)
+  for _ in $(seq 1 300); do
+    got=$(curl -s "$1/metrics" | grep '^embps_member_primary_epoch')
+    [ "$got" = "$2" ] && return 0
+    sleep 0.01
+  done
+  return 1
+}
+epoch=$(m "$TMP/ma" embps_coord_epoch)
+for s in a b; do
+  want="embps_member_primary_epoch{member=\"0\",primary=\"$a_ADDR\"} $epoch"
+  member_series "$(eval echo "\$M${s^^}")" "$want" &&
+    ok "$s: embps_member_primary_epoch names a, epoch $epoch" ||
+    bad "$s: embps_member_primary_epoch names a, epoch $epoch" "got '$got'"
+done
 r=$(m "$TMP/ma" embps_coord_lease_renewals_total)
 [ -n "$r" ] && [ "$r" -ge 1 ] && ok "a: lease renewed ($r)" ||
   bad "a: lease renewed" "got '$r'"
@@ -132,5 +173,11 @@ curl -s "$MB/metrics" >"$TMP/mb"
   ok "b: embps_coord_role primary" || bad "b: embps_coord_role primary"
 [ "$(m "$TMP/mb" embps_coord_failovers_total)" = 1 ] &&
   ok "b: one election won" || bad "b: one election won"
+check "promtool check metrics (b, primary now)" promtool check metrics <"$TMP/mb"
+epoch=$(m "$TMP/mb" embps_coord_epoch)
+member_series "$MB" \
+  "embps_member_primary_epoch{member=\"0\",primary=\"$b_ADDR\"} $epoch" &&
+  ok "b: embps_member_primary_epoch names b, epoch $epoch, after the failover" ||
+  bad "b: embps_member_primary_epoch names b after the failover" "got '$got'"
 stop b
 finish

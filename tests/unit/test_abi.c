@@ -39,6 +39,7 @@ static void test_abi_size(void **state) {
   SIZE_(embps_table_alter_t)
   SIZE_(embps_table_info_t)
   SIZE_(embps_server_stats_t)
+  SIZE_(embps_member_primary_t)
   SIZE_(embps_checkpoint_info_t)
   SIZE_(embps_scan_chunk_t)
   SIZE_(embps_slices_t)

@@ -149,6 +149,18 @@ _STATS_FIGURES = ("cluster_index", "cluster_size", "io_threads", "shards",
                   "checkpoint_lsn", "log_bytes")
 
 
+class _MemberPrimary(ctypes.Structure):
+    _c_name_ = "embps_member_primary_t"
+    _fields_ = [("member", ctypes.c_uint32), ("epoch", ctypes.c_uint32),
+                ("primary", ctypes.c_char * 128)]
+
+
+class _MembersWord(ctypes.Union):
+    # the union that keeps embps_server_stats_t's size on 32-bit targets
+    _fields_ = [("members", ctypes.POINTER(_MemberPrimary)),
+                ("members_word_", ctypes.c_uint64)]
+
+
 class _Stats(ctypes.Structure):
     _c_name_ = "embps_server_stats_t"
     _fields_ = [
@@ -171,7 +183,10 @@ class _Stats(ctypes.Structure):
         ("lag_ms", ctypes.c_uint64),
         ("bytes_shipped", ctypes.c_uint64),
         ("primary", ctypes.c_char * 64),
-        ("reserved", ctypes.c_uint64 * 2),
+        # coordinated (issue 22): the primary of every member slot
+        ("members_", _MembersWord),
+        ("n_members", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 
@@ -217,8 +232,8 @@ class _Slices(ctypes.Structure):
 
 
 # every mirror, checked at load (looked up by name, so a test can swap one)
-_MIRRORS = ("_Spec", "_Info", "_Stats", "_CheckpointInfo", "_Alter",
-            "_Options", "_Slices")
+_MIRRORS = ("_Spec", "_Info", "_Stats", "_MemberPrimary", "_CheckpointInfo",
+            "_Alter", "_Options", "_Slices")
 
 
 def _check_abi(lib):
@@ -872,8 +887,12 @@ class Client:
 
     def stats(self) -> List[Dict[str, Any]]:
         """One dict per server (cluster order): its address, version,
-        counters, durability state and describe() of each of its
-        tables."""
+        counters, durability state, replication figures, describe() of
+        each of its tables, and "members": with --coordinator, the primary
+        of every member slot of its cluster as that server last read etcd,
+        in slot order, each {"member": I, "primary": "HOST:PORT",
+        "epoch": E} (None and 0 while the slot elects), as `embps stats
+        --json` prints them; [] without."""
         p = ctypes.POINTER(_Stats)()
         n = ctypes.c_size_t()
         with self._lock:
@@ -885,10 +904,16 @@ class Client:
             text = ("address", "version", "data_dir", "fsync",
                     "durability_failed", "primary")
             d = {f: getattr(s, f) for f in _names(_Stats)
-                 if f not in ("tables", "n_tables") + text}
+                 if f not in ("tables", "n_tables", "members_",
+                              "n_members") + text}
             for f in text:
                 d[f] = getattr(s, f).decode()
             d["tables"] = [_info_dict(s.tables[t]) for t in range(s.n_tables)]
+            d["members"] = [{"member": m.member,
+                             "primary": m.primary.decode() or None,
+                             "epoch": m.epoch}
+                            for m in (s.members_.members[k]
+                                      for k in range(s.n_members))]
             out.append(d)
         _lib().embps_stats_free(p, n.value)
         return out
