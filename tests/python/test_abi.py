@@ -76,7 +76,7 @@ class Mirrors(unittest.TestCase):
                   x_macro("EMBPS_SERVER_REPL_FIELDS")]
         text = ("address", "version", "n_tables", "tables", "data_dir",
                 "fsync", "durability_failed", "primary", "members_",
-                "n_members")
+                "n_members", "sync_degraded")
         self.assertEqual(fields(embps._Stats, text), stats)
         self.assertEqual([f for f, _ in fields(embps._CheckpointInfo)],
                          [n for n, in x_macro("EMBPS_CHECKPOINT_INFO_FIELDS")])

@@ -3,7 +3,9 @@ and a real etcd on loopback: every server of a two-member cluster names
 the primary of both members with its epoch, the same list `embps stats
 --json` prints; after a kill -9 of member 0's primary, its follower,
 elected, is named with a higher epoch by the other member's server too;
-a server without --coordinator has none.
+a server without --coordinator has none. stats()'s "sync_degraded": a
+member of two servers whose follower is killed says 1 once its pushes are
+acknowledged again (--sync-degrade-ms).
 
 etcd is /usr/bin/etcd (EMBPS_ETCD_BIN) on two loopback ports found by
 binding port 0 and releasing them (etcd cannot take port 0); started again
@@ -22,6 +24,7 @@ import urllib.request
 
 from harness import SERVER_BIN, Server
 import embps
+import numpy as np
 
 ETCD_BIN = os.environ.get("EMBPS_ETCD_BIN", "/usr/bin/etcd")
 CLI_BIN = os.environ.get("EMBPS_CLI_BIN") or os.path.join(
@@ -177,6 +180,34 @@ class Members(unittest.TestCase):
                 self.assertGreater(m[0]["epoch"], epochs[0], s["address"])
                 self.assertEqual(m[1], want[1], s["address"])
             self.assertEqual(st[0]["epoch"], st[0]["members"][0]["epoch"])
+
+    def test_sync_degraded(self):
+        # a member of two servers whose follower is lost: once etcd
+        # records the epoch degraded (--sync-degrade-ms), pushes are
+        # acknowledged again and stats() says so
+        args = ("--coordinator", self.etcd.url, "--cluster-name", "deg",
+                "--lease-ms", LEASE_MS, "--sync-followers", "1",
+                "--sync-timeout-ms", "30000", "--sync-degrade-ms", "500")
+        p = Server(*args).start()
+        self.servers.append(p)
+        with embps.Client(p.address, retry_ms=30000) as c:
+            poll("%s elected" % p.address,
+                 lambda: c.stats()[0]["members"][:1] ==
+                 [{"member": 0, "primary": p.address, "epoch": 1}])
+            f = Server(*args).start()
+            self.servers.append(f)
+            poll("its follower in sync",
+                 lambda: c.stats()[0]["followers_in_sync"] == 1)
+            c.create_table("t", 4, rows=16)
+            c.push("t", [3], np.ones((1, 4), dtype=np.float32))
+            self.assertEqual(c.stats()[0]["sync_degraded"], 0)
+            f.proc.kill()
+            self.assertEqual(f.stop(), -signal.SIGKILL)
+            self.servers.remove(f)
+            c.push("t", [3], np.ones((1, 4), dtype=np.float32))
+            st = c.stats()[0]
+            self.assertEqual(st["sync_degraded"], 1)
+            self.assertEqual(st["followers_in_sync"], 0)
 
     def test_none_without_coordinator(self):
         s = Server().start()

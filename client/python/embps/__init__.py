@@ -186,7 +186,7 @@ class _Stats(ctypes.Structure):
         # coordinated (issue 22): the primary of every member slot
         ("members_", _MembersWord),
         ("n_members", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("sync_degraded", ctypes.c_uint32),  # --sync-degrade-ms: 1 degraded
     ]
 
 
@@ -887,8 +887,10 @@ class Client:
 
     def stats(self) -> List[Dict[str, Any]]:
         """One dict per server (cluster order): its address, version,
-        counters, durability state, replication figures, describe() of
-        each of its tables, and "members": with --coordinator, the primary
+        counters, durability state, replication figures ("sync_degraded":
+        1 while a primary with --sync-degrade-ms acknowledges without its
+        followers), describe() of each of its tables, and "members": with
+        --coordinator, the primary
         of every member slot of its cluster as that server last read etcd,
         in slot order, each {"member": I, "primary": "HOST:PORT",
         "epoch": E} (None and 0 while the slot elects), as `embps stats
