@@ -1,7 +1,8 @@
 /* dial.c - reaching a server: a TCP connection made within a timeout
- * (every connection of the transport), and a one-off HELLO over one of
- * its own, outside the client's connections and tickets, that says what
- * a server is now (its role and epoch).
+ * (every connection of the transport), the HELLO a client says on each,
+ * and a one-off HELLO over a connection of its own, outside the client's
+ * connections and tickets, that says what a server is now (its role and
+ * epoch).
  *
  * The one-off hello is how a client waiting on a member's primary learns
  * that another server of the member was elected meanwhile (transport.c,
@@ -102,6 +103,14 @@ static int io_full(int fd, uint8_t *p, size_t n, int out,
   return 0;
 }
 
+void embps_hello_msg_(const embps_client_t *c, embps_msg_t *m) {
+  memset(m, 0, sizeof *m);
+  m->kind = EMBPS_KIND_HELLO;
+  m->u.hello.version = EMBPS_PROTOCOL_VERSION;
+  memcpy(m->u.hello.token, c->token, c->token_len);
+  m->u.hello.token_len = c->token_len;
+}
+
 int embps_dial_hello_(embps_client_t *c, const char *host, int port,
                       int timeout_ms, embps_hello_reply_t *out) {
   const uint64_t deadline =
@@ -111,11 +120,7 @@ int embps_dial_hello_(embps_client_t *c, const char *host, int port,
   if (fd < 0)
     return EMBPS_ECONN;
   embps_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.kind = EMBPS_KIND_HELLO;
-  m.u.hello.version = EMBPS_PROTOCOL_VERSION;
-  memcpy(m.u.hello.token, c->token, c->token_len);
-  m.u.hello.token_len = c->token_len;
+  embps_hello_msg_(c, &m);
   const uint32_t req_id = ++c->next_req_id;
   uint8_t *frame = NULL, *body = NULL;
   size_t len = 0;

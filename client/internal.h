@@ -285,6 +285,9 @@ void embps_conn_drop_(conn_t *k, int code, const char *why, int may_retry);
  * timeout_ms: its descriptor, or -1 with why. */
 int embps_dial_(const char *host, int port, int timeout_ms, char *why,
                 size_t why_len);
+/* The HELLO c says on every connection (its protocol version, its
+ * token) into *m. */
+void embps_hello_msg_(const embps_client_t *c, embps_msg_t *m);
 /* A HELLO with c's token to host:port on a connection of its own, the
  * whole exchange within timeout_ms, closed after: 0 with *out (the
  * server's role and epoch now), or an error. Uses c's request ids only. */

@@ -962,11 +962,7 @@ static int hello(embps_client_t *c, conn_t *k, uint32_t ki, char *primary) {
   if (!t)
     return -ENOMEM;
   embps_msg_t m;
-  memset(&m, 0, sizeof m);
-  m.kind = EMBPS_KIND_HELLO;
-  m.u.hello.version = EMBPS_PROTOCOL_VERSION;
-  memcpy(m.u.hello.token, c->token, c->token_len);
-  m.u.hello.token_len = c->token_len;
+  embps_hello_msg_(c, &m);
   part_t *p = &t->parts[0];
   p->server = k->index;
   p->conn = ki;
